@@ -1,0 +1,85 @@
+"""Load an engine file the way the grader does (`spec_from_file_location`), and the model config.
+
+Each load gets its own module name, so two engines (or two versions of one file) can live in one
+process. Errors are `EngineLoadError` with a one-line reason, for the command-line tools.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+CONFIG_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "max_position_embeddings",
+)
+
+_load_count = itertools.count()
+
+
+class EngineLoadError(ValueError):
+    """An engine file or model config that cannot be used; the message is one line."""
+
+
+def load_engine_module(path: str | os.PathLike) -> ModuleType:
+    """Import the file at `path` as a fresh module; it must define `create_engine`."""
+    path = Path(path).resolve()
+    if not path.is_file():
+        raise EngineLoadError(f"engine file not found: {path}")
+    name = f"_engine_{path.stem}_{next(_load_count)}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise EngineLoadError(f"cannot import {path} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    # Registered so that dataclasses and pickling inside the engine can find their module.
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[name]
+        raise EngineLoadError(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
+    if not callable(getattr(module, "create_engine", None)):
+        raise EngineLoadError(f"{path} defines no create_engine function")
+    return module
+
+
+def load_model_config(path: str | os.PathLike) -> dict:
+    """The parsed model config, checked for the keys every engine needs."""
+    path = Path(path)
+    try:
+        config = json.loads(path.read_text())
+    except OSError as exc:
+        raise EngineLoadError(f"cannot read model config {path}: {exc.strerror}") from exc
+    except json.JSONDecodeError as exc:
+        raise EngineLoadError(f"model config {path} is not valid JSON: {exc}") from exc
+    if not isinstance(config, dict):
+        raise EngineLoadError(f"model config {path} is not a JSON object")
+    bad = [k for k in CONFIG_KEYS if not isinstance(config.get(k), int) or config[k] < 1]
+    if bad:
+        raise EngineLoadError(f"model config {path}: missing or invalid {', '.join(bad)}")
+    return config
+
+
+def default_target_paths(repo_root: Path) -> tuple[Path, Path]:
+    """`/target/...` when the grading machine has it, else the public copy under `target/`."""
+    for root in (Path("/target"), repo_root / "target"):
+        if (root / "model_config.json").is_file():
+            return root / "model_config.json", root / "weights"
+    return repo_root / "target" / "model_config.json", repo_root / "target" / "weights"
+
+
+def check_weight_dir(weight_dir: str | os.PathLike) -> str:
+    """`weight_dir` as a string when it holds `model.pt`."""
+    if not (Path(weight_dir) / "model.pt").is_file():
+        raise EngineLoadError(f"no model.pt in weight dir {weight_dir}")
+    return str(weight_dir)

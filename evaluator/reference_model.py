@@ -1,0 +1,107 @@
+"""The judge: the course's reference LLaMA-style model, written straight from the contract.
+
+Every request is computed alone over its full history, in float16/bfloat16 on CUDA and float32 on
+CPU. Engines are correct when they match this within the grader's tolerance. Imports only torch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+
+def compute_dtype_for(config: dict, device: str | torch.device) -> torch.dtype:
+    """CUDA: float16, or bfloat16 when torch_dtype says so; anywhere else float32."""
+    if torch.device(device).type != "cuda":
+        return torch.float32
+    if str(config.get("torch_dtype", "float16")).lower() in ("bfloat16", "bf16"):
+        return torch.bfloat16
+    return torch.float16
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Normalise in float32, cast back, then scale by the weight in the compute dtype."""
+    xf = x.float()
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return normed.to(x.dtype) * weight
+
+
+def rope_cos_sin(
+    seq_len: int, head_dim: int, theta: float, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin `[seq_len, head_dim // 2]` for positions 0..seq_len-1."""
+    inv_freq = 1.0 / theta ** (
+        torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim
+    )
+    angles = torch.arange(seq_len, dtype=torch.float32, device=device)[:, None] * inv_freq
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate interleaved pairs (x[2j], x[2j+1]) of `x [..., T, d]` by the angles in cos/sin."""
+    pairs = x.unflatten(-1, (-1, 2))
+    x0, x1 = pairs[..., 0], pairs[..., 1]
+    out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
+    return out.flatten(-2)
+
+
+class ReferenceModel:
+    def __init__(self, config: dict, weight_dir: str | os.PathLike, device: str = "cpu"):
+        self.config = config
+        self.device = torch.device(device)
+        self.compute_dtype = compute_dtype_for(config, self.device)
+        self.num_layers = config["num_hidden_layers"]
+        self.num_heads = config["num_attention_heads"]
+        self.num_kv_heads = config["num_key_value_heads"]
+        self.head_dim = config.get("head_dim") or config["hidden_size"] // self.num_heads
+        self.eps = config.get("rms_norm_eps", 1e-5)
+        self.rope_theta = config.get("rope_theta", 10000.0)
+        state = torch.load(Path(weight_dir) / "model.pt", weights_only=True, map_location="cpu")
+        self.w = {k: v.to(self.device, self.compute_dtype) for k, v in state.items()}
+
+    def _attention(self, x: torch.Tensor, layer: int, cos, sin) -> torch.Tensor:
+        b, t, _ = x.shape
+        p = f"layers.{layer}.self_attn."
+        q = F.linear(x, self.w[p + "q_proj.weight"]).view(b, t, self.num_heads, self.head_dim)
+        k = F.linear(x, self.w[p + "k_proj.weight"]).view(b, t, self.num_kv_heads, self.head_dim)
+        v = F.linear(x, self.w[p + "v_proj.weight"]).view(b, t, self.num_kv_heads, self.head_dim)
+        q = apply_rope(q.transpose(1, 2), cos, sin)
+        k = apply_rope(k.transpose(1, 2), cos, sin)
+        v = v.transpose(1, 2)
+        group = self.num_heads // self.num_kv_heads
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+        scores = q.float() @ k.float().transpose(-1, -2) / math.sqrt(self.head_dim)
+        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+        scores = scores.masked_fill(mask, float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(self.compute_dtype)
+        out = (probs @ v).transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim)
+        return F.linear(out, self.w[p + "o_proj.weight"])
+
+    def _mlp(self, x: torch.Tensor, layer: int) -> torch.Tensor:
+        p = f"layers.{layer}.mlp."
+        gate = F.silu(F.linear(x, self.w[p + "gate_proj.weight"]))
+        up = F.linear(x, self.w[p + "up_proj.weight"])
+        return F.linear(gate * up, self.w[p + "down_proj.weight"])
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Logits `[B, T, vocab]` in the compute dtype for token ids `[B, T]`."""
+        input_ids = input_ids.to(self.device)
+        x = self.w["embed_tokens.weight"][input_ids]
+        cos, sin = rope_cos_sin(
+            input_ids.shape[1], self.head_dim, self.rope_theta, self.compute_dtype, self.device
+        )
+        for i in range(self.num_layers):
+            h = rms_norm(x, self.w[f"layers.{i}.input_layernorm.weight"], self.eps)
+            x = x + self._attention(h, i, cos, sin)
+            h = rms_norm(x, self.w[f"layers.{i}.post_attention_layernorm.weight"], self.eps)
+            x = x + self._mlp(h, i)
+        x = rms_norm(x, self.w["norm.weight"], self.eps)
+        return F.linear(x, self.w["lm_head.weight"])
+
+    __call__ = forward

@@ -1,0 +1,96 @@
+"""Correctness test with the course's command line: compare an engine file with the reference.
+
+    python evaluator/test_correctness.py --engine workspace/engine.py --device cuda --stress
+
+Prints JSON per case (max abs error, share of the tolerance used, steps, failure); exits 1 naming
+the first failing case and step, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+import torch  # noqa: E402
+
+from evaluator.correctness import CASES, check_engine  # noqa: E402
+from evaluator.engine_loader import (  # noqa: E402
+    EngineLoadError,
+    check_weight_dir,
+    default_target_paths,
+    load_engine_module,
+    load_model_config,
+)
+
+log = logging.getLogger("test_correctness")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    config_path, weight_dir = default_target_paths(REPO_ROOT)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--engine", required=True, help="engine file defining create_engine")
+    p.add_argument("--model-config", default=str(config_path), help="model_config.json")
+    p.add_argument("--weight-dir", default=str(weight_dir), help="directory holding model.pt")
+    p.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default cuda)")
+    p.add_argument("--atol", type=float, default=1e-2)
+    p.add_argument("--rtol", type=float, default=1e-2)
+    p.add_argument("--stress", action="store_true", help="add the stress case to public")
+    p.add_argument("--cases", help=f"comma-separated cases ({','.join(CASES)}); overrides --stress")
+    p.add_argument("--seed", type=int, default=0, help="stress trace and token seed")
+    p.add_argument("--json", dest="json_path", help="also write the JSON report here")
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()] if args.cases else None
+    cases = cases or ["public"] + (["stress"] if args.stress else [])
+    try:
+        unknown = [c for c in cases if c not in CASES]
+        if unknown:
+            raise EngineLoadError(f"unknown case(s) {unknown}; known: {', '.join(CASES)}")
+        module = load_engine_module(args.engine)
+        config = load_model_config(args.model_config)
+        weight_dir = check_weight_dir(args.weight_dir)
+        if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+            raise EngineLoadError(f"device {args.device} requested but CUDA is not available")
+    except (EngineLoadError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    results = check_engine(
+        module.create_engine,
+        config,
+        weight_dir,
+        args.device,
+        atol=args.atol,
+        rtol=args.rtol,
+        cases=tuple(cases),
+        seed=args.seed,
+    )
+    report = {"engine": str(Path(args.engine).resolve()), "device": args.device, "cases": results}
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.json_path:
+        Path(args.json_path).write_text(text + "\n")
+    failed = [case for case, r in results.items() if not r["passed"]]
+    if failed:
+        print(f"FAILED case {failed[0]}: {results[failed[0]]['failure']}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

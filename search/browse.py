@@ -1,0 +1,83 @@
+"""Reading a stored study back: `report` (tables) and `render` (one trial's engine file)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from search import study as st
+from search.records import Record
+from search.report import summary, trial_line
+from search.select import rank
+from search.trial_worker import load_renderer
+from variants.variant import Variant
+
+log = logging.getLogger(__name__)
+
+
+def open_existing(args):
+    """The study named by --storage/--study, or the default one for the target and device."""
+    name = args.study
+    if args.storage is None and name is None:
+        from search.pipeline import resolve_device
+        from search.target import resolve_target
+        from variants.probe import probe_capabilities
+
+        target = resolve_target(args.model_config, args.weight_dir)
+        name = st.study_name(
+            target.config, probe_capabilities(resolve_device(args.device), target.config)
+        )
+    url = args.storage or st.default_storage_url(name)
+    try:
+        return st.load_study(st.open_storage(url), name), url
+    except KeyError as exc:
+        raise SystemExit(f"error: no study {name!r} in {url}") from exc
+
+
+def report(args) -> int:
+    study, url = open_existing(args)
+    records = st.load_records(study)
+    print(f"study {study.study_name} in {url}")
+    print(summary(records, rank(records), args.top))
+    best = study.user_attrs.get("verified_best")
+    if best:
+        print(
+            f"\nverified best: trial {best['trial']} {best['variant_name']} "
+            f"({best['tokens_per_s']:.1f} tokens/s, verified {best['verified_at']})"
+        )
+    if args.all:
+        print("\nAll trials:")
+        for r in records:
+            print(trial_line(r))
+    print(f"\ndashboard: {st.dashboard_command(url)}")
+    return 0
+
+
+def _pick(study, records: list[Record], number: int | None) -> Record:
+    if number is None:
+        best = study.user_attrs.get("verified_best")
+        number = best["trial"] if best else None
+    if number is None:
+        ranked = rank(records)
+        if not ranked:
+            raise SystemExit("error: the study has no correct trial to render")
+        return ranked[0]
+    for r in records:
+        if r.number == number and r.variant:
+            return r
+    best = study.user_attrs.get("verified_best") or {}
+    if best.get("trial") == number:
+        return Record(number, "ok", best["variant"], {"variant_name": best["variant_name"]})
+    raise SystemExit(f"error: trial {number} has no variant in study {study.study_name}")
+
+
+def render(args) -> int:
+    study, _ = open_existing(args)
+    record = _pick(study, st.load_records(study), args.trial)
+    variant = Variant.from_dict(record.variant)
+    header = f"variant {variant.name} from study {study.study_name}, trial {record.number}"
+    path = load_renderer(args.renderer)(variant, Path(args.output), header)
+    print(f"wrote {path or args.output}: trial {record.number} {variant.name}")
+    print(json.dumps(variant.to_dict(), sort_keys=True))
+    return 0

@@ -1,0 +1,175 @@
+"""`python -m search run|worker|report|render`: the command line of the search.
+
+run     the main job (what `bash run.sh` does): search, choose, verify, write workspace/engine.py
+worker  add trials to a study in a shared storage (one per GPU, or per machine)
+report  the top-N table and per-trace numbers of a study, from its storage
+render  write the engine of one trial (default: the verified best) to a file
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+import sys
+
+from search.trial_worker import DEFAULT_RENDERER, OBJECTIVE_TRACES
+
+log = logging.getLogger("search")
+
+
+def _common() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="logging level (default INFO)",
+    )
+    return common
+
+
+def _study_args(p: argparse.ArgumentParser, storage_required: bool = False) -> None:
+    p.add_argument(
+        "--storage",
+        required=storage_required,
+        help="Optuna storage: sqlite:///path.db, postgresql://..., or a journal file "
+        "(journal:PATH or a plain path) for several processes; default studies/<study>.db",
+    )
+    p.add_argument(
+        "--study",
+        help="study name; default derived from the model shape, the GPU (or cpu) and torch",
+    )
+
+
+def _target_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model-config",
+        help="model_config.json (default /target/model_config.json, else target/model_config.json)",
+    )
+    p.add_argument(
+        "--weight-dir",
+        help="directory holding model.pt (default /target/weights, else target/weights; "
+        "toy weights are generated there when missing, except under /target)",
+    )
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
+
+
+def _search_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--trials",
+        type=int,
+        help="stop when the study holds this many trials (default: until the budget is spent)",
+    )
+    p.add_argument(
+        "--trial-timeout", type=float, help="seconds per trial (default 300 GPU, 180 CPU)"
+    )
+    p.add_argument("--seed", type=int, help="sampler seed (default random)")
+    p.add_argument(
+        "--renderer",
+        default=DEFAULT_RENDERER,
+        help="module:function or file.py:function that renders a Variant to an engine file "
+        f"(default {DEFAULT_RENDERER}; tests plant faulty engines with their own)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common()
+    parser = argparse.ArgumentParser(
+        prog="python -m search",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser(
+        "run",
+        parents=[common],
+        help="search, choose, verify and write workspace/engine.py and results.log",
+        description="The main job: probe this machine, run (or resume) the study, re-measure the "
+        "leaders like the grader, write the best engine that passes verification to "
+        "workspace/engine.py and explain it in workspace/results.log. Exit 0 only when the "
+        "written engine passed verification.",
+    )
+    _target_args(run)
+    _study_args(run)
+    run.add_argument(
+        "--budget-minutes",
+        type=float,
+        help="wall-clock budget for the whole job (default 20 on a GPU, 5 on a CPU)",
+    )
+    _search_args(run)
+    run.add_argument("--fresh", action="store_true", help="delete the study and start over")
+    run.add_argument("--workspace", default="workspace", help="where engine.py and results.log go")
+    run.add_argument("--studies-dir", default="studies", help="where default SQLite studies live")
+    run.add_argument(
+        "--traces",
+        help=f"comma-separated objective traces (default {','.join(OBJECTIVE_TRACES)})",
+    )
+    run.add_argument(
+        "--no-optuna",
+        action="store_true",
+        help="skip Optuna: measure the ranked default candidates only (what happens offline)",
+    )
+
+    worker = sub.add_parser(
+        "worker",
+        parents=[common],
+        help="run trials for a study in a shared storage",
+        description="Add trials to a study; several workers on one storage share its trial "
+        "target. The model comes from the study unless --model-config/--weight-dir are given.",
+    )
+    _study_args(worker, storage_required=True)
+    worker.add_argument("--model-config", help="model config (default: the study's)")
+    worker.add_argument("--weight-dir", help="weights (default: the study's)")
+    worker.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    worker.add_argument("--budget-minutes", type=float, help="stop after this long (default none)")
+    _search_args(worker)
+
+    report = sub.add_parser(
+        "report",
+        parents=[common],
+        help="print the top-N table and per-trace numbers of a study",
+        description="Print a study's trials from its storage: counts, the top-N table, the "
+        "leader's per-trace numbers and the verified best.",
+    )
+    _study_args(report)
+    _target_args(report)
+    report.add_argument("--top", type=int, default=5, help="rows in the top table (default 5)")
+    report.add_argument("--all", action="store_true", help="also list every trial")
+
+    render = sub.add_parser(
+        "render",
+        parents=[common],
+        help="render one trial's variant to an engine file",
+        description="Write the standalone engine of a trial (default: the study's verified best, "
+        "else its best correct trial).",
+    )
+    _study_args(render)
+    _target_args(render)
+    render.add_argument("--trial", type=int, help="trial number (default: the best)")
+    render.add_argument("--output", required=True, help="engine file to write")
+    render.add_argument("--renderer", default=DEFAULT_RENDERER, help="module:function")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    args.command_line = shlex.join(argv)
+    if args.command == "run":
+        from search.pipeline import run
+
+        return run(args)
+    if args.command == "worker":
+        from search.worker import worker
+
+        return worker(args)
+    from search.browse import render, report
+
+    return report(args) if args.command == "report" else render(args)

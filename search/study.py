@@ -1,0 +1,227 @@
+"""The study: its name, its storage, its sampler, and reading it back as records.
+
+The storage URL is the single source of truth: trials, the model the study tunes (study user
+attributes) and the verified best all live there, so a second run resumes and several workers
+share one study. The default is `studies/<name>.db`, the name from the model's shape, the GPU (or
+cpu) and the torch version: a study is only resumed on the hardware and software it measured.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import time
+import warnings
+from datetime import datetime
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+from search.records import Record
+
+log = logging.getLogger(__name__)
+
+SHAPE_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "rope_theta",
+    "torch_dtype",
+)
+DIRECTIONS = ("maximize", "minimize")
+METRIC_NAMES = ("tokens_per_s", "peak_mib")
+# Optuna >= 5 stores constraints per trial; 3.x/4.x only take a sampler-side constraints_func.
+HAS_SET_CONSTRAINT = hasattr(optuna.trial.Trial, "set_constraint")
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def config_hash(config: dict) -> str:
+    shape = {k: config.get(k) for k in SHAPE_KEYS}
+    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def hardware_key(caps) -> str:
+    import torch
+
+    where = _slug(caps.gpu_name) if caps.gpu_name else "cpu"
+    return f"{where}-torch{torch.__version__.split('+')[0]}"
+
+
+def study_name(config: dict, caps) -> str:
+    model = _slug(str(config.get("model_type", "model"))) or "model"
+    return f"{model}-{config_hash(config)}-{hardware_key(caps)}"
+
+
+def default_storage_url(name: str, studies_dir: str | Path = "studies") -> str:
+    Path(studies_dir).mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{Path(studies_dir) / name}.db"
+
+
+def _is_journal(url: str) -> bool:
+    return url.startswith("journal:") or "://" not in url
+
+
+def journal_path(url: str) -> str:
+    return re.sub(r"^journal:(//)?", "", url)
+
+
+def open_storage(url: str):
+    """An Optuna storage for a database URL or a journal file (`journal:PATH` or a plain path)."""
+    if not _is_journal(url):
+        if url.startswith("sqlite:"):
+            # Several workers on one SQLite file wait for the lock instead of failing.
+            return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
+        return optuna.storages.RDBStorage(url)
+    path = journal_path(url)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        from optuna.storages.journal import JournalFileBackend
+
+        backend = JournalFileBackend(path)
+    except ImportError:  # Optuna < 4.0
+        backend = optuna.storages.JournalFileStorage(path)
+    return optuna.storages.JournalStorage(backend)
+
+
+def dashboard_command(url: str) -> str:
+    return f"optuna-dashboard {journal_path(url) if _is_journal(url) else url}"
+
+
+def _constraints(trial) -> list[float]:
+    return list(trial.user_attrs.get("constraint", [1.0]))
+
+
+def make_sampler(seed: int | None = None) -> optuna.samplers.BaseSampler:
+    """Multi-objective TPE that ranks infeasible (wrong or too-close) trials below feasible ones."""
+    kwargs = {} if HAS_SET_CONSTRAINT else {"constraints_func": _constraints}
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=8, constant_liar=True, **kwargs)
+
+
+def open_study(storage, name: str, fresh: bool = False, seed: int | None = None) -> optuna.Study:
+    if fresh:
+        try:
+            optuna.delete_study(study_name=name, storage=storage)
+            log.info("deleted the earlier study %s (--fresh)", name)
+        except KeyError:
+            pass
+    study = optuna.create_study(
+        storage=storage,
+        study_name=name,
+        directions=list(DIRECTIONS),
+        sampler=make_sampler(seed),
+        load_if_exists=True,
+    )
+    if list(study.metric_names or []) != list(METRIC_NAMES):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # experimental in Optuna 3.x-5.x; names are cosmetic
+            study.set_metric_names(list(METRIC_NAMES))
+    return study
+
+
+def load_study(storage, name: str | None, seed: int | None = None) -> optuna.Study:
+    """An existing study; `name` may be omitted when the storage holds exactly one."""
+    if name is None:
+        names = optuna.get_all_study_names(storage)
+        if len(names) != 1:
+            raise SystemExit(f"the storage holds {len(names)} studies; name one with --study")
+        name = names[0]
+    return optuna.load_study(study_name=name, storage=storage, sampler=make_sampler(seed))
+
+
+def set_constraint(trial, value: float) -> None:
+    trial.set_user_attr("constraint", [value])
+    if HAS_SET_CONSTRAINT:
+        trial.set_constraint("correctness", value)
+
+
+def record_from_trial(trial, full: dict | None = None) -> Record:
+    attrs = dict(trial.user_attrs)
+    if full:
+        attrs.update(full)
+    if trial.state == TrialState.RUNNING:
+        status = "running"
+    elif trial.state == TrialState.WAITING:
+        status = "waiting"
+    else:
+        status = attrs.get("status") or ("failed" if trial.state == TrialState.FAIL else "ok")
+    values = tuple(trial.values) if trial.state == TrialState.COMPLETE and trial.values else None
+    return Record(trial.number, status, attrs.get("variant"), attrs, values)
+
+
+def load_records(study: optuna.Study) -> list[Record]:
+    full = study.user_attrs.get("full_protocol", {})
+    return [record_from_trial(t, full.get(str(t.number))) for t in study.get_trials(deepcopy=False)]
+
+
+STARTED = (TrialState.RUNNING, TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
+
+
+def started_trials(study: optuna.Study) -> list:
+    """Trials that count toward a trial target: started, and not skipped for being over it."""
+    trials = study.get_trials(deepcopy=False, states=STARTED)
+    return [t for t in trials if t.user_attrs.get("status") != "skipped"]
+
+
+def fail_stale_trials(study: optuna.Study, older_than_s: float) -> int:
+    """Mark RUNNING trials whose process must be dead (older than any trial limit) as failed."""
+    now = datetime.now()
+    count = 0
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if trial.datetime_start and (now - trial.datetime_start).total_seconds() > older_than_s:
+            study._storage.set_trial_user_attr(trial._trial_id, "status", "failed")
+            study._storage.set_trial_user_attr(
+                trial._trial_id, "reason", "stale: its process died before it finished"
+            )
+            study.tell(trial.number, state=TrialState.FAIL)
+            count += 1
+    return count
+
+
+def update_study_attr(study: optuna.Study, key: str, update: dict) -> None:
+    """Merge `update` into the dict study attribute `key` (read-modify-write)."""
+    current = dict(study.user_attrs.get(key, {}))
+    current.update(update)
+    study.set_user_attr(key, current)
+
+
+def describe_storage(url: str) -> str:
+    return f"{url} ({'journal file' if _is_journal(url) else 'database'})"
+
+
+def earlier_best_variants(storage, name: str, hardware: str, studies_dir: Path | None) -> list:
+    """Verified best variants of other studies on the same hardware: in this storage, and in the
+    other default SQLite files of `studies_dir` (the default storage keeps one study per file)."""
+    found: list[tuple[str, dict]] = []
+    storages = [storage]
+    if studies_dir is not None and Path(studies_dir).is_dir():
+        for path in sorted(Path(studies_dir).glob("*.db")):
+            if path.stem != name and hardware in path.stem:
+                storages.append(f"sqlite:///{path}")
+    for store in storages:
+        try:
+            summaries = optuna.get_all_study_summaries(store, include_best_trial=False)
+        except Exception as exc:  # an unreadable neighbour is not our problem
+            log.debug("cannot read %s: %s", store, exc)
+            continue
+        for summary in summaries:
+            attrs = summary.user_attrs
+            best = attrs.get("verified_best")
+            if summary.study_name != name and attrs.get("hardware") == hardware and best:
+                found.append((summary.study_name, best["variant"]))
+    return found
+
+
+def now_stamp() -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S")

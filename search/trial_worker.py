@@ -1,0 +1,182 @@
+"""One trial, inside its own process: render the variant, import it, gate it, time it.
+
+Run as `python -m search.trial_worker JOB.json`; the job names the variant, the model, the
+renderer and the protocol. The result is written as JSON to the job's `output`; before each phase
+the phase name is written to `output + ".phase"`, so a parent that kills a hung trial can say
+where it hung. Exceptions are results too (status "failed"); only a dead process leaves no JSON.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import logging
+import sys
+import time
+import traceback
+from pathlib import Path
+
+log = logging.getLogger("search.trial_worker")
+
+# The objective's traces: the public benchmark and the serving trace closest to the grader's load.
+OBJECTIVE_TRACES = ("prefill", "decode", "mixed", "continuous")
+# On a CPU the continuous trace alone takes ~19 s per pass for the 2-layer test model (measured on
+# a 2-core EPYC): a trial would take a minute, so CPU studies time the public three.
+CPU_OBJECTIVE_TRACES = ("prefill", "decode", "mixed")
+DEFAULT_RENDERER = "variants.render:render_engine"
+# A trial may use at most this share of the tolerance: a variant that passes by a hair here can
+# fail on the hidden model or traces.
+TOL_SHARE_LIMIT = 0.5
+
+
+def load_renderer(spec: str):
+    """`module:function` or `/path/to/file.py:function`."""
+    target, _, func = spec.rpartition(":")
+    if target.endswith(".py"):
+        module_spec = importlib.util.spec_from_file_location(
+            f"_renderer_{Path(target).stem}", target
+        )
+        if module_spec is None or module_spec.loader is None:
+            raise ImportError(f"cannot import renderer file {target}")
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(target)
+    return getattr(module, func)
+
+
+class Phases:
+    def __init__(self, output: Path):
+        self.marker = Path(str(output) + ".phase")
+
+    def enter(self, name: str) -> None:
+        log.info("phase %s", name)
+        self.marker.write_text(name)
+
+
+def _crashed(failure: str) -> bool:
+    """The correctness gate reports engine exceptions as failures; those are crashes, not wrong
+    answers (`evaluator.correctness` words them '... raised <Exception>: ...')."""
+    return "create_engine raised" in failure or "engine raised" in failure
+
+
+def gate(create_engine, job: dict) -> dict:
+    from evaluator.correctness import check_engine
+
+    cases = check_engine(
+        create_engine,
+        job["config"],
+        job["weight_dir"],
+        job["device"],
+        atol=job["atol"],
+        rtol=job["rtol"],
+        cases=("public", "stress"),
+    )
+    result = {
+        "check": cases,
+        "max_abs_err": max(c["max_abs_err"] for c in cases.values()),
+        "tol_share": max(c["tol_share"] for c in cases.values()),
+    }
+    failed = [f"{name}: {c['failure']}" for name, c in cases.items() if not c["passed"]]
+    if failed:
+        crash = any(_crashed(c["failure"]) for c in cases.values() if not c["passed"])
+        return {
+            **result,
+            "status": "failed" if crash else "infeasible",
+            "reason": "; ".join(failed),
+        }
+    limit = job.get("tol_share_limit", TOL_SHARE_LIMIT)
+    if result["tol_share"] > limit:
+        reason = f"uses {result['tol_share']:.2f} of the tolerance (limit {limit})"
+        return {**result, "status": "infeasible", "reason": reason}
+    return {**result, "status": "ok", "reason": None}
+
+
+def measure(create_engine, job: dict) -> dict:
+    from evaluator.benchmark import time_trace
+    from evaluator.traces import get_trace
+
+    full = job["protocol"] == "full"
+    ceilings = job.get("ceilings")
+    per_trace = {}
+    for name in job["traces"]:
+        trace = get_trace(name, job["config"])
+        timing = time_trace(
+            create_engine,
+            job["config"],
+            job["weight_dir"],
+            job["device"],
+            trace,
+            warmup=1,
+            repeat=3 if full else job.get("quick_repeat", 2),
+            fresh_engine=full,
+        )
+        timing["floor_eff"] = _floor_efficiency(
+            trace, job["config"], job["device"], ceilings, timing["seconds"]
+        )
+        per_trace[name] = timing
+        log.info("%s: %.1f tokens/s", name, timing["tokens_per_s"])
+    return per_trace
+
+
+def _floor_efficiency(trace, config: dict, device: str, ceilings, seconds: float):
+    if not ceilings:
+        return None
+    try:
+        from evaluator.floor import Ceilings, dtype_bytes_for, trace_floor_seconds
+
+        floor = trace_floor_seconds(
+            trace, config, Ceilings(**ceilings), dtype_bytes_for(config, device)
+        )
+        return floor / seconds
+    except Exception as exc:  # the floor model is a diagnostic; it never fails a trial
+        log.warning("floor efficiency unavailable: %s", exc)
+        return None
+
+
+def run_job(job: dict, phases: Phases) -> dict:
+    from evaluator.engine_loader import load_engine_module
+    from variants.variant import Variant
+
+    variant = Variant.from_dict(job["variant"])
+    phases.enter("render")
+    render = load_renderer(job.get("renderer") or DEFAULT_RENDERER)
+    engine_path = Path(job["engine_path"])
+    render(variant, engine_path, job.get("header", ""))
+    phases.enter("import")
+    create_engine = load_engine_module(engine_path).create_engine
+    result: dict = {"status": "ok", "reason": None}
+    if job.get("check", True):
+        phases.enter("correctness")
+        result = gate(create_engine, job)
+        if result["status"] != "ok":
+            return result
+    phases.enter("benchmark")
+    result["traces"] = measure(create_engine, job)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m search.trial_worker JOB.json", file=sys.stderr)
+        return 2
+    job = json.loads(Path(argv[0]).read_text())
+    output = Path(job["output"])
+    start = time.perf_counter()
+    try:
+        result = run_job(job, Phases(output))
+    except Exception as exc:
+        traceback.print_exc()
+        result = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"}
+    result["worker_seconds"] = time.perf_counter() - start
+    tmp = output.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, default=str, allow_nan=True))
+    tmp.replace(output)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

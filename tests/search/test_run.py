@@ -1,0 +1,159 @@
+"""The main job end to end with planted faults, resuming, and the offline fallback.
+
+Engines come from `fake_render.py`: the reference model recomputing histories, with a crash, a
+hang, wrong logits and a too-close answer planted by variant value. Each test runs
+`python -m search run` in a child process, like `run.sh` does.
+"""
+
+import time
+
+import optuna
+import pytest
+
+from search import study as st
+from search.space import SearchSpace
+from variants.presets import PRESETS
+from variants.probe import probe_capabilities
+from variants.variant import Variant
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+PLANTED = {
+    "fast": Variant(cache="slab", attention="sdpa"),  # correct, no delay: must win
+    "crash": Variant(cache="contiguous", attention="sdpa"),
+    "hang": Variant(cache="paged", block_size=256, attention="sdpa"),
+    "wrong": Variant(cache="slab", attention="manual", fuse_qkv=True),
+    "too_close": Variant(cache="paged", block_size=128, attention="sdpa"),
+    "safest": PRESETS["safest"],  # correct, 25 ms per call slower
+}
+TRIAL_TIMEOUT = "20"
+
+
+@pytest.fixture(scope="module")
+def planted(
+    tmp_path_factory, micro_config_path, tiny_config, tiny_weights, fake_renderer, search_cli
+):
+    tmp = tmp_path_factory.mktemp("planted")
+    storage = f"sqlite:///{tmp}/planted.db"
+    caps = probe_capabilities("cpu", tiny_config)
+    space = SearchSpace(caps)
+    study = st.open_study(st.open_storage(storage), "planted")
+    for source, variant in PLANTED.items():
+        study.enqueue_trial(
+            space.params_for(space.canonical(variant)), user_attrs={"source": source}
+        )
+    args = [
+        "run", "--model-config", str(micro_config_path), "--weight-dir", tiny_weights,
+        "--device", "cpu", "--storage", storage, "--study", "planted", "--trials", "6",
+        "--trial-timeout", TRIAL_TIMEOUT, "--budget-minutes", "8", "--traces", "prefill,decode",
+        "--renderer", fake_renderer, "--workspace", str(tmp / "ws"), "--seed", "0",
+    ]  # fmt: skip
+    start = time.monotonic()
+    proc = search_cli(args)
+    seconds = time.monotonic() - start
+    return {"tmp": tmp, "storage": storage, "args": args, "proc": proc, "seconds": seconds}
+
+
+def by_source(storage: str) -> dict:
+    study = st.load_study(st.open_storage(storage), "planted")
+    return {t.user_attrs["source"]: t for t in study.get_trials()}
+
+
+def test_planted_failures_are_recorded_and_the_engine_is_correct(
+    planted, micro_config_path, tiny_weights, fresh_check
+):
+    proc = planted["proc"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    trials = by_source(planted["storage"])
+    assert len(trials) == 6
+    status = {source: t.user_attrs["status"] for source, t in trials.items()}
+    assert status == {
+        "fast": "ok",
+        "safest": "ok",
+        "crash": "failed",
+        "hang": "failed",
+        "wrong": "infeasible",
+        "too_close": "infeasible",
+    }
+    assert trials["crash"].state == optuna.trial.TrialState.FAIL
+    assert "planted crash in create_engine" in trials["crash"].user_attrs["reason"]
+    assert trials["hang"].user_attrs["reason"].startswith(f"timed out after {TRIAL_TIMEOUT} s")
+    assert trials["hang"].user_attrs["timed_out"] is True
+    assert trials["wrong"].user_attrs["tol_share"] > 1.0
+    assert "the tolerance" in trials["wrong"].user_attrs["reason"]
+    close = trials["too_close"].user_attrs
+    assert 0.5 < close["tol_share"] < 1.0 and close["constraint"][0] > 0
+    assert "of the tolerance (limit 0.5)" in close["reason"]
+    fast, safest = trials["fast"].user_attrs, trials["safest"].user_attrs
+    assert fast["tokens_per_s"] > safest["tokens_per_s"]
+    assert fast["constraint"][0] <= 0 and set(fast["check"]) == {"public", "stress"}
+    for key in ("tps_prefill", "decode_tps_decode", "peak_mib", "create_s", "max_abs_err"):
+        assert key in fast, key
+
+    study = st.load_study(st.open_storage(planted["storage"]), "planted")
+    best = study.user_attrs["verified_best"]
+    assert best["variant"] == PLANTED["fast"].to_dict()
+    full = study.user_attrs["full_protocol"]
+    assert (
+        str(trials["fast"].number) in full and full[str(trials["fast"].number)]["full_tps_prefill"]
+    )
+
+    engine = planted["tmp"] / "ws" / "engine.py"
+    assert f"Fake engine for {PLANTED['fast'].name}" in engine.read_text()
+    check = fresh_check(engine, micro_config_path, tiny_weights)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_results_log_names_every_trial_and_the_choice(planted):
+    text = (planted["tmp"] / "ws" / "results.log").read_text()
+    trials = by_source(planted["storage"])
+    for trial in trials.values():
+        assert f"#{trial.number:<3d}" in text
+    chosen = text.split("== chosen ==")[1].split("==")[0]
+    assert PLANTED["fast"].name in chosen and "Runner-up: " + PLANTED["safest"].name in chosen
+    for section in (
+        "environment",
+        "target",
+        "search space",
+        "top 5",
+        "verification",
+        "time per phase",
+        "failure details",
+    ):
+        assert f"== {section}" in text, section
+    assert "planted crash in create_engine" in text and "timed out after" in text
+    assert "optuna-dashboard " + planted["storage"] in text
+    assert "test_correctness.py: exit 0" in text
+
+
+def test_a_second_run_resumes_without_new_trials(planted, search_cli):
+    before = len(st.load_study(st.open_storage(planted["storage"]), "planted").trials)
+    start = time.monotonic()
+    proc = search_cli(planted["args"])
+    seconds = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    study = st.load_study(st.open_storage(planted["storage"]), "planted")
+    assert len(study.trials) == before
+    text = (planted["tmp"] / "ws" / "results.log").read_text()
+    assert "its verified best (trial" in text and "no new trials were run" in text
+    assert seconds < planted["seconds"] / 2, (seconds, planted["seconds"])
+
+
+def test_without_optuna_the_ranked_defaults_still_give_a_verified_engine(
+    tmp_path, micro_config_path, tiny_weights, fake_renderer, search_cli, fresh_check
+):
+    args = [
+        "run", "--no-optuna", "--model-config", str(micro_config_path), "--weight-dir",
+        tiny_weights, "--device", "cpu", "--trials", "2", "--budget-minutes", "4",
+        "--traces", "decode", "--renderer", fake_renderer, "--workspace", str(tmp_path / "ws"),
+        "--studies-dir", str(tmp_path / "studies"),
+    ]  # fmt: skip
+    proc = search_cli(args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = (tmp_path / "ws" / "results.log").read_text()
+    assert "evaluated the ranked default candidates only" in text
+    assert not (tmp_path / "studies").exists()
+    engine = tmp_path / "ws" / "engine.py"
+    # The two first defaults are the safest and slab + SDPA; the fake makes SDPA faster.
+    assert f"Fake engine for {Variant(cache='slab', attention='sdpa').name}" in engine.read_text()
+    assert fresh_check(engine, micro_config_path, tiny_weights).returncode == 0

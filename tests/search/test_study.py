@@ -1,0 +1,159 @@
+"""Study naming, storages, constraints and the outcome of a trial as Optuna sees it."""
+
+import dataclasses
+from datetime import datetime, timedelta
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from search import study as st
+from search.optimize import copy_result, find_duplicate, tell_outcome
+from search.trial import TrialRunner, constraint, outcome_from_result
+from variants.probe import probe_capabilities
+from variants.variant import Variant
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@pytest.fixture(scope="module")
+def caps(tiny_config):
+    return probe_capabilities("cpu", tiny_config)
+
+
+def test_study_name_follows_shape_hardware_and_torch(tiny_config, caps):
+    name = st.study_name(tiny_config, caps)
+    assert name == st.study_name(dict(tiny_config, architectures=["x"]), caps)  # not a shape key
+    assert name != st.study_name(dict(tiny_config, num_hidden_layers=3), caps)
+    gpu = dataclasses.replace(caps, gpu_name="NVIDIA GeForce RTX 3090", device_type="cuda")
+    assert "nvidia-geforce-rtx-3090-torch" in st.study_name(tiny_config, gpu)
+    assert name.startswith("tiny-llama-") and "-cpu-torch" in name
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "journal"])
+def test_storages_open_and_the_dashboard_command(tmp_path, kind):
+    url = f"sqlite:///{tmp_path}/s.db" if kind == "sqlite" else f"journal:{tmp_path}/s.log"
+    study = st.open_study(st.open_storage(url), "s")
+    study.set_user_attr("k", 1)
+    again = st.load_study(st.open_storage(url), None)
+    assert again.study_name == "s" and again.user_attrs["k"] == 1
+    expected = url if kind == "sqlite" else f"{tmp_path}/s.log"
+    assert st.dashboard_command(url) == f"optuna-dashboard {expected}"
+    assert st.dashboard_command(str(tmp_path / "j.log")) == f"optuna-dashboard {tmp_path}/j.log"
+
+
+def runner(tiny_config):
+    return TrialRunner(tiny_config, "/nowhere", "cpu")
+
+
+def test_outcomes_become_values_attrs_and_constraints(tiny_config):
+    v = Variant()
+    ok = {
+        "status": "ok",
+        "check": {
+            "public": {
+                "passed": True,
+                "max_abs_err": 1e-3,
+                "tol_share": 0.1,
+                "steps": 6,
+                "failure": None,
+            }
+        },
+        "max_abs_err": 1e-3,
+        "tol_share": 0.1,
+        "traces": {
+            "prefill": {
+                "tokens_per_s": 100.0,
+                "decode_tokens_per_s": 0.0,
+                "seconds": 1.0,
+                "peak_mib": 50.0,
+                "create_s": 0.2,
+                "floor_eff": 0.5,
+            },
+        },
+    }
+    out = outcome_from_result(ok, v, runner(tiny_config), "quick")
+    assert out.values == pytest.approx((100.0, 50.0))
+    assert out.constraint == pytest.approx(0.1 - 0.5)
+    assert out.attrs["floor_eff_prefill"] == 0.5 and out.attrs["variant"] == v.to_dict()
+    full = outcome_from_result(ok, v, runner(tiny_config), "full")
+    assert full.attrs["full_tokens_per_s"] == pytest.approx(100.0)
+    assert "tokens_per_s" not in full.attrs
+    # Correct but 70 % of the tolerance: infeasible by the constraint.
+    assert constraint({"status": "infeasible", "tol_share": 0.7}, 0.5) == pytest.approx(0.2)
+    # Wrong in a way the share does not show (shape, dtype, aliasing): infeasible anyway.
+    assert constraint({"status": "infeasible", "tol_share": 0.0}, 0.5) == 1.0
+    failed = outcome_from_result(
+        {"status": "failed", "reason": "boom", "timeout": True}, v, runner(tiny_config), "quick"
+    )
+    assert failed.values is None and failed.attrs["timed_out"] and failed.reason == "boom"
+
+
+def test_constraints_reach_the_sampler_and_duplicates_reuse_results(tmp_path, tiny_config):
+    study = st.open_study(st.open_storage(f"sqlite:///{tmp_path}/c.db"), "c")
+    r = runner(tiny_config)
+    good = outcome_from_result(
+        {
+            "status": "ok",
+            "tol_share": 0.2,
+            "max_abs_err": 0.0,
+            "check": {},
+            "traces": {
+                "t": {
+                    "tokens_per_s": 10.0,
+                    "decode_tokens_per_s": 1.0,
+                    "seconds": 1.0,
+                    "peak_mib": 5.0,
+                    "create_s": 0.1,
+                }
+            },
+        },
+        Variant(cache="slab"),
+        r,
+        "quick",
+    )
+    wrong = outcome_from_result(
+        {"status": "infeasible", "tol_share": 3.0, "reason": "wrong"},
+        Variant(cache="paged"),
+        r,
+        "quick",
+    )
+    for outcome in (good, wrong):
+        tell_outcome(study, study.ask(), outcome)
+    trials = study.get_trials()
+    assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.COMPLETE]
+    assert [t.user_attrs["constraint"][0] > 0 for t in trials] == [False, True]
+    if st.HAS_SET_CONSTRAINT:
+        assert trials[1].constraints == {"correctness": pytest.approx(2.5)}
+    # The same variant again is not run: the trial copies the earlier result.
+    earlier = find_duplicate(study, Variant(cache="slab"))
+    assert earlier.number == 0
+    trial = study.ask()
+    assert copy_result(study, trial, earlier) == "duplicate"
+    copied = study.get_trials()[-1]
+    assert copied.values == trials[0].values and copied.user_attrs["duplicate_of"] == 0
+    records = st.load_records(study)
+    assert [r.status for r in records] == ["ok", "infeasible", "duplicate"]
+
+
+def test_stale_running_trials_are_failed(tmp_path):
+    study = st.open_study(st.open_storage(f"sqlite:///{tmp_path}/stale.db"), "stale")
+    trial = study.ask()
+    assert st.fail_stale_trials(study, older_than_s=3600) == 0
+    later = datetime.now() + timedelta(hours=2)
+
+    class Clock(datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return later
+
+    import search.study as module
+
+    original = module.datetime
+    module.datetime = Clock
+    try:
+        assert st.fail_stale_trials(study, older_than_s=3600) == 1
+    finally:
+        module.datetime = original
+    frozen = study.get_trials()[trial.number]
+    assert frozen.state == TrialState.FAIL and "stale" in frozen.user_attrs["reason"]

@@ -1,0 +1,99 @@
+"""CUDA-graph decode: bucket policies, and the captured body's padding/scratch logic run on the
+CPU (each "graph" replays the body eagerly on the static buffers). Real capture: gpu tests."""
+
+import pytest
+import torch
+
+from evaluator.reference_model import ReferenceModel
+from variants import Variant, build_engine
+from variants.execution.cuda_graphs import DecodeGraphs, batch_buckets, context_buckets
+
+
+def test_batch_bucket_policies():
+    assert batch_buckets("pow2", 64) == [1, 2, 4, 8, 16, 32, 64]
+    assert batch_buckets("pow2", 48) == [1, 2, 4, 8, 16, 32, 48]
+    assert batch_buckets("every8", 32) == [1, 2, 4, 8, 16, 24, 32]
+    with pytest.raises(ValueError, match="policy"):
+        batch_buckets("fibonacci", 8)
+
+
+def test_context_buckets_end_at_max_positions():
+    assert context_buckets(4096) == [128, 256, 512, 1024, 2048, 4096]
+    assert context_buckets(300) == [128, 256, 300]
+    assert context_buckets(100) == [100]
+
+
+class _EagerReplay:
+    """Stands in for a captured graph: replay runs the captured body on the static buffers."""
+
+    def __init__(self, graphs, batch, ctx):
+        self.graphs, self.batch, self.ctx = graphs, batch, ctx
+
+    def replay(self):
+        self.graphs._body(self.batch, self.ctx)
+
+
+def _emulated(engine, largest):
+    graphs = DecodeGraphs(engine, "pow2", largest_batch=largest)
+
+    def capture():
+        graphs.graphs = {
+            (b, c): _EagerReplay(graphs, b, c) for b in graphs.batches for c in graphs.contexts
+        }
+        graphs.generation = engine.cache.generation
+
+    graphs.capture = capture
+    capture()
+    engine.decode_step = graphs.step
+    return graphs
+
+
+@pytest.mark.parametrize("cache", ["slab", "paged"])
+def test_padded_buckets_match_reference_and_touch_no_live_state(cache, tiny_config, sharp_weights):
+    ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
+    engine = build_engine(tiny_config, sharp_weights, "cpu", Variant(cache=cache, block_size=16))
+    _emulated(engine, largest=4)
+    gen = torch.Generator().manual_seed(3)
+    history = {}
+    for rid, n in [(70, 5), (3, 130), (11, 1), (900, 17), (5, 2)]:
+        prompt = torch.randint(0, tiny_config["vocab_size"], (n,), generator=gen)
+        engine.prefill([rid], [prompt])
+        history[rid] = prompt.tolist()
+    # batches of 3 pad to 4 (a scratch row), batch 5 is beyond the largest bucket (eager)
+    schedule = [[3, 11, 70], [11], [900, 3, 70, 11, 5], [5, 900], [3, 11, 70]]
+    worst = 0.0
+    for ids in schedule:
+        tokens = torch.randint(0, tiny_config["vocab_size"], (len(ids),), generator=gen)
+        out = engine.decode(ids, tokens)
+        assert out.shape == (len(ids), tiny_config["vocab_size"]) and out.dtype == torch.float32
+        for i, rid in enumerate(ids):
+            history[rid].append(int(tokens[i]))
+            expected = ref.forward(torch.tensor(history[rid])[None])[0, -1].float()
+            worst = max(worst, (out[i] - expected).abs().max().item())
+    assert worst < 1e-4
+
+
+def test_returned_logits_are_a_copy_of_the_static_buffer(tiny_config, tiny_weights):
+    engine = build_engine(tiny_config, tiny_weights, "cpu", Variant(cache="slab"))
+    graphs = _emulated(engine, largest=2)
+    engine.prefill([1, 2], [torch.tensor([1, 2, 3]), torch.tensor([4, 5])])
+    first = engine.decode([1], torch.tensor([7]))
+    kept = first.clone()
+    engine.decode([2], torch.tensor([9]))
+    assert torch.equal(first, kept)
+    assert first.data_ptr() != graphs.out.data_ptr()
+
+
+def test_cache_growth_triggers_recapture(tiny_config, tiny_weights):
+    engine = build_engine(tiny_config, tiny_weights, "cpu", Variant(cache="slab"))
+    graphs = _emulated(engine, largest=2)
+    captured = []
+    graphs.capture = lambda: (
+        captured.append(engine.cache.generation)
+        or setattr(graphs, "generation", engine.cache.generation)
+    )
+    slots = engine.cache.slots
+    ids = list(range(slots + 1))  # one more request than slots: the slab grows
+    engine.prefill(ids, [torch.tensor([1, 2])] * len(ids))
+    engine.decode([0], torch.tensor([3]))
+    assert captured == [engine.cache.generation] and engine.cache.generation == 1

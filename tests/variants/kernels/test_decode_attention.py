@@ -1,0 +1,160 @@
+"""Split-K paged decode attention against gather + float32 softmax in torch."""
+
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="triton is not installed")
+
+from variants.kernels.decode_attention import (  # noqa: E402
+    choose_num_splits,
+    paged_decode_attention,
+)
+
+
+def reference_decode(q, k_pool, v_pool, block_table, kv_lens, block_size):
+    """The contract's math per row: gather its context, float32 softmax, probs in q's dtype."""
+    heads, d = q.shape[1], q.shape[2]
+    group = heads // k_pool.shape[1]
+    rows = []
+    for b, n in enumerate(kv_lens.tolist()):
+        pos = torch.arange(n, device=q.device)
+        slots = block_table[b, pos // block_size].long() * block_size + pos % block_size
+        k = k_pool[slots].repeat_interleave(group, dim=1).transpose(0, 1)  # [heads, n, d]
+        v = v_pool[slots].repeat_interleave(group, dim=1).transpose(0, 1)
+        scores = (q[b].float()[:, None, :] @ k.float().transpose(-1, -2)) / math.sqrt(d)
+        rows.append((scores.softmax(-1).to(q.dtype) @ v)[:, 0])
+    return torch.stack(rows)
+
+
+def paged_case(kv_lens, heads, kv_heads, d, block_size, dtype=torch.float32, device="cpu", seed=0):
+    """Pools with a shuffled block table (row b owns scattered blocks), plus spare blocks."""
+    gen = torch.Generator().manual_seed(seed)
+    width = max(-(-n // block_size) for n in kv_lens)
+    blocks = len(kv_lens) * width + 3
+    table = torch.randperm(blocks, generator=gen)[: len(kv_lens) * width].view(-1, width)
+    k_pool = torch.randn(blocks * block_size, kv_heads, d, generator=gen)
+    v_pool = torch.randn(blocks * block_size, kv_heads, d, generator=gen)
+    q = torch.randn(len(kv_lens), heads, d, generator=gen)
+    lens = torch.tensor(kv_lens, dtype=torch.int32)
+    to = lambda t: t.to(device, dtype)
+    return to(q), to(k_pool), to(v_pool), table.to(device, torch.int32), lens.to(device)
+
+
+def slab_case(kv_lens, heads, kv_heads, d, max_len, dtype=torch.float32, device="cpu", seed=0):
+    """Slab layout: one max_len slot per request, a one-column table of (shuffled) slots."""
+    gen = torch.Generator().manual_seed(seed)
+    slots = len(kv_lens) + 2
+    table = torch.randperm(slots, generator=gen)[: len(kv_lens)].view(-1, 1)
+    k_pool = torch.randn(slots * max_len, kv_heads, d, generator=gen)
+    v_pool = torch.randn(slots * max_len, kv_heads, d, generator=gen)
+    q = torch.randn(len(kv_lens), heads, d, generator=gen)
+    lens = torch.tensor(kv_lens, dtype=torch.int32)
+    to = lambda t: t.to(device, dtype)
+    return to(q), to(k_pool), to(v_pool), table.to(device, torch.int32), lens.to(device)
+
+
+def check(case, block_size, num_splits, atol=1e-5, rtol=1e-5):
+    q, k_pool, v_pool, table, lens = case
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    got = paged_decode_attention(q, k_pool, v_pool, table, lens, block_size, scale, num_splits)
+    want = reference_decode(q, k_pool, v_pool, table, lens, block_size)
+    assert got.shape == q.shape and got.dtype == q.dtype
+    torch.testing.assert_close(got, want, atol=atol, rtol=rtol)
+
+
+# kv_lens: 1, exactly one and two blocks, ragged in between
+RAGGED = [1, 16, 32, 37, 5]
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("heads,kv_heads,d", [(2, 2, 24), (4, 2, 48)])
+def test_paged_ragged(num_splits, heads, kv_heads, d):
+    check(paged_case(RAGGED, heads, kv_heads, d, 16), 16, num_splits)
+
+
+def test_many_splits_some_empty():
+    """8 splits over lengths 1..37: short rows leave most splits empty (m=-inf, l=0)."""
+    check(paged_case(RAGGED, 2, 1, 24, 16), 16, 8)
+
+
+def test_gqa_group_4_odd_block_size():
+    check(paged_case([9, 21], 8, 2, 24, 5), 5, 2)
+
+
+def test_int64_tables_and_lengths():
+    q, k_pool, v_pool, table, lens = paged_case([3, 16], 2, 2, 24, 16)
+    check((q, k_pool, v_pool, table.long(), lens.long()), 16, 2)
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_slab_one_column_table(num_splits):
+    check(slab_case([1, 64, 23], 4, 2, 48, 64), 64, num_splits)
+
+
+def test_strided_q_and_out_buffer():
+    q, k_pool, v_pool, table, lens = paged_case([7, 33], 2, 2, 24, 16)
+    wide = torch.cat([q, q], dim=-1)[..., :24]  # row stride 48, last stride 1
+    out = torch.full_like(q, float("nan"))
+    res = paged_decode_attention(wide, k_pool, v_pool, table, lens, 16, 24**-0.5, 2, out=out)
+    assert res is out
+    torch.testing.assert_close(out, reference_decode(q, k_pool, v_pool, table, lens, 16))
+
+
+def test_choose_num_splits():
+    assert choose_num_splits(150, 8, 4, 82) == 1  # short context: no split
+    assert choose_num_splits(2048, 1, 4, 82) == 16  # one long row: capped
+    assert choose_num_splits(2048, 64, 4, 82) == 1  # 256 programs already fill 82 SMs twice
+    assert choose_num_splits(2048, 8, 4, 132) == 9
+    assert choose_num_splits(1, 1, 1, 132) == 1
+
+
+# ------------------------------------------------------------------ GPU, public model sizes
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def _sms():
+    return torch.cuda.get_device_properties(0).multi_processor_count
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("batch,ctx", [(8, 150), (64, 2048)])
+@pytest.mark.parametrize("splits", ["auto", 1, 4])
+def test_gpu_paged_public_sizes(batch, ctx, splits):
+    lens = [ctx - (i * 37) % 64 for i in range(batch)]  # ragged near ctx, one full row
+    lens[0] = ctx
+    case = paged_case(lens, 4, 4, 192, 16, torch.float16, "cuda")
+    n = choose_num_splits(ctx, batch, 4, _sms()) if splits == "auto" else splits
+    check(case, 16, n, atol=2e-3, rtol=1e-2)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_slab_and_gqa(dtype):
+    atol = 2e-3 if dtype == torch.float16 else 1e-2
+    check(slab_case([1, 150, 2048, 77], 4, 4, 192, 2048, dtype, "cuda"), 2048, 4, atol, 2e-2)
+    check(paged_case([1, 16, 300, 1000], 8, 2, 128, 16, dtype, "cuda"), 16, 4, atol, 2e-2)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_cuda_graph_replay_with_other_lengths():
+    """One captured launch (fixed splits and grid) stays right when kv_lens change."""
+    q, k_pool, v_pool, table, lens = paged_case([150] * 8, 4, 4, 192, 16, torch.float16, "cuda")
+    scale, out = 192**-0.5, torch.empty_like(q)
+    run = lambda: paged_decode_attention(q, k_pool, v_pool, table, lens, 16, scale, 4, out=out)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        run()  # compile outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    for new in ([1, 2, 3, 16, 17, 63, 64, 150], [150, 149, 100, 1, 1, 33, 128, 129]):
+        lens.copy_(torch.tensor(new, dtype=torch.int32))
+        graph.replay()
+        want = reference_decode(q, k_pool, v_pool, table, lens, 16)
+        torch.testing.assert_close(out, want, atol=2e-3, rtol=1e-2)

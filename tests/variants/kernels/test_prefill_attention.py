@@ -1,0 +1,67 @@
+"""Varlen causal prefill attention against per-prompt float32 causal softmax in torch."""
+
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="triton is not installed")
+
+from variants.kernels.prefill_attention import varlen_prefill_attention  # noqa: E402
+
+
+def reference_prefill(q, k, v, lengths):
+    """The contract's math per prompt: causal float32 softmax, probabilities in q's dtype."""
+    heads, d = q.shape[1], q.shape[2]
+    group = heads // k.shape[1]
+    outs, start = [], 0
+    for n in lengths:
+        qs = q[start : start + n].transpose(0, 1)
+        ks = k[start : start + n].repeat_interleave(group, dim=1).transpose(0, 1)
+        vs = v[start : start + n].repeat_interleave(group, dim=1).transpose(0, 1)
+        scores = (qs.float() @ ks.float().transpose(-1, -2)) / math.sqrt(d)
+        causal = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)
+        probs = scores.masked_fill(causal, float("-inf")).softmax(-1).to(q.dtype)
+        outs.append((probs @ vs).transpose(0, 1))
+        start += n
+    return torch.cat(outs)
+
+
+def run_case(lengths, heads, kv_heads, d, dtype=torch.float32, device="cpu", seed=0, atol=1e-5):
+    gen = torch.Generator().manual_seed(seed)
+    tokens = sum(lengths)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * d, generator=gen).to(device, dtype)
+    q, k, v = qkv.split((heads * d, kv_heads * d, kv_heads * d), dim=-1)  # strided views
+    q, k, v = q.view(-1, heads, d), k.view(-1, kv_heads, d), v.view(-1, kv_heads, d)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    got = varlen_prefill_attention(q, k, v, cu.to(device), max(lengths), 1 / math.sqrt(d))
+    assert got.shape == q.shape and got.dtype == dtype
+    torch.testing.assert_close(got, reference_prefill(q, k, v, lengths), atol=atol, rtol=atol)
+
+
+@pytest.mark.parametrize("heads,kv_heads,d", [(2, 2, 24), (4, 2, 48)])
+def test_ragged_with_length_one(heads, kv_heads, d):
+    run_case([1, 70, 5, 64], heads, kv_heads, d)
+
+
+def test_single_prompt_gqa_group_3():
+    run_case([40], 3, 1, 16)
+
+
+# ------------------------------------------------------------------ GPU, public model sizes
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(
+    "lengths", [[128] * 4, [128] * 8, [1, 7, 13, 64, 128, 300], [2048, 5]], ids=str
+)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_public_sizes(lengths, dtype):
+    atol = 2e-3 if dtype == torch.float16 else 1e-2
+    run_case(lengths, 4, 4, 192, dtype, "cuda", atol=atol)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("heads,kv_heads,d", [(8, 2, 128), (4, 4, 64), (4, 1, 256)])
+def test_gpu_other_shapes(heads, kv_heads, d):
+    run_case([1, 100, 257], heads, kv_heads, d, torch.float16, "cuda", atol=2e-3)

@@ -1,0 +1,116 @@
+"""The capability probe on CPU, and its rules for a GPU machine (Capabilities built by hand)."""
+
+import pytest
+
+from variants.probe import probe_capabilities, version_tuple
+from variants.variant import Variant
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("2.13.0+cpu", (2, 13)), ("2.3.0a0+6ddf5cf", (2, 3)), ("3.0.0", (3, 0)), ("2.5.1", (2, 5))],
+)
+def test_version_tuple(text, expected):
+    assert version_tuple(text) == expected
+
+
+def test_cpu_capabilities(cpu_caps):
+    assert cpu_caps.device == "cpu" and not cpu_caps.cuda
+    assert cpu_caps.sdpa_backends == ("auto", "math")
+    assert cpu_caps.head_dim == 24 and cpu_caps.config_dtype == "float16"
+    assert cpu_caps.compute_capability is None and cpu_caps.triton_version is None
+    assert cpu_caps.to_dict()["device_type"] == "cpu"
+
+
+def test_head_dim_defaults_to_hidden_over_heads():
+    caps = probe_capabilities("cpu", {"hidden_size": 768, "num_attention_heads": 4})
+    assert caps.head_dim == 192
+
+
+@pytest.mark.parametrize(
+    "variant, reason",
+    [
+        (Variant(attention="sdpa", sdpa_backend="flash"), "sdpa_backend='flash': SDPA backend "),
+        (Variant(sdpa_backend="cudnn"), "sdpa_backend='cudnn': SDPA backend 'cudnn' is not avail"),
+        (Variant(sdpa_backend="efficient"), "sdpa_backend='efficient': SDPA backend 'efficient'"),
+        (Variant(dtype="float16"), "dtype='float16': the CPU reference computes in float32"),
+        (Variant(dtype="bfloat16"), "dtype='bfloat16': the CPU reference computes in float32"),
+        (Variant(dtype="float32"), "dtype='float32': the CPU reference computes in float32"),
+        (Variant(graphs="pow2"), "graphs='pow2': CUDA graphs need a CUDA device"),
+        (
+            Variant(execution="compile", compile_mode="max-autotune-no-cudagraphs"),
+            "compile_mode='max-autotune-no-cudagraphs': needs a CUDA device",
+        ),
+        (Variant(cache="paged", block_size=48), "block_size=48 is not a known choice"),
+        (Variant(cache="ring"), "cache='ring' is not a known choice"),
+    ],
+)
+def test_why_invalid_on_cpu_names_the_axis_and_reason(cpu_caps, variant, reason):
+    why = cpu_caps.why_invalid(variant)
+    assert why is not None and why.startswith(reason), why
+    if "SDPA backend" in reason:
+        assert why.endswith("is not available on cpu")
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        Variant(),
+        Variant(cache="paged", block_size=256, attention="manual"),
+        Variant(sdpa_backend="math", execution="compile"),
+        # Axes that do not apply are not checked: block_size 48 on a slab, flash with manual.
+        Variant(cache="slab", block_size=48),
+        Variant(attention="manual", sdpa_backend="flash"),
+    ],
+)
+def test_valid_on_cpu(cpu_caps, variant):
+    assert cpu_caps.why_invalid(variant) is None
+
+
+def test_choices_on_cpu_are_conditional(cpu_caps):
+    assert cpu_caps.choices("dtype", {}) == ["config"]
+    assert cpu_caps.choices("cache", {}) == ["contiguous", "slab", "paged"]
+    assert cpu_caps.choices("block_size", {"cache": "paged"}) == [16, 32, 64, 128, 256]
+    assert cpu_caps.choices("attention", {"cache": "slab"}) == ["manual", "sdpa"]
+    assert cpu_caps.choices("sdpa_backend", {"attention": "sdpa"}) == ["auto", "math"]
+    assert cpu_caps.choices("compile_mode", {"execution": "compile"}) == ["default"]
+    assert cpu_caps.choices("graphs", {"cache": "slab"}) == ["off"]
+
+
+def test_enumerated_cpu_variants(all_cpu_variants, cpu_caps):
+    """Block size exists only for paged, SDPA backend only for sdpa, compile mode only for
+    compile: the enumeration keeps the default of an axis that does not apply."""
+    assert all(cpu_caps.why_invalid(v) is None for v in all_cpu_variants)
+    eager = [v for v in all_cpu_variants if v.execution == "eager"]
+    # caches (contiguous, slab, 5 paged sizes) x (manual, sdpa auto, sdpa math) x 4 fusions
+    assert len(eager) == 7 * 3 * 4
+    assert len(all_cpu_variants) == 2 * len(eager)
+    assert {v.block_size for v in all_cpu_variants if v.cache != "paged"} == {16}
+    assert {v.sdpa_backend for v in all_cpu_variants if v.attention != "sdpa"} == {"auto"}
+    assert {v.compile_mode for v in all_cpu_variants} == {"default"}
+
+
+def test_gpu_rules(fake_cuda_caps):
+    caps = fake_cuda_caps()
+    assert caps.why_invalid(Variant(sdpa_backend="flash")) is None  # float16, head_dim 192
+    assert caps.why_invalid(Variant(sdpa_backend="flash", dtype="float32")) == (
+        "sdpa_backend='flash': needs float16 or bfloat16 compute"
+    )
+    assert caps.why_invalid(Variant(dtype="float16")) == "dtype='float16': same as the config dtype"
+    assert caps.why_invalid(Variant(dtype="bfloat16")) is None
+    big = fake_cuda_caps(head_dim=320)
+    assert big.why_invalid(Variant(sdpa_backend="flash")) == (
+        "sdpa_backend='flash': flash SDPA supports head_dim <= 256"
+    )
+    assert caps.why_invalid(Variant(cache="contiguous", graphs="pow2")) == (
+        "graphs='pow2': CUDA graphs need a static pool (slab or paged cache)"
+    )
+    assert caps.why_invalid(Variant(cache="paged", graphs="every8")) is None
+    ampere = fake_cuda_caps(
+        compute_capability=(8, 6), sdpa_backends=("auto", "math", "efficient", "flash")
+    )
+    assert "not available on cuda" in ampere.why_invalid(Variant(sdpa_backend="cudnn"))
+    assert caps.choices("compile_mode", {"execution": "compile"}) == [
+        "default",
+        "max-autotune-no-cudagraphs",
+    ]

@@ -1,0 +1,67 @@
+"""The registry table: axes in dependency order, conditional axes, every choice has a component."""
+
+import pytest
+
+from variants.components import ATTENTION, CACHES, EXECUTION, GRAPHS, component_paths
+from variants.registry import AXES, AXES_BY_NAME
+from variants.variant import Variant
+
+
+def test_one_axis_per_variant_field():
+    assert set(AXES_BY_NAME) == set(Variant().to_dict())
+    assert len(AXES) == len(AXES_BY_NAME)
+
+
+def test_defaults_are_choices():
+    for name, value in Variant().to_dict().items():
+        assert value in AXES_BY_NAME[name].values, name
+
+
+def test_an_axis_depends_only_on_earlier_axes():
+    order = [a.name for a in AXES]
+    assert order.index("cache") < order.index("block_size")
+    assert order.index("attention") < order.index("sdpa_backend")
+    assert order.index("execution") < order.index("compile_mode")
+    assert order.index("dtype") < order.index("sdpa_backend")  # flash needs the dtype
+
+
+@pytest.mark.parametrize(
+    "axis, partial, applies",
+    [
+        ("block_size", {"cache": "paged"}, True),
+        ("block_size", {"cache": "slab"}, False),
+        ("block_size", {"cache": "contiguous"}, False),
+        ("sdpa_backend", {"attention": "sdpa"}, True),
+        ("sdpa_backend", {"attention": "manual"}, False),
+        ("compile_mode", {"execution": "compile"}, True),
+        ("compile_mode", {"execution": "eager"}, False),
+        ("cache", {}, True),
+        ("fuse_qkv", {}, True),
+    ],
+)
+def test_conditional_axes(axis, partial, applies):
+    assert AXES_BY_NAME[axis].applies(partial) is applies
+
+
+def test_every_choice_the_probe_can_offer_has_a_component(fake_cuda_caps):
+    """On a GPU machine the search may pick any offered choice; each must be buildable."""
+    caps = fake_cuda_caps()
+    for cache in caps.choices("cache", {}):
+        assert cache in CACHES
+        partial = {"cache": cache}
+        for attention in caps.choices("attention", partial):
+            assert attention in ATTENTION, attention
+        for graphs in caps.choices("graphs", partial):
+            assert graphs == "off" or graphs in GRAPHS, graphs
+    for execution in caps.choices("execution", {}):
+        assert execution in EXECUTION
+
+
+def test_component_paths_follow_the_variant():
+    paths = component_paths(Variant(cache="paged", attention="manual", execution="compile"))
+    assert paths == {
+        "cache_cls": "variants.cache.paged:PagedKVCache",
+        "attention_cls": "variants.attention.manual:ManualAttention",
+        "wrap": "variants.execution.compiled:run_compiled",
+    }
+    assert "capture" in component_paths(Variant(graphs="pow2"))

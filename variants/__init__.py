@@ -1,0 +1,12 @@
+"""The component library: an engine core and interchangeable components, assembled by Variant."""
+
+from variants.variant import Variant
+
+
+def build_engine(config: dict, weight_dir: str, device: str, variant: Variant):
+    from variants.build import build_engine as _build
+
+    return _build(config, weight_dir, device, variant)
+
+
+__all__ = ["Variant", "build_engine"]

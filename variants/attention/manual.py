@@ -1,0 +1,42 @@
+"""Manual attention: float32 scores and softmax, probabilities cast back, then @ V.
+
+The same arithmetic as the reference, so the closest to it; it materialises the full score
+matrix, which costs memory and bandwidth on long prompts. Runs anywhere."""
+
+import math
+
+import torch
+
+from variants.attention.padding import from_padded, to_padded
+
+
+class ManualAttention:
+    def __init__(self, spec, dtype, variant):
+        self.group = spec.num_heads // spec.num_kv_heads
+        self.scale = 1.0 / math.sqrt(spec.head_dim)
+
+    def prefill(self, q, k, v, batch):
+        q, k, v = to_padded(q, batch), to_padded(k, batch), to_padded(v, batch)
+        if self.group > 1:
+            k = k.repeat_interleave(self.group, dim=1)
+            v = v.repeat_interleave(self.group, dim=1)
+        scores = (q.float() @ k.float().transpose(-1, -2)) * self.scale
+        t = scores.shape[-1]
+        causal = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1)
+        probs = scores.masked_fill(causal, float("-inf")).softmax(-1).to(q.dtype)
+        return from_padded(probs @ v, batch)
+
+    def decode_from_cache(self, q, cache, layer: int, plan):
+        k, v = cache.read(layer, plan)
+        return self.decode(q, k, v, plan)
+
+    def decode(self, q, k, v, plan):
+        """q [B, heads, d]; k, v [B, kv_heads, S, d]; grouped heads ride as query rows."""
+        b, kvh, _, d = k.shape
+        qg = q.view(b, kvh, self.group, d)
+        scores = (qg.float() @ k.float().transpose(-1, -2)) * self.scale
+        if not plan.uniform:
+            live = torch.arange(plan.max_len, device=q.device) < plan.kv_lens[:, None]
+            scores = scores.masked_fill(~live[:, None, None, :], float("-inf"))
+        probs = scores.softmax(-1).to(q.dtype)
+        return (probs @ v).reshape(b, -1)

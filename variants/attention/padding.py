@@ -1,0 +1,35 @@
+"""Packed <-> padded layouts for prefill attention.
+
+Prompts of one call are packed ([tokens, heads, head_dim]) for the projections and padded on the
+right ([batch, heads, max_len, head_dim]) for attention. Right padding needs no extra mask: a
+real query at position p only sees keys <= p under the causal mask, all of them real."""
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class PrefillBatch:
+    lengths: list
+    max_len: int
+    uniform: bool  # all prompts the same length: padding is a reshape
+    pad_index: torch.Tensor | None  # [tokens] row of each packed token in [batch * max_len]
+    last_index: torch.Tensor  # [batch] packed index of each prompt's last token
+
+
+def to_padded(x: torch.Tensor, batch: PrefillBatch) -> torch.Tensor:
+    """[tokens, heads, d] -> [batch, heads, max_len, d]."""
+    b, heads, d = len(batch.lengths), x.shape[1], x.shape[2]
+    if batch.uniform:
+        return x.view(b, batch.max_len, heads, d).transpose(1, 2)
+    padded = x.new_zeros(b * batch.max_len, heads, d)
+    padded.index_copy_(0, batch.pad_index, x)
+    return padded.view(b, batch.max_len, heads, d).transpose(1, 2)
+
+
+def from_padded(o: torch.Tensor, batch: PrefillBatch) -> torch.Tensor:
+    """[batch, heads, max_len, d] -> [tokens, heads * d]."""
+    b, heads, t, d = o.shape
+    flat = o.transpose(1, 2).reshape(b * t, heads * d)
+    return flat if batch.uniform else flat.index_select(0, batch.pad_index)

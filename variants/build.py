@@ -1,0 +1,16 @@
+"""Library entry: build an engine for a Variant from the installed package (no rendering)."""
+
+import importlib
+
+from variants.components import component_paths
+from variants.engine import assemble_engine
+
+
+def resolve(path: str):
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def build_engine(config: dict, weight_dir: str, device: str, variant):
+    parts = {key: resolve(path) for key, path in component_paths(variant).items()}
+    return assemble_engine(config, weight_dir, device, variant, **parts)

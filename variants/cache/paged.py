@@ -1,0 +1,96 @@
+"""Paged KV cache (vLLM style): fixed-size blocks from one pool, a block table per request.
+
+Wins on memory: a request holds ceil(len / block_size) blocks, freed blocks return to the pool,
+so many short requests fit where a slab would reserve max_positions each. Reads gather the
+blocks of the batch; the pool doubles when it runs out. Block 0 is scratch: never handed out,
+it pads block tables and takes the writes of CUDA-graph padding rows."""
+
+import torch
+
+from variants.staging import host_tensor
+
+
+class PagedKVCache:
+    def __init__(self, spec, device, dtype, capacity_tokens: int, block_size: int = 16):
+        self.spec, self.device, self.dtype = spec, device, dtype
+        self.block_size = block_size
+        self.blocks = 0
+        self.k = self.v = None
+        self.free_blocks: list = []
+        self.table: dict = {}
+        self.generation = 0  # bumped when the pool is reallocated (captured graphs go stale)
+        self._grow(1 + max(1, -(-capacity_tokens // block_size)))
+
+    def _grow(self, blocks: int) -> None:
+        shape = (
+            self.spec.num_layers,
+            blocks * self.block_size,
+            self.spec.num_kv_heads,
+            self.spec.head_dim,
+        )
+        k = torch.zeros(shape, device=self.device, dtype=self.dtype)
+        v = torch.zeros(shape, device=self.device, dtype=self.dtype)
+        if self.k is not None:
+            k[:, : self.k.shape[1]] = self.k
+            v[:, : self.v.shape[1]] = self.v
+            self.generation += 1
+        self.k, self.v = k, v
+        first_new = max(self.blocks, 1)  # block 0 stays scratch
+        self.free_blocks = list(range(blocks - 1, first_new - 1, -1)) + self.free_blocks
+        self.blocks = blocks
+
+    def memory_bytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+    def _take_block(self) -> int:
+        if not self.free_blocks:
+            self._grow(self.blocks * 2)
+        return self.free_blocks.pop()
+
+    def allocate(self, rid: int, length: int) -> None:
+        self.table[rid] = []
+        self.extend(rid, length)
+
+    def extend(self, rid: int, length: int) -> None:
+        """Make room for `length` tokens in total."""
+        blocks = self.table[rid]
+        while len(blocks) * self.block_size < length:
+            blocks.append(self._take_block())
+
+    def release(self, rid: int) -> None:
+        self.free_blocks.extend(reversed(self.table.pop(rid)))
+
+    def token_slots(self, rid: int, start: int, stop: int) -> list:
+        blocks, bs = self.table[rid], self.block_size
+        return [blocks[p // bs] * bs + p % bs for p in range(start, stop)]
+
+    def read_rows(self, rids: list) -> torch.Tensor:
+        """The block table of the batch, padded with block 0 (masked out by the lengths)."""
+        tables = [self.table[r] for r in rids]
+        width = max(len(t) for t in tables)
+        return host_tensor([t + [0] * (width - len(t)) for t in tables], torch.long, self.device)
+
+    def scratch_token(self) -> int:
+        return 0
+
+    def table_width(self, max_len: int) -> int:
+        return -(-max_len // self.block_size)
+
+    def table_row(self, rid, width: int) -> list:
+        blocks = [] if rid is None else self.table[rid][:width]
+        return blocks + [0] * (width - len(blocks))
+
+    def graph_rows(self, table: torch.Tensor, max_len: int) -> torch.Tensor:
+        return table[:, : self.table_width(max_len)]
+
+    def write(self, layer: int, plan, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k[layer].index_copy_(0, plan.write_index, k)
+        self.v[layer].index_copy_(0, plan.write_index, v)
+
+    def read(self, layer: int, plan):
+        """Gathers the batch's blocks into [B, kv_heads, max_len, head_dim]."""
+        shape = (self.blocks, self.block_size, self.spec.num_kv_heads, self.spec.head_dim)
+        batch = plan.rows.shape[0]
+        k = self.k[layer].view(shape)[plan.rows].view(batch, -1, *shape[2:])[:, : plan.max_len]
+        v = self.v[layer].view(shape)[plan.rows].view(batch, -1, *shape[2:])[:, : plan.max_len]
+        return k.transpose(1, 2), v.transpose(1, 2)

@@ -1,0 +1,37 @@
+"""Hugging Face LLaMA checkpoints in the course layout, converted at load time.
+
+Keys lose the `model.` prefix (`lm_head.weight` has none in HF). HF's q/k rows pair dims
+(j, j + d/2) per head for rotate-half RoPE; reordering them to pairs (2j, 2j+1) lets the
+interleaved RoPE compute the same scores (the inverse of convert_llama_weights_to_hf's permute)."""
+
+import torch
+
+HF_PREFIX = "model."
+
+
+def strip_model_prefix(state: dict) -> tuple:
+    """(state with HF's `model.` prefix removed, whether any key had it)."""
+    out: dict = {}
+    prefixed = False
+    for key, tensor in state.items():
+        name = key
+        if key.startswith(HF_PREFIX):
+            name, prefixed = key[len(HF_PREFIX) :], True
+        if name in out:
+            raise ValueError(f"weight {name!r} appears both with and without the 'model.' prefix")
+        out[name] = tensor
+    return out, prefixed
+
+
+def rotate_half_to_interleaved(w: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
+    """Rows [heads * head_dim, in]: per head, row 2j <- HF row j and row 2j+1 <- HF row j + d/2."""
+    rows, cols = w.shape
+    return w.view(heads, 2, head_dim // 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+def convert_rotate_half_qk(spec, state: dict) -> None:
+    """Reorder every layer's q and k rows in place of the state dict (shapes already checked)."""
+    for n in range(spec.num_layers):
+        for name, heads in (("q_proj", spec.num_heads), ("k_proj", spec.num_kv_heads)):
+            key = f"layers.{n}.self_attn.{name}.weight"
+            state[key] = rotate_half_to_interleaved(state[key], heads, spec.head_dim)

@@ -1,0 +1,49 @@
+"""Which module and name implement each choice. The library resolves them by import; the
+renderer copies exactly these modules (and what they import from us) into engine.py."""
+
+CORE_MODULES = (
+    "variants.spec",
+    "variants.variant",
+    "variants.checkpoint.formats",
+    "variants.checkpoint.hf_llama",
+    "variants.weights",
+    "variants.staging",
+    "variants.requests",
+    "variants.layers.rmsnorm",
+    "variants.layers.rope",
+    "variants.layers.projections",
+    "variants.layers.block",
+    "variants.cache.plans",
+    "variants.attention.padding",
+    "variants.engine",
+)
+
+CACHES = {
+    "contiguous": "variants.cache.contiguous:ContiguousKVCache",
+    "slab": "variants.cache.slab:SlabKVCache",
+    "paged": "variants.cache.paged:PagedKVCache",
+}
+ATTENTION = {
+    "manual": "variants.attention.manual:ManualAttention",
+    "sdpa": "variants.attention.sdpa:SdpaAttention",
+}
+EXECUTION = {
+    "eager": "variants.execution.eager:run_eager",
+    "compile": "variants.execution.compiled:run_compiled",
+}
+
+GRAPHS = {
+    "pow2": "variants.execution.cuda_graphs:use_cuda_graphs",
+    "every8": "variants.execution.cuda_graphs:use_cuda_graphs",
+}
+
+
+def component_paths(variant) -> dict:
+    paths = {
+        "cache_cls": CACHES[variant.cache],
+        "attention_cls": ATTENTION[variant.attention],
+        "wrap": EXECUTION[variant.execution],
+    }
+    if variant.graphs != "off":
+        paths["capture"] = GRAPHS[variant.graphs]
+    return paths

@@ -1,0 +1,221 @@
+"""The engine core: the request table and the course interface (prefill / decode / remove).
+
+It wires the chosen components: a KV cache layout, an attention backend and an execution mode
+that wraps the layer math. Prompts of a call are packed for the projections; only each prompt's
+last token goes through the head. Logits come back as a fresh float32 [B, vocab] tensor."""
+
+import torch
+
+from variants.attention.padding import PrefillBatch
+from variants.cache.plans import CachePlan
+from variants.layers.block import make_layer_math
+from variants.layers.rope import RopeTable
+from variants.requests import as_id_list, check_token_range, check_token_tensor
+from variants.spec import ModelSpec, dtype_from_name
+from variants.staging import host_tensor
+from variants.weights import load_weights
+
+
+class Engine:
+    def __init__(self, spec, weights, device, dtype, cache, attention, wrap):
+        """`wrap(fn)` is the execution mode applied to the layer math."""
+        self.spec, self.weights, self.device, self.dtype = spec, weights, device, dtype
+        self.cache, self.attention = cache, attention
+        self.lengths: dict = {}  # request id -> tokens held in the cache
+        self.rope = RopeTable(spec.head_dim, spec.max_positions, spec.rope_theta, device, dtype)
+        inputs_fn, outputs_fn, logits_fn = make_layer_math(spec)
+        self.attention_inputs = wrap(inputs_fn)
+        self.attention_outputs = wrap(outputs_fn)
+        self.output_logits = wrap(logits_fn)
+        # Reading GPU token ids on the host waits for the GPU queue (a sync per decode call);
+        # without the check an out-of-vocab id would be a device-side assert that kills the
+        # CUDA context, so it stays on unless the caller guarantees valid ids.
+        self.check_device_tokens = True
+        self.decode_step = self.eager_decode_step  # CUDA graphs replace this
+
+    # ----------------------------------------------------------------- the course interface
+    @torch.no_grad()
+    def prefill(self, request_ids, input_ids) -> torch.Tensor:
+        rids = as_id_list(request_ids)
+        if not isinstance(input_ids, (list, tuple)):
+            input_ids = list(input_ids)
+        if len(input_ids) != len(rids):
+            raise ValueError(f"{len(rids)} request ids but {len(input_ids)} prompts")
+        if not rids:
+            raise ValueError("prefill called with no requests")
+        prompts = []
+        for rid, t in zip(rids, input_ids):
+            t = check_token_tensor(t, f"request {rid}", self.device)
+            if t.dim() != 1:
+                raise ValueError(f"request {rid}: prompt must be 1-D, got shape {list(t.shape)}")
+            if t.numel() == 0:
+                raise ValueError(f"request {rid}: empty prompt")
+            if t.numel() > self.spec.max_positions:
+                raise ValueError(
+                    f"request {rid}: prompt of {t.numel()} tokens exceeds "
+                    f"max_position_embeddings {self.spec.max_positions}"
+                )
+            prompts.append(t)
+        tokens = torch.cat(prompts)
+        check_token_range(tokens, self.spec.vocab_size, f"prefill of {rids}")
+
+        lengths = [t.numel() for t in prompts]
+        for rid, n in zip(rids, lengths):  # re-prefill replaces the old state
+            if rid in self.lengths:
+                self.cache.release(rid)
+                del self.lengths[rid]
+            self.cache.allocate(rid, n)
+            self.lengths[rid] = n
+        plan = CachePlan(
+            rids,
+            write_index=self._index(
+                [i for r, n in zip(rids, lengths) for i in self.cache.token_slots(r, 0, n)]
+            ),
+            segments=[(r, 0, n) for r, n in zip(rids, lengths)],
+        )
+        batch = self._prefill_batch(lengths)
+        positions = self._index([p for n in lengths for p in range(n)])
+        x = self._layers(tokens, positions, plan, batch=batch)
+        return self._logits(x.index_select(0, batch.last_index))
+
+    @torch.no_grad()
+    def decode(self, request_ids, token_ids) -> torch.Tensor:
+        rids = as_id_list(request_ids)
+        if not rids:
+            raise ValueError("decode called with no requests")
+        tokens = check_token_tensor(token_ids, "decode", self.device)
+        if tokens.dim() != 1 or tokens.numel() != len(rids):
+            raise ValueError(
+                f"decode: token_ids must be 1-D with one id per request ({len(rids)}), "
+                f"got shape {list(tokens.shape)}"
+            )
+        for rid in rids:
+            if rid not in self.lengths:
+                raise KeyError(f"decode: unknown request id {rid} (not prefilled or removed)")
+            if self.lengths[rid] + 1 > self.spec.max_positions:
+                raise ValueError(
+                    f"request {rid}: decoding past max_position_embeddings "
+                    f"{self.spec.max_positions}"
+                )
+        if self.check_device_tokens or tokens.device.type == "cpu":
+            check_token_range(tokens, self.spec.vocab_size, "decode")
+
+        positions = [self.lengths[r] for r in rids]
+        for rid, p in zip(rids, positions):
+            self.cache.extend(rid, p + 1)
+            self.lengths[rid] = p + 1
+        return self.decode_step(rids, tokens, positions)
+
+    def eager_decode_step(self, rids: list, tokens, positions: list) -> torch.Tensor:
+        """One decode step with index tensors built for exactly this batch."""
+        kv_lens = [p + 1 for p in positions]
+        plan = CachePlan(
+            rids,
+            write_index=self._index(
+                [self.cache.token_slots(r, p, p + 1)[0] for r, p in zip(rids, positions)]
+            ),
+            kv_lens=self._index(kv_lens),
+            max_len=max(kv_lens),
+            uniform=min(kv_lens) == max(kv_lens),
+            rows=self.cache.read_rows(rids),
+            segments=[(r, p, 1) for r, p in zip(rids, positions)],
+        )
+        x = self._layers(tokens, self._index(positions), plan, batch=None)
+        return self._logits(x)
+
+    def remove(self, request_ids) -> None:
+        rids = as_id_list(request_ids)
+        unknown = [r for r in rids if r not in self.lengths]
+        if unknown:
+            raise KeyError(f"remove: unknown request id(s) {unknown}")
+        for rid in rids:
+            self.cache.release(rid)
+            del self.lengths[rid]
+
+    # ----------------------------------------------------------------- the model
+    def _layers(self, tokens, positions, plan, batch):
+        x = self.weights.embed[tokens]
+        cos, sin = self.rope.at(positions)
+        for n, w in enumerate(self.weights.layers):
+            q, k, v = self.attention_inputs(x, w.input_norm, w.qkv, cos, sin)
+            self.cache.write(n, plan, k, v)
+            if batch is not None:
+                o = self.attention.prefill(q, k, v, batch)
+            else:
+                o = self.attention.decode_from_cache(q, self.cache, n, plan)
+            x = self.attention_outputs(x, o, w.o, w.post_norm, w.gate_up, w.down)
+        return x
+
+    def _logits(self, x) -> torch.Tensor:
+        logits = self.output_logits(x, self.weights.norm, self.weights.head)
+        return logits.float() if logits.dtype != torch.float32 else logits.clone()
+
+    def _index(self, values) -> torch.Tensor:
+        return host_tensor(values, torch.long, self.device)
+
+    def _prefill_batch(self, lengths) -> PrefillBatch:
+        longest = max(lengths)
+        uniform = min(lengths) == longest
+        pad = (
+            None if uniform else [b * longest + p for b, n in enumerate(lengths) for p in range(n)]
+        )
+        ends = [sum(lengths[: i + 1]) - 1 for i in range(len(lengths))]
+        return PrefillBatch(
+            lengths, longest, uniform, None if pad is None else self._index(pad), self._index(ends)
+        )
+
+    # ----------------------------------------------------------------- set-up
+    def warm_up(self) -> None:
+        """Run every code path once (and compile it) so no timed call pays a first-call cost."""
+        ids = [-1, -2, -3]
+        gen = torch.Generator().manual_seed(0)
+        for lengths in ([3], [5, 2, 7]):
+            prompts = [torch.randint(0, self.spec.vocab_size, (n,), generator=gen) for n in lengths]
+            self.prefill(ids[: len(lengths)], [p.to(self.device) for p in prompts])
+        for batch in ([-1], [-2, -3], [-1, -2, -3]):
+            self.decode(batch, torch.zeros(len(batch), dtype=torch.long, device=self.device))
+        self.remove([r for r in ids if r in self.lengths])
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def kv_capacity_tokens(spec, device, dtype, layout: str) -> int:
+    """Initial cache size. The slab holds whole max_positions slots (up to 64 live requests,
+    within 30% of free GPU memory); pools start smaller and double on demand."""
+    per_token = spec.kv_bytes_per_token(dtype)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        budget = int(0.3 * free) // per_token
+    else:
+        budget = (1 << 30) // per_token
+    if layout == "slab":
+        slots = min(64 if device.type == "cuda" else 4, max(1, budget // spec.max_positions))
+        return slots * spec.max_positions
+    return max(spec.max_positions, min(budget, 32 * 1024))
+
+
+def assemble_engine(
+    model_config, weight_dir, device, variant, cache_cls, attention_cls, wrap, capture=None
+):
+    """Build an engine from chosen component classes; the standalone file calls this too.
+    `capture(engine, variant)`, when given, captures CUDA graphs after the first warm-up."""
+    spec = ModelSpec.from_config(model_config)
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    dtype = (
+        spec.compute_dtype(device) if variant.dtype == "config" else dtype_from_name(variant.dtype)
+    )
+    weights = load_weights(spec, weight_dir, device, dtype, variant.fuse_qkv, variant.fuse_gate_up)
+    capacity = kv_capacity_tokens(spec, device, dtype, variant.cache)
+    if variant.cache == "paged":
+        cache = cache_cls(spec, device, dtype, capacity, block_size=variant.block_size)
+    else:
+        cache = cache_cls(spec, device, dtype, capacity)
+    attention = attention_cls(spec, dtype, variant)
+    engine = Engine(spec, weights, device, dtype, cache, attention, lambda fn: wrap(fn, variant))
+    engine.warm_up()
+    if capture is not None:
+        capture(engine, variant)
+        engine.warm_up()  # through the graphs: first-replay costs stay out of timed calls
+    return engine

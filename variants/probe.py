@@ -1,0 +1,138 @@
+"""Capability probe: what this machine (device, GPU, torch, triton) and this model can run.
+
+The search space is filtered through it, so a trial never starts a component the installed stack
+lacks; `why_invalid` rejects a hand-written Variant before anything is built, with the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import shutil
+from dataclasses import dataclass
+
+import torch
+
+
+def version_tuple(text: str) -> tuple[int, int]:
+    major, minor = text.split("+")[0].split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def _triton_version() -> tuple[int, int] | None:
+    if importlib.util.find_spec("triton") is None:
+        return None
+    try:
+        import triton
+
+        return version_tuple(triton.__version__)
+    except Exception:  # a broken triton install is the same as none
+        return None
+
+
+def _sdpa_backends(device_type: str, capability: tuple[int, int] | None) -> tuple[str, ...]:
+    backends = ["auto", "math"]
+    if device_type == "cuda":
+        backends.append("efficient")
+        if capability is not None and capability >= (8, 0):
+            backends.append("flash")
+            sdpb = getattr(torch.nn.attention, "SDPBackend", None)
+            if sdpb is not None and hasattr(sdpb, "CUDNN_ATTENTION") and capability >= (9, 0):
+                backends.append("cudnn")
+    return tuple(backends)
+
+
+def _can_compile(device_type: str) -> bool:
+    try:
+        import torch._dynamo
+
+        if not torch._dynamo.is_dynamo_supported():
+            return False
+    except Exception:
+        return False
+    # Inductor on CPU writes C++; without a compiler every compiled trial would crash.
+    return (
+        device_type == "cuda" or shutil.which("g++") is not None or shutil.which("c++") is not None
+    )
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    device: str
+    device_type: str
+    gpu_name: str | None
+    compute_capability: tuple[int, int] | None
+    torch_version: tuple[int, int]
+    triton_version: tuple[int, int] | None
+    sdpa_backends: tuple[str, ...]
+    has_flex: bool
+    has_enable_gqa: bool
+    can_compile: bool
+    head_dim: int
+    config_dtype: str
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @property
+    def cuda(self) -> bool:
+        return self.device_type == "cuda"
+
+    def choices(self, axis_name: str, partial: dict) -> list:
+        """Choices of one axis valid on this machine given the earlier choices in `partial`."""
+        from variants.registry import AXES_BY_NAME
+
+        axis = AXES_BY_NAME[axis_name]
+        return [c.value for c in axis.choices if c.requires(self, partial) is None]
+
+    def why_invalid(self, variant) -> str | None:
+        from variants.registry import AXES
+
+        values = variant.to_dict()
+        partial: dict = {}
+        for axis in AXES:
+            if not axis.applies(partial):
+                continue
+            value = values[axis.name]
+            choice = next((c for c in axis.choices if c.value == value), None)
+            if choice is None:
+                return f"{axis.name}={value!r} is not a known choice"
+            reason = choice.requires(self, partial)
+            if reason is not None:
+                return f"{axis.name}={value!r}: {reason}"
+            partial[axis.name] = value
+        return None
+
+
+def probe_capabilities(device: str, config: dict | None = None) -> Capabilities:
+    dev = torch.device(device)
+    capability = name = None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"device {device!r} asked for, but torch sees no CUDA device")
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        capability = tuple(torch.cuda.get_device_capability(index))
+        name = torch.cuda.get_device_name(index)
+    tv = version_tuple(torch.__version__)
+    config = config or {}
+    head_dim = int(
+        config.get("head_dim")
+        or config.get("hidden_size", 0) // max(config.get("num_attention_heads", 1), 1)
+    )
+    has_flex = (
+        tv >= (2, 5) and importlib.util.find_spec("torch.nn.attention.flex_attention") is not None
+    )
+    return Capabilities(
+        device=str(dev),
+        device_type=dev.type,
+        gpu_name=name,
+        compute_capability=capability,
+        torch_version=tv,
+        triton_version=_triton_version() if dev.type == "cuda" else None,
+        sdpa_backends=_sdpa_backends(dev.type, capability),
+        has_flex=has_flex,
+        has_enable_gqa=tv >= (2, 5),
+        can_compile=_can_compile(dev.type),
+        head_dim=head_dim,
+        config_dtype=str(config.get("torch_dtype", "float16")),
+    )

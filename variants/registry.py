@@ -1,0 +1,134 @@
+"""The registry: every axis of the Variant, its choices, and what each choice needs.
+
+One table. The search space, the capability check and the renderer all read it; a new component
+joins the product by adding a Choice here (and its module to `MODULES`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+Requirement = Callable[..., "str | None"]
+
+
+def _always(caps, partial) -> None:
+    return None
+
+
+def _cuda_only(caps, partial) -> str | None:
+    return None if caps.cuda else "needs a CUDA device"
+
+
+def _needs_half(caps, partial) -> str | None:
+    if caps.device_type != "cuda":
+        return "needs a CUDA device"
+    if _resolved_dtype(caps, partial) not in ("float16", "bfloat16"):
+        return "needs float16 or bfloat16 compute"
+    return None
+
+
+def _resolved_dtype(caps, partial) -> str:
+    dtype = partial.get("dtype", "config")
+    if dtype != "config":
+        return dtype
+    if not caps.cuda:
+        return "float32"
+    return "bfloat16" if caps.config_dtype in ("bfloat16", "bf16") else "float16"
+
+
+def _sdpa_backend(name: str) -> Requirement:
+    def requires(caps, partial) -> str | None:
+        if name not in caps.sdpa_backends:
+            return f"SDPA backend {name!r} is not available on {caps.device_type}"
+        if name == "flash":
+            if caps.head_dim > 256:
+                return "flash SDPA supports head_dim <= 256"
+            return _needs_half(caps, partial)
+        if name == "cudnn":
+            return _needs_half(caps, partial)
+        return None
+
+    return requires
+
+
+def _flex(caps, partial) -> str | None:
+    if not caps.has_flex:
+        return "FlexAttention needs torch >= 2.5"
+    if not caps.cuda:
+        return "FlexAttention is offered on CUDA only (on CPU it needs torch.compile per shape)"
+    if partial.get("cache") == "contiguous":
+        return "FlexAttention reads the slab or paged cache"
+    return None
+
+
+def _graphs(caps, partial) -> str | None:
+    if not caps.cuda:
+        return "CUDA graphs need a CUDA device"
+    if partial.get("cache") not in ("slab", "paged"):
+        return "CUDA graphs need a static pool (slab or paged cache)"
+    return None
+
+
+def _compile(caps, partial) -> str | None:
+    return None if caps.can_compile else "torch.compile is not usable here"
+
+
+def _dtype(name: str) -> Requirement:
+    def requires(caps, partial) -> str | None:
+        if name == "config":
+            return None
+        if not caps.cuda:
+            return "the CPU reference computes in float32; only 'config' is offered on CPU"
+        if name == _resolved_dtype(caps, {}):
+            return "same as the config dtype"
+        return None
+
+    return requires
+
+
+@dataclass(frozen=True)
+class Choice:
+    value: object
+    requires: Requirement = _always
+
+
+@dataclass(frozen=True)
+class Axis:
+    name: str
+    choices: tuple[Choice, ...]
+    applies: Callable[[dict], bool] = field(default=lambda partial: True)
+
+    @property
+    def values(self) -> tuple:
+        return tuple(c.value for c in self.choices)
+
+
+AXES: tuple[Axis, ...] = (
+    Axis(
+        "dtype", tuple(Choice(n, _dtype(n)) for n in ("config", "float32", "bfloat16", "float16"))
+    ),
+    Axis("cache", (Choice("contiguous"), Choice("slab"), Choice("paged"))),
+    Axis(
+        "block_size",
+        tuple(Choice(n) for n in (16, 32, 64, 128, 256)),
+        applies=lambda p: p.get("cache") == "paged",
+    ),
+    Axis("attention", (Choice("manual"), Choice("sdpa"))),
+    Axis(
+        "sdpa_backend",
+        tuple(Choice(n, _sdpa_backend(n)) for n in ("auto", "flash", "efficient", "math", "cudnn")),
+        applies=lambda p: p.get("attention") == "sdpa",
+    ),
+    Axis("execution", (Choice("eager"), Choice("compile", _compile))),
+    Axis(
+        "compile_mode",
+        (Choice("default"), Choice("max-autotune-no-cudagraphs", _cuda_only)),
+        applies=lambda p: p.get("execution") == "compile",
+    ),
+    Axis("graphs", (Choice("off"), Choice("pow2", _graphs), Choice("every8", _graphs))),
+    Axis("fuse_qkv", (Choice(True), Choice(False))),
+    Axis("fuse_gate_up", (Choice(True), Choice(False))),
+)
+
+AXES_BY_NAME = {axis.name: axis for axis in AXES}

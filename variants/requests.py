@@ -1,0 +1,35 @@
+"""Checks of the course interface's arguments, before any state changes.
+
+Every problem raises with the request id and what is wrong; nothing is modified until all checks
+of a call have passed, so a bad call leaves every request as it was."""
+
+import torch
+
+
+def as_id_list(request_ids) -> list:
+    if isinstance(request_ids, torch.Tensor):
+        if request_ids.dim() != 1 or request_ids.dtype.is_floating_point:
+            raise ValueError("request_ids tensor must be 1-D and integer")
+        request_ids = request_ids.tolist()  # ids are host bookkeeping; a GPU tensor costs a copy
+    ids = [int(r) for r in request_ids]
+    if len(set(ids)) != len(ids):
+        dup = sorted({r for r in ids if ids.count(r) > 1})
+        raise ValueError(f"duplicate request id(s) in one call: {dup}")
+    return ids
+
+
+def check_token_tensor(t, what: str, device) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        t = torch.as_tensor(t, dtype=torch.long)
+    if t.dtype.is_floating_point or t.dtype == torch.bool or t.is_complex():
+        raise ValueError(f"{what}: token ids must be an integer tensor, got {t.dtype}")
+    return t.to(device=device, dtype=torch.long, non_blocking=True)
+
+
+def check_token_range(tokens: torch.Tensor, vocab: int, what: str) -> None:
+    """One host read of min/max; on CUDA it waits for the queue (Engine.check_device_tokens)."""
+    lo, hi = torch.aminmax(tokens)
+    lo, hi = int(lo), int(hi)
+    if lo < 0 or hi >= vocab:
+        bad = lo if lo < 0 else hi
+        raise ValueError(f"{what}: token id {bad} is outside the vocabulary [0, {vocab})")

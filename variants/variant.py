@@ -1,0 +1,49 @@
+"""The Variant: one frozen dataclass naming a choice per axis (the genome of an engine).
+
+Defaults are the safest assembly that runs everywhere; the registry says which axes exist for a
+given partial choice and the capability probe says which choices this machine offers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Variant:
+    cache: str = "slab"  # contiguous | slab | paged
+    block_size: int = 16  # paged only
+    attention: str = "sdpa"  # manual | sdpa | flex | triton
+    sdpa_backend: str = "auto"  # sdpa only: auto | flash | efficient | math | cudnn
+    execution: str = "eager"  # eager | compile
+    compile_mode: str = "default"  # compile only
+    graphs: str = "off"  # CUDA-graph decode buckets: off | pow2 | every8
+    fuse_qkv: bool = True
+    fuse_gate_up: bool = True
+    dtype: str = "config"  # config | float16 | bfloat16 | float32
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> Variant:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(values) - known
+        if unknown:
+            raise ValueError(f"unknown variant field(s): {sorted(unknown)}")
+        return cls(**values)
+
+    @property
+    def name(self) -> str:
+        parts = [self.cache + (f"{self.block_size}" if self.cache == "paged" else "")]
+        parts.append(f"sdpa-{self.sdpa_backend}" if self.attention == "sdpa" else self.attention)
+        parts.append(
+            f"compile-{self.compile_mode}" if self.execution == "compile" else self.execution
+        )
+        if self.graphs != "off":
+            parts.append(f"graphs-{self.graphs}")
+        fused = [n for n, on in (("qkv", self.fuse_qkv), ("gateup", self.fuse_gate_up)) if on]
+        parts.append("fused-" + "+".join(fused) if fused else "unfused")
+        parts.append(self.dtype)
+        return "/".join(parts)
