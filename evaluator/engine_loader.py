@@ -10,7 +10,6 @@ import importlib.util
 import itertools
 import json
 import os
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -41,12 +40,11 @@ def load_engine_module(path: str | os.PathLike) -> ModuleType:
     if spec is None or spec.loader is None:
         raise EngineLoadError(f"cannot import {path} as a Python module")
     module = importlib.util.module_from_spec(spec)
-    # Registered so that dataclasses and pickling inside the engine can find their module.
-    sys.modules[name] = module
+    # Not registered in sys.modules: the grader's import does not do it either, and an engine
+    # that needs it (string annotations on dataclasses, pickling) must fail here, not there.
     try:
         spec.loader.exec_module(module)
     except Exception as exc:
-        del sys.modules[name]
         raise EngineLoadError(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
     if not callable(getattr(module, "create_engine", None)):
         raise EngineLoadError(f"{path} defines no create_engine function")

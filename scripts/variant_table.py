@@ -28,6 +28,9 @@ TABLE = {
     "slab-sdpa-compile-graphs": dict(
         cache="slab", attention="sdpa", execution="compile", graphs="pow2"
     ),
+    "slab-triton": dict(cache="slab", attention="triton"),
+    "slab-triton-graphs": dict(cache="slab", attention="triton", graphs="pow2"),
+    "paged64-triton-graphs": dict(cache="paged", block_size=64, attention="triton", graphs="pow2"),
 }
 TRACES = ("prefill", "decode", "mixed", "continuous", "wide_decode", "long_prompts")
 

@@ -99,6 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="wall-clock budget for the whole job (default 20 on a GPU, 5 on a CPU)",
     )
     _search_args(run)
+    run.add_argument(
+        "--remeasure",
+        type=int,
+        default=3,
+        help="re-measure this many leaders with the grader's full protocol (default 3; 0: none)",
+    )
     run.add_argument("--fresh", action="store_true", help="delete the study and start over")
     run.add_argument("--workspace", default="workspace", help="where engine.py and results.log go")
     run.add_argument("--studies-dir", default="studies", help="where default SQLite studies live")

@@ -30,7 +30,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BUDGET_MIN = {"cuda": 20.0, "cpu": 5.0}
 DEFAULT_TRIAL_TIMEOUT_S = {"cuda": 300.0, "cpu": 180.0}
-TOP_K = 3
 
 
 def resolve_device(text: str) -> str:
@@ -231,7 +230,7 @@ class RunJob:
     # --- choosing and writing ---------------------------------------------------------------
 
     def remeasure(self, records: list[Record]) -> None:
-        measured = remeasure_leaders(records, self.runner, TOP_K, self.seconds_left)
+        measured = remeasure_leaders(records, self.runner, self.args.remeasure, self.seconds_left)
         for r in records:
             r.attrs.update(measured.get(r.number, {}))
         if measured and self.study is not None:

@@ -26,6 +26,7 @@ CACHES = {
 ATTENTION = {
     "manual": "variants.attention.manual:ManualAttention",
     "sdpa": "variants.attention.sdpa:SdpaAttention",
+    "triton": "variants.attention.triton_attention:TritonAttention",
 }
 EXECUTION = {
     "eager": "variants.execution.eager:run_eager",

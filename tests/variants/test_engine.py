@@ -93,6 +93,35 @@ def test_matches_the_reference(tiny_config, sharp_weights, script_and_expected, 
     print(f"{variant.name}: max |d| vs reference {worst:.2e}")
 
 
+@pytest.mark.parametrize(
+    "variant",
+    [
+        Variant(cache="slab"),
+        Variant(cache="paged", block_size=16),
+        Variant(cache="paged", block_size=64),
+    ],
+    ids=lambda v: v.name,
+)
+def test_pool_growth_with_live_requests(
+    monkeypatch, tiny_config, sharp_weights, script_and_expected, variant
+):
+    """A pool sized for one token must grow (slab: one slot, paged: one block) several times
+    while requests are live; what they hold must survive every reallocation."""
+    import variants.engine as engine_module
+
+    monkeypatch.setattr(engine_module, "kv_capacity_tokens", lambda *args: 1)
+    calls, expected = script_and_expected
+    engine = build_engine(tiny_config, sharp_weights, "cpu", variant)
+    # Fillers that stay live: the script's requests come on top and force growth.
+    engine.prefill([900, 901, 902], [torch.arange(n) for n in (30, 2, 17)])
+    generation = engine.cache.generation
+    for step, ((op, ids, tokens), want) in enumerate(zip(calls, expected)):
+        out = run(engine, op, ids, tokens)
+        if want is not None:
+            assert (out - want).abs().max().item() < TOL, step
+    assert engine.cache.generation > generation
+
+
 def test_logits_are_fresh_float32_tensors(tiny_config, sharp_weights, script_and_expected):
     calls, expected = script_and_expected
     engine = build_engine(tiny_config, sharp_weights, "cpu", Variant(cache="paged"))

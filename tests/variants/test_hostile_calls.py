@@ -325,21 +325,29 @@ def test_token_tensors_move_to_the_engine_device(tiny_engine):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cpu_tokens_for_a_gpu_engine_and_gpu_tokens_for_a_cpu_engine(world, tmp_path):
+    """Token tensors move to the engine's device; logits come back on the engine's device.
+    The GPU stream is kept busy first, so a device-to-host copy that does not wait for it
+    (non_blocking into pinned memory) would hand the CPU engine unwritten tokens."""
     expected, engines = world
     save_toy_weights(CONFIG, tmp_path / "model.pt", seed=99, qk_scale=12.0, head_scale=10.0)
     variant = Variant(cache="paged", attention="sdpa", dtype="float32")
     gpu = build_engine(CONFIG, str(tmp_path), "cuda", variant)
     cpu = emptied(engines[next(iter(VARIANTS))])
-    prompts = [torch.randint(0, VOCAB, (n,)) for n in (5, 9)]
+    prompts = [torch.randint(1, VOCAB, (n,)) for n in (5, 9)]
     history = {0: prompts[0].tolist(), 1: prompts[1].tolist()}
     on_gpu = gpu.prefill([0, 1], prompts)  # CPU tokens into the GPU engine
-    on_cpu = cpu.prefill([0, 1], [p.cuda() for p in prompts])  # GPU tokens into the CPU engine
-    assert on_gpu.device.type == "cuda" and on_cpu.device.type == "cpu"
+    assert on_gpu.device.type == "cuda"
     expected.check([0, 1], on_gpu.cpu(), history)
+    gpu_prompts = [p.cuda() for p in prompts]
+    torch.cuda._sleep(1 << 30)  # about half a second of GPU work queued ahead of the copy
+    on_cpu = cpu.prefill([0, 1], gpu_prompts)  # GPU tokens into the CPU engine
+    assert on_cpu.device.type == "cpu"
     expected.check([0, 1], on_cpu, history)
     step = torch.tensor([3, 4])
     for rid, t in zip([1, 0], step.tolist()):
         history[rid].append(t)
     expected.check([1, 0], gpu.decode([1, 0], step).cpu(), history)
-    expected.check([1, 0], cpu.decode([1, 0], step.cuda()), history)
+    gpu_step = step.cuda()
+    torch.cuda._sleep(1 << 30)
+    expected.check([1, 0], cpu.decode([1, 0], gpu_step), history)
     cpu.remove([0, 1])

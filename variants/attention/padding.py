@@ -16,6 +16,7 @@ class PrefillBatch:
     uniform: bool  # all prompts the same length: padding is a reshape
     pad_index: torch.Tensor | None  # [tokens] row of each packed token in [batch * max_len]
     last_index: torch.Tensor  # [batch] packed index of each prompt's last token
+    cu_seqlens: torch.Tensor | None = None  # [batch + 1] int32 prefix sums, for varlen kernels
 
 
 def to_padded(x: torch.Tensor, batch: PrefillBatch) -> torch.Tensor:

@@ -25,7 +25,8 @@ class ContiguousKVCache:
     def extend(self, rid: int, length: int) -> None:
         k, v = self.store[rid]
         if length > k.shape[1]:
-            bigger_k, bigger_v = self._empty(2 * k.shape[1]), self._empty(2 * k.shape[1])
+            capacity = 1 << (length - 1).bit_length()
+            bigger_k, bigger_v = self._empty(capacity), self._empty(capacity)
             bigger_k[:, : k.shape[1]] = k
             bigger_v[:, : v.shape[1]] = v
             self.store[rid] = (bigger_k, bigger_v)

@@ -70,6 +70,10 @@ class PagedKVCache:
         width = max(len(t) for t in tables)
         return host_tensor([t + [0] * (width - len(t)) for t in tables], torch.long, self.device)
 
+    @property
+    def kernel_block_size(self) -> int:
+        return self.block_size
+
     def scratch_token(self) -> int:
         return 0
 

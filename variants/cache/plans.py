@@ -16,4 +16,5 @@ class CachePlan:
     max_len: int = 0  # longest context in the batch (decode)
     uniform: bool = True  # every row has the same context length (no mask needed)
     rows: object = None  # layout-specific read index: slots, slice, or block table
+    table: torch.Tensor | None = None  # [B, W] block table, for kernels that read in place
     segments: list | None = None  # (rid, first position, count) per request, in call order

@@ -63,6 +63,10 @@ class SlabKVCache:
             return slice(slots[0], slots[0] + len(slots))
         return host_tensor(slots, torch.long, self.device)
 
+    @property
+    def kernel_block_size(self) -> int:
+        return self.max_len  # a slab is a paged pool with one max_positions block per slot
+
     def scratch_token(self) -> int:
         return self.slots * self.max_len
 

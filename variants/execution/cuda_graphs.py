@@ -79,6 +79,7 @@ class DecodeGraphs:
             max_len=ctx,
             uniform=False,
             rows=self.cache.graph_rows(self.table[:b], ctx),
+            table=self.table[:b, : self.cache.table_width(ctx)],
         )
         e = self.engine
         x = e._layers(self.tokens[:b], self.positions[:b], plan, batch=None)
@@ -92,9 +93,7 @@ class DecodeGraphs:
         scratch = cache.scratch_token()
         write = [cache.token_slots(r, p, p + 1)[0] for r, p in zip(rids, positions)]
         head = (
-            positions + [0] * pad
-            + write + [scratch] * pad
-            + [p + 1 for p in positions] + [1] * pad
+            positions + [0] * pad + write + [scratch] * pad + [p + 1 for p in positions] + [1] * pad
         )
         big = self.batches[-1]
         staged = _pinned(torch.tensor(head, dtype=torch.long).view(3, bucket))

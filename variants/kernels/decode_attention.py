@@ -53,7 +53,7 @@ def _decode_split_kernel(
         v = tl.load(v_ptr + slot[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
                     mask=kv_mask, other=0.0)  # fmt: skip
         if USE_DOT:
-            s = tl.dot(q, tl.trans(k))
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:  # a group of one: a dot product per key, no 16-row padding
             s = tl.sum(q_row[None, :] * k.to(tl.float32), axis=1)[None, :]
         s = tl.where(n_mask[None, :], s * qk_scale_log2, float("-inf"))
@@ -63,7 +63,7 @@ def _decode_split_kernel(
         l_i = l_i * alpha + tl.sum(p, axis=1)
         p = p.to(v.dtype)  # the reference casts probabilities to the compute dtype before @ V
         if USE_DOT:
-            acc = acc * alpha[:, None] + tl.dot(p, v)
+            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
         else:
             p_row = tl.sum(p.to(tl.float32), axis=0)
             pv = tl.sum(p_row[:, None] * v.to(tl.float32), axis=0)[None, :]
@@ -143,7 +143,9 @@ def paged_decode_attention(
     use_dot = group > 1
     if use_dot:
         block_g = max(16, block_g)  # tl.dot needs 16 rows
+    # No register spills on sm_86 with Triton 3.0 (ptxas -v) for d <= 256, group 1..8.
     block_n = 64 if block_d <= 64 else 32
+    warps = 8 if block_n * block_d >= 4096 else 4
     num_splits = max(1, int(num_splits))
     if num_splits > 1:
         m = torch.empty(batch, heads, num_splits, device=q.device, dtype=torch.float32)
@@ -157,7 +159,7 @@ def paged_decode_attention(
         v_pool.stride(1), block_table.stride(0), out.stride(0), out.stride(1), block_size,
         scale * math.log2(math.e),
         GROUP=group, HEAD_DIM=d, NUM_SPLITS=num_splits, BLOCK_G=block_g, BLOCK_N=block_n,
-        BLOCK_D=block_d, USE_DOT=use_dot, num_warps=4, num_stages=2,
+        BLOCK_D=block_d, USE_DOT=use_dot, num_warps=warps, num_stages=2,
     )  # fmt: skip
     if num_splits > 1:
         _decode_combine_kernel[(batch, heads)](

@@ -2,10 +2,10 @@
 
 import torch
 
+from variants.attention.padding import from_padded, to_padded
+
 
 def test_round_trip_ragged(prefill_batch):
-    from variants.attention.padding import from_padded, to_padded
-
     batch = prefill_batch([3, 1, 5])
     x = torch.arange(9 * 2 * 4, dtype=torch.float32).view(9, 2, 4)
     padded = to_padded(x, batch)
@@ -18,8 +18,6 @@ def test_round_trip_ragged(prefill_batch):
 
 
 def test_round_trip_uniform_is_a_reshape(prefill_batch):
-    from variants.attention.padding import from_padded, to_padded
-
     batch = prefill_batch([4, 4])
     x = torch.randn(8, 2, 3)
     padded = to_padded(x, batch)

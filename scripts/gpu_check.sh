@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The GPU check, run on the device machine (H200) over a copy of the tree:
+#   bash scripts/gpu_check.sh [STAGE...]     stages: env tests kernels flex table study soak
+# (default: all). Writes logs and JSON under $OUT (or workspace/gpu_check) and a summary.txt.
+# Optuna is not installed there: wheels in .whl/ (carried) are installed into /tmp/site first.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-workspace/gpu_check}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+PY=${PYTHON:-python3}
+STAGES=${*:-env tests kernels flex table study soak}
+SUMMARY="$OUT/summary.txt"
+: > "$SUMMARY"
+note() { echo "$*" | tee -a "$SUMMARY"; }
+stage() { case " $STAGES " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+timed() {  # timed NAME LIMIT_S CMD...: run, log, record status and seconds
+    local name=$1 limit=$2; shift 2
+    local t0=$SECONDS
+    timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+    local rc=$?
+    note "[$name] rc=$rc in $((SECONDS - t0)) s"
+    tail -n 25 "$OUT/$name.log" >> "$SUMMARY"
+    return $rc
+}
+
+if [ -d .whl ] && ! "$PY" -c "import optuna" 2>/dev/null; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+fi
+CFG=target/model_config.json
+WEIGHTS=target/weights
+[ -f "$WEIGHTS/model.pt" ] || "$PY" scripts/generate_toy_weights.py --config "$CFG" \
+    --output "$WEIGHTS/model.pt" >/dev/null
+
+if stage env; then
+    note "date: $(date -u +%F)  host: $(hostname)"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader \
+        | tee -a "$SUMMARY"
+    "$PY" - <<'PY' | tee -a "$SUMMARY"
+import torch, triton, json
+from variants.probe import probe_capabilities
+cfg = json.load(open("target/model_config.json"))
+print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)
+print("capabilities", probe_capabilities("cuda", cfg).to_dict())
+PY
+fi
+stage tests && timed gpu_tests 300 "$PY" -m pytest -q -m gpu -x -p no:cacheprovider tests
+stage kernels && timed bench_kernels 240 "$PY" scripts/bench_kernels.py --json "$OUT/kernels.json"
+stage flex && timed bench_flex 240 "$PY" scripts/bench_flex.py --json "$OUT/flex.json"
+if stage table; then
+    timed variant_table 560 "$PY" scripts/variant_table.py --out "$OUT/table" --timeout 150 \
+        --variants "${TABLE_VARIANTS:-safest,slab-sdpa,paged64-sdpa,slab-sdpa-graphs,slab-triton-graphs,paged64-triton-graphs}"
+fi
+if stage study; then
+    timed run_sh "${STUDY_LIMIT:-420}" bash run.sh --device cuda \
+        --budget-minutes "${STUDY_MINUTES:-5}" --fresh
+    cp workspace/results.log "$OUT/results.log" 2>/dev/null
+    timed public_tests 240 bash scripts/run_public_tests.sh workspace/engine.py cuda
+fi
+stage soak && timed soak 300 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/variants/test_soak.py
+note "done"

@@ -1,0 +1,39 @@
+"""Our Triton kernels as an attention backend: varlen prefill on the packed prompts, and split-K
+decode that reads the slab or paged pool in place through a block table (no gather copy).
+
+Wins at decode, where gather + SDPA copies every row's context each layer; one graph per batch
+bucket suffices (the split ranges come from the lengths on the device). Needs CUDA, Triton
+>= 3.0, fp16/bf16, head_dim <= 256 and a slab or paged cache."""
+
+import math
+
+import torch
+
+from variants.kernels.decode_attention import choose_num_splits, paged_decode_attention
+from variants.kernels.prefill_attention import varlen_prefill_attention
+
+
+class TritonAttention:
+    reads_cache_in_place = True
+
+    def __init__(self, spec, dtype, variant):
+        self.scale = 1.0 / math.sqrt(spec.head_dim)
+        self.kv_heads = spec.num_kv_heads
+        self.sm_count = 0
+
+    def prefill(self, q, k, v, batch):
+        out = varlen_prefill_attention(q, k, v, batch.cu_seqlens, batch.max_len, self.scale)
+        return out.flatten(1)
+
+    def decode_from_cache(self, q, cache, layer: int, plan):
+        if not self.sm_count:  # the CPU case is Triton's interpreter, in tests
+            cuda = q.device.type == "cuda"
+            self.sm_count = (
+                torch.cuda.get_device_properties(q.device).multi_processor_count if (cuda) else 4
+            )
+        splits = choose_num_splits(plan.max_len, q.shape[0], self.kv_heads, self.sm_count)
+        out = paged_decode_attention(
+            q, cache.k[layer], cache.v[layer], plan.table, plan.kv_lens,
+            cache.kernel_block_size, self.scale, splits,
+        )  # fmt: skip
+        return out.flatten(1)
