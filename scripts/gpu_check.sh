@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check, run on the device machine (H200) over a copy of the tree:
-#   bash scripts/gpu_check.sh [STAGE...]     stages: env tests kernels flex table study soak
+#   bash scripts/gpu_check.sh [STAGE...]   stages: env tests kernels sweep flex table study soak
 # (default: all). Writes logs and JSON under $OUT (or workspace/gpu_check) and a summary.txt.
 # Optuna is not installed there: wheels in .whl/ (carried) are installed into /tmp/site first.
 set -uo pipefail
@@ -9,7 +9,7 @@ OUT=${OUT:-workspace/gpu_check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PYTHON:-python3}
-STAGES=${*:-env tests kernels flex table study soak}
+STAGES=${*:-env tests kernels sweep flex table study soak}
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 note() { echo "$*" | tee -a "$SUMMARY"; }
@@ -45,11 +45,15 @@ print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton._
 print("capabilities", probe_capabilities("cuda", cfg).to_dict())
 PY
 fi
-stage tests && timed gpu_tests 300 "$PY" -m pytest -q -m gpu -x -p no:cacheprovider tests
-stage kernels && timed bench_kernels 240 "$PY" scripts/bench_kernels.py --json "$OUT/kernels.json"
+stage tests && timed gpu_tests "${TESTS_LIMIT:-300}" "$PY" -m pytest -q -m gpu -p no:cacheprovider tests
+stage kernels && timed bench_kernels "${KERNELS_LIMIT:-240}" "$PY" scripts/bench_kernels.py \
+    --json "$OUT/kernels.json"
+stage sweep && timed sweep "${SWEEP_LIMIT:-300}" "$PY" scripts/correctness_sweep.py \
+    --skip-compile --out "$OUT/sweep.jsonl"
 stage flex && timed bench_flex 240 "$PY" scripts/bench_flex.py --json "$OUT/flex.json"
 if stage table; then
-    timed variant_table 560 "$PY" scripts/variant_table.py --out "$OUT/table" --timeout 150 \
+    timed variant_table "${TABLE_LIMIT:-560}" "$PY" scripts/variant_table.py --out "$OUT/table" \
+        --timeout 150 \
         --variants "${TABLE_VARIANTS:-safest,slab-sdpa,paged64-sdpa,slab-sdpa-graphs,slab-triton-graphs,paged64-triton-graphs}"
 fi
 if stage study; then

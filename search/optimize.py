@@ -48,13 +48,14 @@ def enqueue_known_good(study, space, caps, storage, name, hardware, studies_dir)
 @dataclass
 class Budget:
     """Wall-clock deadline for the loop and what must stay in reserve after it: the full-protocol
-    re-measurement of the leaders (about 1.5 trials each) and the final verification (about one),
-    in typical trials, but never more than `max_reserve_share` of the whole budget."""
+    re-measurement of three leaders (about one trial each on an H200) and the final verification
+    (a third of a trial there), in typical trials, never more than `max_reserve_share` of the
+    whole budget."""
 
     deadline: float  # time.monotonic() value
     trial_timeout_s: float
     total_s: float = 0.0
-    reserve_trials: float = 5.5
+    reserve_trials: float = 4.0
     max_reserve_share: float = 0.35
     first_guess_s: float = 20.0
 

@@ -194,8 +194,8 @@ class RunJob:
         from search.study import started_trials
 
         best = study.user_attrs.get("verified_best")
-        if not best or self.args.fresh:
-            return None
+        if not best or best["trial"] < 0 or self.args.fresh:
+            return None  # none, or an unmeasured default written when every trial failed
         started = len(started_trials(study))
         if best.get("n_trials") != started or (self.args.trials or 0) > started:
             return None  # newer trials (other workers), or more trials asked for
@@ -302,18 +302,15 @@ class RunJob:
     def run(self) -> int:
         with self.clock("set-up"):
             self.setup()
-        standing = None
         with self.clock("search"):
-            if self.args.no_optuna or not optuna_available():
-                why = "--no-optuna" if self.args.no_optuna else "Optuna cannot be imported"
-                self.notes.append(f"{why}: evaluated the ranked default candidates only")
-                log.warning("%s: evaluating the ranked default candidates only", why)
-                records = self.search_defaults()
-            else:
-                records, standing = self.search_with_optuna()
+            records, standing = self.search()
         if standing is None:
             with self.clock("full-protocol re-measure"):
-                self.remeasure(records)
+                try:
+                    self.remeasure(records)
+                except Exception as exc:  # numbers lost, not the engine: go on to write one
+                    log.exception("the full-protocol re-measurement failed")
+                    self.notes.append(f"the full-protocol re-measurement failed: {exc!r}")
         ranked = rank(records)
         with self.clock("verify and write"):
             first = [standing] if standing is not None else []
@@ -338,6 +335,26 @@ class RunJob:
         self.clock.phases["total"] = time.monotonic() - self.start
         self.write_log(records, ranked, attempts)
         return 0 if done is not None else 1
+
+    def search(self) -> tuple[list[Record], Record | None]:
+        """The study (or the defaults alone); if the machinery itself breaks, whatever trials
+        finished, so that an engine is still verified and written."""
+        try:
+            if self.args.no_optuna or not optuna_available():
+                why = "--no-optuna" if self.args.no_optuna else "Optuna cannot be imported"
+                self.notes.append(f"{why}: evaluated the ranked default candidates only")
+                log.warning("%s: evaluating the ranked default candidates only", why)
+                return self.search_defaults(), None
+            return self.search_with_optuna()
+        except Exception as exc:
+            log.exception("the search failed; writing the best verified candidate found so far")
+            self.notes.append(f"the search failed ({exc!r}); candidates: the trials so far")
+            try:
+                from search.study import load_records
+
+                return (load_records(self.study) if self.study is not None else []), None
+            except Exception:
+                return [], None
 
     def write_log(self, records, ranked, attempts) -> None:
         summary = RunSummary(

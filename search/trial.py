@@ -109,7 +109,7 @@ class TrialRunner:
 
     def run(self, variant, protocol: str = "quick", check: bool = True, timeout_s=None):
         """Evaluate `variant` (a Variant) in a child process; never raises for engine faults."""
-        limit = self.timeout_s if timeout_s is None else min(timeout_s, self.timeout_s)
+        limit = self.timeout_s if timeout_s is None else timeout_s
         with tempfile.TemporaryDirectory(prefix="trial-") as tmp:
             tmp = Path(tmp)
             output = tmp / "result.json"

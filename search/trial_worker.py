@@ -13,6 +13,7 @@ import importlib.util
 import json
 import logging
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -29,6 +30,8 @@ DEFAULT_RENDERER = "variants.render:render_engine"
 # A trial may use at most this share of the tolerance: a variant that passes by a hair here can
 # fail on the hidden model or traces.
 TOL_SHARE_LIMIT = 0.5
+# In the quick protocol a pass longer than this is timed once (see `time_one`).
+QUICK_LONG_PASS_S = 1.0
 
 
 def load_renderer(spec: str):
@@ -95,30 +98,44 @@ def gate(create_engine, job: dict) -> dict:
 
 
 def measure(create_engine, job: dict) -> dict:
-    from evaluator.benchmark import time_trace
     from evaluator.traces import get_trace
 
-    full = job["protocol"] == "full"
-    ceilings = job.get("ceilings")
     per_trace = {}
     for name in job["traces"]:
         trace = get_trace(name, job["config"])
-        timing = time_trace(
-            create_engine,
-            job["config"],
-            job["weight_dir"],
-            job["device"],
-            trace,
-            warmup=1,
-            repeat=3 if full else job.get("quick_repeat", 2),
-            fresh_engine=full,
-        )
+        timing = time_one(create_engine, job, trace, full=job["protocol"] == "full")
         timing["floor_eff"] = _floor_efficiency(
-            trace, job["config"], job["device"], ceilings, timing["seconds"]
+            trace, job["config"], job["device"], job.get("ceilings"), timing["seconds"]
         )
         per_trace[name] = timing
         log.info("%s: %.1f tokens/s", name, timing["tokens_per_s"])
     return per_trace
+
+
+def time_one(create_engine, job: dict, trace, full: bool) -> dict:
+    """Full: the grader's protocol. Quick: one engine, one warm-up, one timed pass, and two more
+    passes (on a second engine) only when a pass is short enough for noise to matter: the
+    continuous trace takes ~7 s per pass on an H200, the public ones well under a second."""
+    from evaluator.benchmark import time_trace
+
+    args = (create_engine, job["config"], job["weight_dir"], job["device"], trace)
+    if full:
+        return time_trace(*args, warmup=1, repeat=3, fresh_engine=True)
+    timing = time_trace(*args, warmup=1, repeat=1, fresh_engine=False)
+    if timing["seconds"] >= QUICK_LONG_PASS_S:
+        return timing
+    more = time_trace(*args, warmup=0, repeat=2, fresh_engine=False)
+    seconds = statistics.median(timing["all_seconds"] + more["all_seconds"])
+    tokens = timing["prefill_tokens"] + timing["decode_tokens"]
+    return {
+        **timing,
+        "seconds": seconds,
+        "all_seconds": timing["all_seconds"] + more["all_seconds"],
+        "tokens_per_s": tokens / seconds,
+        "decode_tokens_per_s": timing["decode_tokens"] / seconds,
+        "peak_mib": max(timing["peak_mib"], more["peak_mib"]),
+        "engines_built": timing.get("engines_built", 1) + more.get("engines_built", 1),
+    }
 
 
 def _floor_efficiency(trace, config: dict, device: str, ceilings, seconds: float):

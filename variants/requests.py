@@ -3,6 +3,8 @@
 Every problem raises with the request id and what is wrong; nothing is modified until all checks
 of a call have passed, so a bad call leaves every request as it was."""
 
+import operator
+
 import torch
 
 
@@ -11,7 +13,12 @@ def as_id_list(request_ids) -> list:
         if request_ids.dim() != 1 or request_ids.dtype.is_floating_point:
             raise ValueError("request_ids tensor must be 1-D and integer")
         request_ids = request_ids.tolist()  # ids are host bookkeeping; a GPU tensor costs a copy
-    ids = [int(r) for r in request_ids]
+    ids = []
+    for r in request_ids:
+        try:
+            ids.append(operator.index(r))
+        except TypeError:
+            raise ValueError(f"request id {r!r} is not an integer") from None
     if len(set(ids)) != len(ids):
         dup = sorted({r for r in ids if ids.count(r) > 1})
         raise ValueError(f"duplicate request id(s) in one call: {dup}")
@@ -23,7 +30,8 @@ def check_token_tensor(t, what: str, device) -> torch.Tensor:
         t = torch.as_tensor(t, dtype=torch.long)
     if t.dtype.is_floating_point or t.dtype == torch.bool or t.is_complex():
         raise ValueError(f"{what}: token ids must be an integer tensor, got {t.dtype}")
-    return t.to(device=device, dtype=torch.long, non_blocking=True)
+    # non_blocking only towards the GPU: a GPU->CPU copy into pinned memory would not be waited on
+    return t.to(device=device, dtype=torch.long, non_blocking=torch.device(device).type == "cuda")
 
 
 def check_token_range(tokens: torch.Tensor, vocab: int, what: str) -> None:

@@ -94,10 +94,9 @@ def course_state_dict(spec, weight_dir: str) -> dict:
     checkpoint = read_checkpoint(weight_dir)
     state, prefixed = strip_model_prefix(checkpoint.state)
     checkpoint.state = None
-    if (
-        spec.tie_word_embeddings or "lm_head.weight" not in state
-    ) and "embed_tokens.weight" in state:
-        state["lm_head.weight"] = state["embed_tokens.weight"]
+    if spec.tie_word_embeddings or "lm_head.weight" not in state:
+        if "embed_tokens.weight" in state:  # else the check names the missing embedding
+            state["lm_head.weight"] = state["embed_tokens.weight"]
     check_state_dict(spec, state)
     if uses_rotate_half(spec, checkpoint.path, prefixed):
         convert_rotate_half_qk(spec, state)

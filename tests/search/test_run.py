@@ -95,9 +95,7 @@ def test_planted_failures_are_recorded_and_the_engine_is_correct(
     best = study.user_attrs["verified_best"]
     assert best["variant"] == PLANTED["fast"].to_dict()
     full = study.user_attrs["full_protocol"]
-    assert (
-        str(trials["fast"].number) in full and full[str(trials["fast"].number)]["full_tps_prefill"]
-    )
+    assert full[str(trials["fast"].number)]["full_tps_decode"] > 0
 
     engine = planted["tmp"] / "ws" / "engine.py"
     assert f"Fake engine for {PLANTED['fast'].name}" in engine.read_text()
@@ -158,3 +156,21 @@ def test_without_optuna_the_ranked_defaults_still_give_a_verified_engine(
     assert f"#0   ok         {safest}" in text
     assert f"trial 0 {safest}: PASSED" in text and "test_correctness.py: exit 0" in text
     assert f"Fake engine for {safest}" in (tmp_path / "ws" / "engine.py").read_text()
+
+
+def test_report_and_render_read_the_stored_study(planted, fake_renderer, tmp_path, capsys):
+    from search.cli import main
+
+    assert main(["report", "--storage", planted["storage"], "--study", "planted", "--all"]) == 0
+    out = capsys.readouterr().out
+    assert "Top 5:" in out and "verified best: trial" in out and "6 trials:" in out
+    assert PLANTED["fast"].name in out and "planted crash in create_engine" in out
+    assert "decode" in out.split("Per trace")[1]  # per-trace numbers of the leader
+    crash = by_source(planted["storage"])["crash"].number
+    args = ["render", "--storage", planted["storage"], "--study", "planted", "--renderer"]
+    assert (
+        main([*args, fake_renderer, "--trial", str(crash), "--output", str(tmp_path / "c.py")]) == 0
+    )
+    assert f"Fake engine for {PLANTED['crash'].name}" in (tmp_path / "c.py").read_text()
+    assert main([*args, fake_renderer, "--output", str(tmp_path / "best.py")]) == 0
+    assert f"Fake engine for {PLANTED['fast'].name}" in (tmp_path / "best.py").read_text()

@@ -157,3 +157,30 @@ def test_stale_running_trials_are_failed(tmp_path):
         module.datetime = original
     frozen = study.get_trials()[trial.number]
     assert frozen.state == TrialState.FAIL and "stale" in frozen.user_attrs["reason"]
+
+
+def test_the_verified_best_of_an_earlier_study_on_this_hardware_is_enqueued_first(tmp_path, caps):
+    from search.optimize import enqueue_known_good
+    from search.space import SearchSpace
+
+    storage = st.open_storage(f"sqlite:///{tmp_path}/many.db")
+    earlier_best = Variant(cache="paged", block_size=32, attention="sdpa", fuse_qkv=False)
+    other = st.open_study(storage, "other-model")
+    other.set_user_attr("hardware", st.hardware_key(caps))
+    other.set_user_attr("verified_best", {"variant": earlier_best.to_dict()})
+    elsewhere = st.open_study(storage, "other-hardware")
+    elsewhere.set_user_attr("hardware", "nvidia-rtx-3090-torch2.3.0")
+    elsewhere.set_user_attr("verified_best", {"variant": Variant(cache="contiguous").to_dict()})
+
+    study = st.open_study(storage, "this-model")
+    queued = enqueue_known_good(
+        study, SearchSpace(caps), caps, storage, "this-model", st.hardware_key(caps), None
+    )
+    assert queued[0].startswith("best of other-model")
+    assert not any("other-hardware" in q for q in queued)
+    first = study.get_trials()[0]
+    assert first.user_attrs["variant"] == earlier_best.to_dict()
+    # A study is seeded once: a second call (a resumed run) enqueues nothing.
+    assert (
+        enqueue_known_good(study, SearchSpace(caps), caps, storage, "this-model", "x", None) == []
+    )

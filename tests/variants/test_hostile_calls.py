@@ -351,3 +351,16 @@ def test_cpu_tokens_for_a_gpu_engine_and_gpu_tokens_for_a_cpu_engine(world, tmp_
     torch.cuda._sleep(1 << 30)
     expected.check([1, 0], cpu.decode([1, 0], gpu_step), history)
     cpu.remove([0, 1])
+
+
+@pytest.mark.parametrize("bad_id", [10.7, "10"])
+def test_non_integer_ids_are_refused(tiny_engine, bad_id):
+    """remove([10.7]) must not remove request 10."""
+    _, engine = tiny_engine
+    engine.prefill([10], [torch.tensor([1, 2])])
+    try:
+        with pytest.raises((ValueError, TypeError), match="integer"):
+            engine.remove([bad_id])
+        assert 10 in engine.lengths
+    finally:
+        emptied(engine)

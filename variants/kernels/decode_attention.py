@@ -38,6 +38,7 @@ def _decode_split_kernel(
     q_ptrs = q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptrs, mask=g_mask[:, None] & d_mask[None, :], other=0.0)
     q_row = tl.sum(q.to(tl.float32), axis=0)  # the query when GROUP == 1 (a sum over one row)
+    # input_precision="ieee" only matters for float32 pools (no TF32); fp16/bf16 are unaffected.
 
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_G], tl.float32)
@@ -72,7 +73,7 @@ def _decode_split_kernel(
 
     if NUM_SPLITS == 1:
         o_ptrs = out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
-        o = acc / l_i[:, None]
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # kv_len 0 (a padded graph row): zeros
         tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
     else:  # partials [B, heads, splits] (+ [D]); an empty split stores m=-inf, l=0, acc=0
         row = (b * num_heads + heads) * NUM_SPLITS + split
@@ -98,11 +99,13 @@ def _decode_combine_kernel(
     l_s = tl.load(l_ptr + row, mask=s_mask, other=0.0)
     acc = tl.load(acc_ptr + row[:, None] * BLOCK_D + offs_d[None, :], mask=s_mask[:, None],
                   other=0.0)  # fmt: skip
+    # Empty splits hold m = -inf and get weight exp2(-inf) = 0; a finite reference max keeps
+    # -inf - -inf = NaN out when every split is empty (kv_len 0).
     m_max = tl.max(m, axis=0)
-    # Empty splits hold m = -inf: weight them 0 explicitly, -inf - -inf would be NaN.
-    w = tl.where(m > float("-inf"), tl.exp2(m - m_max), 0.0)
+    m_max = tl.where(m_max > float("-inf"), m_max, 0.0)
+    w = tl.exp2(m - m_max)
     total = tl.sum(l_s * w, axis=0)
-    o = tl.sum(acc * w[:, None], axis=0) / total
+    o = tl.sum(acc * w[:, None], axis=0) / tl.where(total > 0, total, 1.0)
     tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty),
              mask=offs_d < HEAD_DIM)  # fmt: skip
 
@@ -127,7 +130,8 @@ def paged_decode_attention(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [B, heads, d]; pools [slots, kv_heads, d]; block_table [B, W] (int32 or int64; slab:
-    W=1 and block_size=max_positions); kv_lens [B] >= 1. Returns [B, heads, d] in q's dtype."""
+    W=1 and block_size=max_positions); kv_lens [B] (a row of length 0 gets zeros). Returns
+    [B, heads, d] in q's dtype (into `out` when given)."""
     batch, heads, d = q.shape
     kv_heads = k_pool.shape[1]
     group = heads // kv_heads

@@ -28,7 +28,11 @@ def reference_decode(q, k_pool, v_pool, block_table, kv_lens, block_size):
     return torch.stack(rows)
 
 
-def paged_case(kv_lens, heads, kv_heads, d, block_size, dtype=torch.float32, device="cpu", seed=0):
+# The small float32 cases run on the GPU where there is one (Triton needs device tensors there).
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def paged_case(kv_lens, heads, kv_heads, d, block_size, dtype=torch.float32, device=DEVICE, seed=0):
     """Pools with a shuffled block table (row b owns scattered blocks), plus spare blocks."""
     gen = torch.Generator().manual_seed(seed)
     width = max(-(-n // block_size) for n in kv_lens)
@@ -42,7 +46,7 @@ def paged_case(kv_lens, heads, kv_heads, d, block_size, dtype=torch.float32, dev
     return to(q), to(k_pool), to(v_pool), table.to(device, torch.int32), lens.to(device)
 
 
-def slab_case(kv_lens, heads, kv_heads, d, max_len, dtype=torch.float32, device="cpu", seed=0):
+def slab_case(kv_lens, heads, kv_heads, d, max_len, dtype=torch.float32, device=DEVICE, seed=0):
     """Slab layout: one max_len slot per request, a one-column table of (shuffled) slots."""
     gen = torch.Generator().manual_seed(seed)
     slots = len(kv_lens) + 2
@@ -81,6 +85,17 @@ def test_many_splits_some_empty():
 
 def test_gqa_group_4_odd_block_size():
     check(paged_case([9, 21], 8, 2, 24, 5), 5, 2)
+
+
+def test_empty_row_gives_zeros():
+    """A padded row of a captured batch (kv_len 0) must not write NaN."""
+    q, k_pool, v_pool, table, lens = paged_case([5, 20], 2, 2, 24, 16)
+    lens[0] = 0
+    for splits in (1, 3):
+        out = paged_decode_attention(q, k_pool, v_pool, table, lens, 16, 24**-0.5, splits)
+        assert torch.equal(out[0], torch.zeros_like(out[0]))
+        want = reference_decode(q[1:], k_pool, v_pool, table[1:], lens[1:], 16)
+        torch.testing.assert_close(out[1:], want)
 
 
 def test_int64_tables_and_lengths():

@@ -8,6 +8,9 @@ pytest.importorskip("triton", reason="triton is not installed")
 from variants.kernels.fused_norm import add_rms_norm  # noqa: E402
 from variants.layers.rmsnorm import rms_norm  # noqa: E402
 
+# The small float32 cases run on the GPU where there is one (Triton needs device tensors there).
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 def _case(rows, hidden, dtype, device, seed=0):
     gen = torch.Generator().manual_seed(seed)
@@ -19,21 +22,21 @@ def _case(rows, hidden, dtype, device, seed=0):
 
 @pytest.mark.parametrize("hidden", [48, 64, 100])
 def test_add_rms_norm_matches_torch(hidden):
-    x, delta, weight = _case(5, hidden, torch.float32, "cpu")
+    x, delta, weight = _case(5, hidden, torch.float32, DEVICE)
     new_x, normed = add_rms_norm(x, delta, weight, 1e-5)
     torch.testing.assert_close(new_x, x + delta, atol=0, rtol=0)
     torch.testing.assert_close(normed, rms_norm(x + delta, weight, 1e-5), atol=1e-5, rtol=1e-5)
 
 
 def test_without_delta_returns_x_and_its_norm():
-    x, _, weight = _case(3, 40, torch.float32, "cpu", seed=1)
+    x, _, weight = _case(3, 40, torch.float32, DEVICE, seed=1)
     new_x, normed = add_rms_norm(x, None, weight, 1e-6)
     assert new_x is x
     torch.testing.assert_close(normed, rms_norm(x, weight, 1e-6), atol=1e-5, rtol=1e-5)
 
 
 def test_strided_rows():
-    x, delta, weight = _case(4, 64, torch.float32, "cpu", seed=2)
+    x, delta, weight = _case(4, 64, torch.float32, DEVICE, seed=2)
     wide = torch.cat([x, delta], dim=1)  # views with row stride 128
     new_x, normed = add_rms_norm(wide[:, :64], wide[:, 64:], weight, 1e-5)
     torch.testing.assert_close(normed, rms_norm(x + delta, weight, 1e-5), atol=1e-5, rtol=1e-5)

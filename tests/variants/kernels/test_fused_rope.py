@@ -8,6 +8,9 @@ pytest.importorskip("triton", reason="triton is not installed")
 from variants.kernels.fused_rope import rope_and_cache_write  # noqa: E402
 from variants.layers.rope import RopeTable, apply_rope  # noqa: E402
 
+# The small float32 cases run on the GPU where there is one (Triton needs device tensors there).
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 def _run_case(tokens, heads, kv_heads, d, dtype, device, slots=64, seed=0):
     gen = torch.Generator().manual_seed(seed)
@@ -31,7 +34,7 @@ def _run_case(tokens, heads, kv_heads, d, dtype, device, slots=64, seed=0):
 
 @pytest.mark.parametrize("heads,kv_heads,d", [(4, 2, 24), (2, 2, 48), (3, 1, 16)])
 def test_rope_and_cache_write_matches_torch(heads, kv_heads, d):
-    got, want = _run_case(5, heads, kv_heads, d, torch.float32, "cpu")
+    got, want = _run_case(5, heads, kv_heads, d, torch.float32, DEVICE)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-6)
 
