@@ -15,10 +15,12 @@ import torch.nn.functional as F
 
 
 def compute_dtype_for(config: dict, device: str | torch.device) -> torch.dtype:
-    """CUDA: float16, or bfloat16 when torch_dtype says so; anywhere else float32."""
+    """CUDA: float16, or bfloat16 when torch_dtype says so (any case, with or without a
+    `torch.` prefix; `dtype` as newer Hugging Face configs write it); anywhere else float32."""
     if torch.device(device).type != "cuda":
         return torch.float32
-    if str(config.get("torch_dtype", "float16")).lower() in ("bfloat16", "bf16"):
+    name = config.get("torch_dtype") or config.get("dtype") or "float16"
+    if str(name).lower().replace("torch.", "") in ("bfloat16", "bf16"):
         return torch.bfloat16
     return torch.float16
 

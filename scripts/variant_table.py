@@ -31,6 +31,13 @@ TABLE = {
     "slab-triton": dict(cache="slab", attention="triton"),
     "slab-triton-graphs": dict(cache="slab", attention="triton", graphs="pow2"),
     "paged64-triton-graphs": dict(cache="paged", block_size=64, attention="triton", graphs="pow2"),
+    "slab-triton-fused-graphs": dict(
+        cache="slab", attention="triton", layers="triton", graphs="pow2"
+    ),
+    "paged64-triton-fused-graphs": dict(
+        cache="paged", block_size=64, attention="triton", layers="triton", graphs="pow2"
+    ),
+    "slab-triton-fused": dict(cache="slab", attention="triton", layers="triton"),
 }
 TRACES = ("prefill", "decode", "mixed", "continuous", "wide_decode", "long_prompts")
 

@@ -2,7 +2,8 @@
 
 run     the main job (what `bash run.sh` does): search, choose, verify, write workspace/engine.py
 worker  add trials to a study in a shared storage (one per GPU, or per machine)
-report  the top-N table and per-trace numbers of a study, from its storage
+report  the top-N table and per-trace numbers of a study, from its storage, plus PNG figures
+        and summary.md next to it
 render  write the engine of one trial (default: the verified best) to a file
 """
 
@@ -135,14 +136,22 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser(
         "report",
         parents=[common],
-        help="print the top-N table and per-trace numbers of a study",
+        help="print the top-N table of a study; write its figures and summary.md",
         description="Print a study's trials from its storage: counts, the top-N table, the "
-        "leader's per-trace numbers and the verified best.",
+        "leader's per-trace numbers and the verified best. Also write PNG figures (trade-off "
+        "with the Pareto front, per-axis effects, history, floor efficiency, importances) and "
+        "summary.md into --out.",
     )
     _study_args(report)
     _target_args(report)
     report.add_argument("--top", type=int, default=5, help="rows in the top table (default 5)")
     report.add_argument("--all", action="store_true", help="also list every trial")
+    report.add_argument(
+        "--out",
+        help="directory for the figures and summary.md (default: next to the study's storage, "
+        "studies/<study>/)",
+    )
+    report.add_argument("--no-plots", action="store_true", help="print the tables only")
 
     render = sub.add_parser(
         "render",

@@ -10,13 +10,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-# How a trial ended, in the words of the log: measured and correct; correct but too close to the
-# tolerance, or wrong; crashed, hung or ran out of memory; same variant as an earlier trial.
-STATUSES = ("ok", "infeasible", "failed", "duplicate", "skipped", "running", "waiting")
-
 
 @dataclass
 class Record:
+    """`status`: ok (correct, measured), infeasible (wrong, or too close to the tolerance), failed
+    (crashed, hung, out of memory), duplicate (same variant as an earlier trial), skipped (over
+    a shared trial target), running, waiting (queued), fallback (a default never measured)."""
+
     number: int
     status: str
     variant: dict | None

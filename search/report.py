@@ -90,9 +90,10 @@ def trial_line(r: Record) -> str:
     if r.status in ("ok", "duplicate") and r.values:
         per = r.trace_numbers()
         traces = ", ".join(
-            f"{n} {_num(t.get('tps'))}/{_num(t.get('decode_tps'))}"
-            f" eff {_num(t.get('floor_eff'), 3)}"
-            for n, t in per.items()
+            f"{n} {_num(per[n].get('tps'))}/{_num(per[n].get('decode_tps'))}"
+            f" eff {_num(per[n].get('floor_eff'), 3)}"
+            for n in trace_names([r])
+            if n in per
         )
         body = (
             f" | {_num(a.get('tokens_per_s'))} tok/s gmean, peak {_num(a.get('peak_mib'), 0)} MiB,"

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from search.records import Record
-from search.trial import REPO_ROOT, run_child, tail
+from search.trial import run_child, tail
 from variants.variant import Variant
 
 log = logging.getLogger(__name__)
@@ -184,10 +184,3 @@ def write_verified(candidates, render, workspace: Path, verify, header) -> list[
 def installed(attempts: list[Attempt]) -> Attempt | None:
     last = attempts[-1] if attempts else None
     return last if last and last.verification and last.verification.passed else None
-
-
-def relative(path: Path) -> str:
-    try:
-        return str(Path(path).resolve().relative_to(REPO_ROOT))
-    except ValueError:
-        return str(path)

@@ -12,7 +12,6 @@ import hashlib
 import json
 import logging
 import re
-import time
 import warnings
 from datetime import datetime
 from pathlib import Path
@@ -196,10 +195,6 @@ def update_study_attr(study: optuna.Study, key: str, update: dict) -> None:
     study.set_user_attr(key, current)
 
 
-def describe_storage(url: str) -> str:
-    return f"{url} ({'journal file' if _is_journal(url) else 'database'})"
-
-
 def earlier_best_variants(storage, name: str, hardware: str, studies_dir: Path | None) -> list:
     """Verified best variants of other studies on the same hardware: in this storage, and in the
     other default SQLite files of `studies_dir` (the default storage keeps one study per file)."""
@@ -221,7 +216,3 @@ def earlier_best_variants(storage, name: str, hardware: str, studies_dir: Path |
             if summary.study_name != name and attrs.get("hardware") == hardware and best:
                 found.append((summary.study_name, best["variant"]))
     return found
-
-
-def now_stamp() -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S")

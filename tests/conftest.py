@@ -1,9 +1,16 @@
 """Shared fixtures: the tiny test model (GQA, head_dim != hidden/heads) and its weights."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
+import torch
+
+# Triton picks its interpreter when first imported, and torch._dynamo imports it during
+# collection: without a GPU, the kernels' tests need the interpreter chosen before anything else.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from evaluator.toy_weights import save_toy_weights
 

@@ -33,6 +33,10 @@ EXECUTION = {
     "compile": "variants.execution.compiled:run_compiled",
 }
 
+STACKS = {
+    "torch": "variants.layers.torch_stack:run_torch_stack",
+    "triton": "variants.layers.triton_stack:run_triton_stack",
+}
 GRAPHS = {
     "pow2": "variants.execution.cuda_graphs:use_cuda_graphs",
     "every8": "variants.execution.cuda_graphs:use_cuda_graphs",
@@ -44,6 +48,7 @@ def component_paths(variant) -> dict:
         "cache_cls": CACHES[variant.cache],
         "attention_cls": ATTENTION[variant.attention],
         "wrap": EXECUTION[variant.execution],
+        "stack": STACKS[variant.layers],
     }
     if variant.graphs != "off":
         paths["capture"] = GRAPHS[variant.graphs]

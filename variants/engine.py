@@ -10,27 +10,33 @@ from variants.attention.padding import PrefillBatch
 from variants.cache.plans import CachePlan
 from variants.layers.block import make_layer_math
 from variants.layers.rope import RopeTable
-from variants.requests import as_id_list, check_token_range, check_token_tensor
+from variants.requests import (
+    as_id_list,
+    check_token_range,
+    check_token_tensor,
+    token_ids_on_host,
+)
 from variants.spec import ModelSpec, dtype_from_name
 from variants.staging import host_tensor
 from variants.weights import load_weights
 
 
 class Engine:
-    def __init__(self, spec, weights, device, dtype, cache, attention, wrap):
-        """`wrap(fn)` is the execution mode applied to the layer math."""
+    def __init__(self, spec, weights, device, dtype, cache, attention, wrap, stack):
+        """`wrap(fn)` is the execution mode applied to the layer math; `stack(engine, tokens,
+        positions, plan, batch)` runs the decoder layers and returns the residual stream."""
         self.spec, self.weights, self.device, self.dtype = spec, weights, device, dtype
-        self.cache, self.attention = cache, attention
+        self.cache, self.attention, self.stack = cache, attention, stack
         self.lengths: dict = {}  # request id -> tokens held in the cache
         self.rope = RopeTable(spec.head_dim, spec.max_positions, spec.rope_theta, device, dtype)
         inputs_fn, outputs_fn, logits_fn = make_layer_math(spec)
         self.attention_inputs = wrap(inputs_fn)
         self.attention_outputs = wrap(outputs_fn)
         self.output_logits = wrap(logits_fn)
-        # Reading GPU token ids on the host waits for the GPU queue (a sync per decode call);
-        # without the check an out-of-vocab id would be a device-side assert that kills the
-        # CUDA context, so it stays on unless the caller guarantees valid ids.
-        self.check_device_tokens = True
+        # Decode ids already on the GPU are not read on the host: that read waits for the GPU
+        # queue, a sync on every step. They are clamped into the vocabulary instead, so a bad
+        # id cannot set off a device-side assert; True here buys the ValueError for a sync.
+        self.check_device_tokens = device.type != "cuda"
         self.decode_step = self.eager_decode_step  # CUDA graphs replace this
         self.in_place = getattr(attention, "reads_cache_in_place", False)
 
@@ -98,8 +104,10 @@ class Engine:
                     f"request {rid}: decoding past max_position_embeddings "
                     f"{self.spec.max_positions}"
                 )
-        if self.check_device_tokens or tokens.device.type == "cpu":
+        if self.check_device_tokens or token_ids_on_host(token_ids):
             check_token_range(tokens, self.spec.vocab_size, "decode")
+        else:
+            tokens = tokens.clamp(0, self.spec.vocab_size - 1)
 
         positions = [self.lengths[r] for r in rids]
         for rid, p in zip(rids, positions):
@@ -139,17 +147,7 @@ class Engine:
 
     # ----------------------------------------------------------------- the model
     def _layers(self, tokens, positions, plan, batch):
-        x = self.weights.embed[tokens]
-        cos, sin = self.rope.at(positions)
-        for n, w in enumerate(self.weights.layers):
-            q, k, v = self.attention_inputs(x, w.input_norm, w.qkv, cos, sin)
-            self.cache.write(n, plan, k, v)
-            if batch is not None:
-                o = self.attention.prefill(q, k, v, batch)
-            else:
-                o = self.attention.decode_from_cache(q, self.cache, n, plan)
-            x = self.attention_outputs(x, o, w.o, w.post_norm, w.gate_up, w.down)
-        return x
+        return self.stack(self, tokens, positions, plan, batch)
 
     def _logits(self, x) -> torch.Tensor:
         logits = self.output_logits(x, self.weights.norm, self.weights.head)
@@ -207,7 +205,7 @@ def kv_capacity_tokens(spec, device, dtype, layout: str) -> int:
 
 
 def assemble_engine(
-    model_config, weight_dir, device, variant, cache_cls, attention_cls, wrap, capture=None
+    model_config, weight_dir, device, variant, cache_cls, attention_cls, wrap, stack, capture=None
 ):
     """Build an engine from chosen component classes; the standalone file calls this too.
     `capture(engine, variant)`, when given, captures CUDA graphs after the first warm-up."""
@@ -225,7 +223,9 @@ def assemble_engine(
     else:
         cache = cache_cls(spec, device, dtype, capacity)
     attention = attention_cls(spec, dtype, variant)
-    engine = Engine(spec, weights, device, dtype, cache, attention, lambda fn: wrap(fn, variant))
+    engine = Engine(
+        spec, weights, device, dtype, cache, attention, lambda fn: wrap(fn, variant), stack
+    )
     engine.warm_up()
     if capture is not None:
         capture(engine, variant)

@@ -74,6 +74,13 @@ def _triton(caps, partial) -> str | None:
     return _needs_half(caps, partial)
 
 
+def _triton_layers(caps, partial) -> str | None:
+    if partial.get("execution") == "compile":
+        return "the fused Triton stack replaces the compiled layer math"
+    reason = _triton(caps, partial)
+    return None if reason is None else reason.replace("decode kernel", "RoPE + cache kernel")
+
+
 def _graphs(caps, partial) -> str | None:
     if not caps.cuda:
         return "CUDA graphs need a CUDA device"
@@ -138,6 +145,7 @@ AXES: tuple[Axis, ...] = (
         (Choice("default"), Choice("max-autotune-no-cudagraphs", _cuda_only)),
         applies=lambda p: p.get("execution") == "compile",
     ),
+    Axis("layers", (Choice("torch"), Choice("triton", _triton_layers))),
     Axis("graphs", (Choice("off"), Choice("pow2", _graphs), Choice("every8", _graphs))),
     Axis("fuse_qkv", (Choice(True), Choice(False))),
     Axis("fuse_gate_up", (Choice(True), Choice(False))),

@@ -41,3 +41,8 @@ def check_token_range(tokens: torch.Tensor, vocab: int, what: str) -> None:
     if lo < 0 or hi >= vocab:
         bad = lo if lo < 0 else hi
         raise ValueError(f"{what}: token id {bad} is outside the vocabulary [0, {vocab})")
+
+
+def token_ids_on_host(token_ids) -> bool:
+    """Ids given as a list or a CPU tensor can be checked without waiting for the GPU."""
+    return not (isinstance(token_ids, torch.Tensor) and token_ids.device.type != "cpu")

@@ -17,6 +17,7 @@ class Variant:
     execution: str = "eager"  # eager | compile
     compile_mode: str = "default"  # compile only
     graphs: str = "off"  # CUDA-graph decode buckets: off | pow2 | every8
+    layers: str = "torch"  # the decoder stack: torch ops | triton (our fused kernels)
     fuse_qkv: bool = True
     fuse_gate_up: bool = True
     dtype: str = "config"  # config | float16 | bfloat16 | float32
@@ -39,6 +40,8 @@ class Variant:
         parts.append(
             f"compile-{self.compile_mode}" if self.execution == "compile" else self.execution
         )
+        if self.layers != "torch":
+            parts.append(f"layers-{self.layers}")
         if self.graphs != "off":
             parts.append(f"graphs-{self.graphs}")
         fused = [n for n, on in (("qkv", self.fuse_qkv), ("gateup", self.fuse_gate_up)) if on]

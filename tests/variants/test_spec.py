@@ -153,37 +153,15 @@ def test_compute_dtype_default_is_float16_on_cuda(tiny_config):
     assert ModelSpec.from_config(config).compute_dtype("cuda") == torch.float16
 
 
-BUG_TORCH_PREFIX = (
-    "BUG: spec.dtype_from_name strips 'torch.' (-> bfloat16) but evaluator/reference_model.py:21 "
-    "compute_dtype_for does not (-> float16): engine and judge compute in different dtypes"
-)
-BUG_CASE = (
-    "BUG: registry._resolved_dtype (registry.py) compares the raw, case-sensitive string, so "
-    "'BF16' resolves to float16 in the search space while the spec computes in bfloat16"
-)
-BUG_DTYPE_KEY = (
-    "BUG: spec.config_dtype_name reads `dtype` when `torch_dtype` is absent (-> bfloat16), but "
-    "probe.py (config.get('torch_dtype')) and the reference read only torch_dtype (-> float16)"
-)
-
-
 @pytest.mark.parametrize(
     "overrides",
     [
         {"torch_dtype": "float16"},
         {"torch_dtype": "bfloat16"},
         {"torch_dtype": "bf16"},
-        pytest.param(
-            {"torch_dtype": "torch.bfloat16"},
-            marks=pytest.mark.xfail(strict=True, reason=BUG_TORCH_PREFIX),
-        ),
-        pytest.param(
-            {"torch_dtype": "BF16"}, marks=pytest.mark.xfail(strict=True, reason=BUG_CASE)
-        ),
-        pytest.param(
-            {"torch_dtype": None, "dtype": "bfloat16"},
-            marks=pytest.mark.xfail(strict=True, reason=BUG_DTYPE_KEY),
-        ),
+        {"torch_dtype": "torch.bfloat16"},
+        {"torch_dtype": "BF16"},
+        {"torch_dtype": None, "dtype": "bfloat16"},
     ],
     ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()),
 )

@@ -45,12 +45,6 @@ def test_release_frees_the_tensors(tiny_spec):
     assert cache.read_rows([2]) == [2]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: cache/contiguous.py extend() doubles once; extend(rid, n) for n > 2 x capacity "
-    "leaves less than n tokens of room (paged.extend loops). Fix: grow to the next power of two "
-    ">= n (1 << (n - 1).bit_length()).",
-)
 def test_extend_makes_room_for_the_total_length(tiny_spec):
     cache = contiguous(tiny_spec)
     cache.allocate(1, 4)

@@ -45,5 +45,10 @@ def test_rope_and_cache_write_matches_torch(heads, kv_heads, d):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gpu_rope_and_cache_write(tokens, dtype):
     got, want = _run_case(tokens, 4, 4, 192, dtype, "cuda", slots=1024)
+    # Within one rounding of the compute dtype: the kernel may contract x0*c - x1*s into a fused
+    # multiply-add (one rounding where torch rounds twice); seen on the H200, 2026-11-29: up to
+    # 1 ulp apart and exact zeros in torch that come out as a few ulps of the inputs' scale.
+    eps = torch.finfo(dtype).eps
     for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, atol=0, rtol=0)  # the same roundings as eager torch
+        scale = w.abs().max().item()
+        torch.testing.assert_close(g, w, atol=2 * eps * scale, rtol=eps)

@@ -1,0 +1,87 @@
+"""Decode-step anatomy on the GPU: median step time at a batch and context, the kernels one step
+launches (torch.profiler), and the host time from the call to the first launch, per variant."""
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from variants import Variant, build_engine  # noqa: E402
+
+
+def step_profile(config, weight_dir, fields: dict, batch: int, ctx: int, steps: int) -> dict:
+    engine = build_engine(config, weight_dir, "cuda", Variant(**fields))
+    gen = torch.Generator().manual_seed(0)
+    ids = list(range(batch))
+    prompts = [torch.randint(0, config["vocab_size"], (ctx,), generator=gen).cuda() for _ in ids]
+    engine.prefill(ids, prompts)
+    tokens = [
+        torch.randint(0, config["vocab_size"], (batch,), generator=gen).cuda()
+        for _ in range(steps + 5)
+    ]
+    for t in tokens[:5]:
+        engine.decode(ids, t)
+    torch.cuda.synchronize()
+    times = []
+    for t in tokens[5:]:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        engine.decode(ids, t)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        engine.decode(ids, tokens[0])
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    # host cost of one call: its wall time with the GPU idle at entry (launches are async)
+    host = []
+    for t in tokens[5:25]:
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        engine.decode(ids, t)
+        host.append((time.perf_counter() - t0) * 1e3)
+    torch.cuda.synchronize()
+    return {
+        "variant": fields,
+        "batch": batch,
+        "ctx": ctx,
+        "step_ms_median": statistics.median(times),
+        "step_ms_min": min(times),
+        "kernels_per_step": len(kernels),
+        "host_call_ms_median": statistics.median(host),
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--model-config", default="target/model_config.json")
+    p.add_argument("--weight-dir", default="target/weights")
+    p.add_argument("--variant", action="append", default=[], help="JSON fields; repeatable")
+    p.add_argument("--shape", action="append", default=[], help="BATCHxCTX; repeatable")
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("error: needs a CUDA device", file=sys.stderr)
+        return 2
+    config = json.loads(Path(args.model_config).read_text())
+    rows = []
+    for fields in [json.loads(v) for v in args.variant] or [{}]:
+        for shape in args.shape or ["8x150"]:
+            batch, ctx = (int(x) for x in shape.split("x"))
+            rows.append(step_profile(config, args.weight_dir, fields, batch, ctx, args.steps))
+            print(json.dumps(rows[-1]), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
