@@ -100,7 +100,9 @@ def create_demo_study(url: str, name: str = "demo", seed: int = 0) -> optuna.Stu
                 state=TrialState.FAIL, params=params, distributions=dists, user_attrs=attrs
             )
         else:
-            ok = not (variant.attention == "manual" and variant.cache == "contiguous" and number % 2)
+            ok = not (
+                variant.attention == "manual" and variant.cache == "contiguous" and number % 2
+            )
             attrs, values = _attrs(variant, rng, ok)
             trial = optuna.trial.create_trial(
                 state=TrialState.COMPLETE,

@@ -332,9 +332,24 @@ class RunJob:
             log.info("wrote %s: %s", self.workspace / "engine.py", done.record.name)
         else:
             log.error("no candidate passed verification; %s left as it was", self.workspace)
+        self.write_figures()
         self.clock.phases["total"] = time.monotonic() - self.start
         self.write_log(records, ranked, attempts)
         return 0 if done is not None else 1
+
+    def write_figures(self) -> None:
+        """The study report (PNG figures, summary.md) next to the study; never fails the job."""
+        if self.study is None:
+            return
+        try:
+            from search.summary_md import default_report_dir, write_report
+
+            out = default_report_dir(self.storage_url, self.study_name)
+            paths = write_report(self.study, out)
+            self.notes.append(f"figures and summary in {out}: " + ", ".join(p.name for p in paths))
+        except Exception as exc:  # a diagram is not worth the engine
+            log.warning("could not write the study figures: %r", exc)
+            self.notes.append(f"the study figures could not be written: {exc!r}")
 
     def search(self) -> tuple[list[Record], Record | None]:
         """The study (or the defaults alone); if the machinery itself breaks, whatever trials

@@ -1,7 +1,8 @@
 """Figures of a study, drawn from its records: the throughput/memory trade-off with its Pareto
 front, per-axis effects, the optimization history, floor efficiency per trace and parameter
-importances. Each function returns a matplotlib Figure (Agg backend, no display needed) or None
-when the records hold nothing to draw; `report` and tradeoffs.ipynb share them.
+importances. Each function returns a bare matplotlib Figure (drawn by Agg when saved, no display
+or pyplot backend involved) or None when the records hold nothing to draw; `report` and
+tradeoffs.ipynb share them.
 """
 
 from __future__ import annotations
@@ -9,13 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-
-from search.records import Record  # noqa: E402
+from search.records import Record
 
 # Axes of the Variant drawn in the per-axis figure, in registry order.
 VARIANT_AXES = (
@@ -44,8 +41,10 @@ CHOSEN_COLOR = "tab:red"
 
 
 def _figure(width: float, height: float, **kwargs):
-    with plt.rc_context(STYLE):
-        return plt.subplots(figsize=(width, height), **kwargs)
+    """A bare Figure, not registered with pyplot: no backend is switched and nothing leaks when
+    many are drawn; callers hold STYLE (rc_context) while they draw."""
+    fig = Figure(figsize=(width, height))
+    return fig, fig.subplots(**kwargs)
 
 
 def feasible(records: list[Record]) -> list[Record]:
@@ -66,7 +65,7 @@ def tradeoff_figure(records: list[Record], chosen: int | None = None) -> Figure 
     points = feasible(records)
     if not points:
         return None
-    with plt.rc_context(STYLE):
+    with matplotlib.rc_context(STYLE):
         fig, ax = _figure(10, 6.5)
         ax.scatter(
             [r.peak_mib for r in points],
@@ -89,6 +88,8 @@ def tradeoff_figure(records: list[Record], chosen: int | None = None) -> Figure 
         )
         pick = next((r for r in points if r.number == chosen), None)
         if pick is not None:
+            xs = [r.peak_mib for r in points]
+            right = pick.peak_mib > (min(xs) + max(xs)) / 2  # label to the left, inside the axes
             ax.scatter(
                 [pick.peak_mib],
                 [pick.tokens_per_s],
@@ -102,8 +103,9 @@ def tradeoff_figure(records: list[Record], chosen: int | None = None) -> Figure 
                 f"#{pick.number} {pick.name}\n{pick.tokens_per_s:,.1f} tok/s, "
                 f"{pick.peak_mib:,.0f} MiB",
                 (pick.peak_mib, pick.tokens_per_s),
-                xytext=(12, -28),
+                xytext=(-12 if right else 12, -28),
                 textcoords="offset points",
+                ha="right" if right else "left",
                 fontsize=10,
                 color=CHOSEN_COLOR,
                 bbox={"boxstyle": "round", "fc": "white", "ec": CHOSEN_COLOR, "alpha": 0.9},
@@ -135,11 +137,13 @@ def axis_effects_figure(records: list[Record]) -> Figure | None:
         return None
     cols = min(3, len(axes_names))
     rows = -(-len(axes_names) // cols)
-    with plt.rc_context(STYLE):
+    with matplotlib.rc_context(STYLE):
         fig, grid = _figure(5.2 * cols, 4.3 * rows, nrows=rows, ncols=cols, squeeze=False)
         for ax, axis in zip(grid.flat, axes_names):
             choices = sorted({str(r.variant[axis]) for r in points if axis in r.variant})
-            groups = [[r.tokens_per_s for r in points if str(r.variant[axis]) == c] for c in choices]
+            groups = [
+                [r.tokens_per_s for r in points if str(r.variant[axis]) == c] for c in choices
+            ]
             ax.boxplot(groups, widths=0.5, showfliers=False)
             for i, ys in enumerate(groups, 1):
                 xs = [i + 0.12 * ((j % 5) - 2) / 2 for j in range(len(ys))]
@@ -161,7 +165,7 @@ def history_figure(records: list[Record]) -> Figure | None:
     done = sorted((r for r in records if r.status not in ("running", "waiting")), key=_number)
     if not done:
         return None
-    with plt.rc_context(STYLE):
+    with matplotlib.rc_context(STYLE):
         fig, ax = _figure(10, 5.5)
         ok = [r for r in done if r.feasible]
         bad = [r for r in done if not r.feasible]
@@ -207,7 +211,7 @@ def floor_figure(ranked: list[Record], top: int = 5) -> Figure | None:
         return None
     traces = sorted({t for r in leaders for t in _floor(r)})
     width = 0.8 / len(leaders)
-    with plt.rc_context(STYLE):
+    with matplotlib.rc_context(STYLE):
         fig, ax = _figure(max(10, 2.2 * len(traces)), 6)
         for i, r in enumerate(leaders):
             eff = _floor(r)
@@ -243,7 +247,7 @@ def importance_figure(importances: dict[str, float]) -> Figure | None:
     if not importances:
         return None
     items = sorted(importances.items(), key=lambda kv: kv[1])
-    with plt.rc_context(STYLE):
+    with matplotlib.rc_context(STYLE):
         fig, ax = _figure(10, max(4, 0.6 * len(items) + 1.8))
         ax.barh([k for k, _ in items], [v for _, v in items], color="tab:green")
         for i, (_, v) in enumerate(items):
@@ -257,8 +261,17 @@ def importance_figure(importances: dict[str, float]) -> Figure | None:
     return fig
 
 
-def save(fig: Figure, path: Path) -> Path:
+def save(fig: Figure, path) -> Path:
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
+
+
+def png_bytes(fig: Figure) -> bytes:
+    """The figure as PNG bytes (for IPython.display.Image in notebooks)."""
+    import io
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    return buffer.getvalue()

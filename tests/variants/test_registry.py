@@ -63,5 +63,9 @@ def test_component_paths_follow_the_variant():
         "cache_cls": "variants.cache.paged:PagedKVCache",
         "attention_cls": "variants.attention.manual:ManualAttention",
         "wrap": "variants.execution.compiled:run_compiled",
+        "stack": "variants.layers.torch_stack:run_torch_stack",
     }
+    assert component_paths(Variant(cache="slab", layers="triton"))["stack"] == (
+        "variants.layers.triton_stack:run_triton_stack"
+    )
     assert "capture" in component_paths(Variant(graphs="pow2"))

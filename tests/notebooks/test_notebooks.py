@@ -1,0 +1,71 @@
+"""The notebooks run top to bottom on a CPU (no network, no study) and are committed clean."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+pytest.importorskip("ipykernel")
+
+NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
+NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
+KERNEL = "python3"
+
+
+def _kernel_available() -> bool:
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        spec = KernelSpecManager().get_kernel_spec(KERNEL)
+    except NoSuchKernel:
+        return False
+    return Path(spec.argv[0]).name.startswith("python")
+
+
+@pytest.fixture(scope="module")
+def kernel_name():
+    """`python3`, installed for this interpreter when no such kernel spec exists yet (CI)."""
+    if not _kernel_available():
+        cmd = [sys.executable, "-m", "ipykernel", "install", "--user", "--name", KERNEL]
+        subprocess.run(cmd, check=True, capture_output=True)
+    return KERNEL
+
+
+def test_there_are_notebooks():
+    names = {p.stem for p in NOTEBOOKS}
+    assert {"01_prefill_and_logits", "04_scheduling", "tradeoffs"} <= names
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_is_committed_without_outputs(path):
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None, path.name
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_runs_top_to_bottom(path, kernel_name, monkeypatch):
+    # One torch thread per kernel (the notebooks set it too) and no study from the environment:
+    # tradeoffs.ipynb must fall back to its demo study by itself.
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.delenv("TRADEOFFS_STORAGE", raising=False)
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    repo = str(NOTEBOOK_DIR.parent)
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
+    )
+    nb = nbformat.read(path, as_version=4)
+    client = nbclient.NotebookClient(
+        nb,
+        timeout=120,
+        kernel_name=kernel_name,
+        resources={"metadata": {"path": str(NOTEBOOK_DIR)}},
+    )
+    client.execute()  # raises CellExecutionError naming the failing cell
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.get("output_type") == "error"]
