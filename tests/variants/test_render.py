@@ -246,3 +246,27 @@ def test_header_is_kept_and_source_is_deterministic(tmp_path):
     assert 'trial 7 of "study"' in ast.get_docstring(ast.parse(text))
     assert text == render_source(variant, header='trial 7 of "study"')
     assert [p.name for p in path.parent.iterdir()] == ["engine.py"]  # no temp file left
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        Variant(cache="slab", attention="triton", layers="triton", graphs="pow2"),
+        Variant(cache="paged", block_size=64, attention="sdpa", graphs="every8"),
+    ],
+    ids=lambda v: v.name,
+)
+def test_gpu_variants_render_with_only_their_components(variant):
+    """CUDA-only assemblies render here too (rendering needs no GPU): triton appears exactly when
+    a Triton component is chosen, and the graph capture only when graphs are on."""
+    text = render_source(variant)
+    tree = ast.parse(text)
+    top, nested = imported_roots(tree)
+    uses_triton = variant.attention == "triton" or variant.layers == "triton"
+    assert ("triton" in top) == uses_triton
+    assert top <= {"torch", "triton"} | set(sys.stdlib_module_names)
+    names = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    assert "DecodeGraphs" in names and "use_cuda_graphs" in names
+    assert ("run_triton_stack" in names) == (variant.layers == "triton")
+    assert ("paged_decode_attention" in names) == (variant.attention == "triton")
+    assert "capture=use_cuda_graphs" in text
