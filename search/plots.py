@@ -112,9 +112,10 @@ def tradeoff_figure(records: list[Record], chosen: int | None = None) -> Figure 
             )
         ax.set_xlabel("peak memory (MiB)")
         ax.set_ylabel("throughput (tokens/s, geometric mean over traces)")
+        ax.set_ylim(bottom=0)
         ax.set_title("Throughput vs peak memory of the feasible trials")
         ax.grid(alpha=0.3)
-        ax.legend(loc="best")
+        ax.legend(loc="lower right")  # y starts at 0: the space under the trials is empty
         fig.tight_layout()
     return fig
 
@@ -193,6 +194,7 @@ def history_figure(records: list[Record]) -> Figure | None:
         ax.step(xs, ys, where="post", color="tab:orange", lw=2, label="best so far")
         ax.set_xlabel("trial number")
         ax.set_ylabel("throughput (tokens/s)")
+        ax.set_ylim(bottom=0)
         ax.set_title("Optimization history")
         ax.grid(alpha=0.3)
         ax.legend(loc="lower right")

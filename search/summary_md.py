@@ -140,7 +140,7 @@ def _markdown(study, records: list[Record], ranked, best: dict, figs, missing, t
         parts += ["**No correct trial.**"]
     front = plots.pareto_front(plots.feasible(records))
     if front:
-        parts += ["", "Pareto front (least memory first): "]
+        parts += ["", "Pareto front (least memory first):", ""]
         parts += [
             f"- trial {r.number} `{r.name}`: {r.tokens_per_s:,.1f} tokens/s, {r.peak_mib:,.0f} MiB"
             for r in front
