@@ -60,6 +60,9 @@ if stage study; then
     timed run_sh "${STUDY_LIMIT:-420}" bash run.sh --device cuda \
         --budget-minutes "${STUDY_MINUTES:-5}" --fresh
     cp workspace/results.log "$OUT/results.log" 2>/dev/null
+    cp studies/*.db "$OUT/" 2>/dev/null  # the study itself, for the plots in docs/
+    "$PY" -m search report --storage "sqlite:///$(ls studies/*.db | head -1)" \
+        --out "$OUT/report" > "$OUT/report.log" 2>&1
     timed public_tests 240 bash scripts/run_public_tests.sh workspace/engine.py cuda
 fi
 stage soak && timed soak 300 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/variants/test_soak.py

@@ -7,6 +7,7 @@ it pads block tables and takes the writes of CUDA-graph padding rows."""
 
 import torch
 
+from variants.cache.pool import grow_pools
 from variants.staging import host_tensor
 
 
@@ -22,19 +23,11 @@ class PagedKVCache:
         self._grow(1 + max(1, -(-capacity_tokens // block_size)))
 
     def _grow(self, blocks: int) -> None:
-        shape = (
-            self.spec.num_layers,
-            blocks * self.block_size,
-            self.spec.num_kv_heads,
-            self.spec.head_dim,
-        )
-        k = torch.zeros(shape, device=self.device, dtype=self.dtype)
-        v = torch.zeros(shape, device=self.device, dtype=self.dtype)
         if self.k is not None:
-            k[:, : self.k.shape[1]] = self.k
-            v[:, : self.v.shape[1]] = self.v
             self.generation += 1
-        self.k, self.v = k, v
+        self.k, self.v = grow_pools(
+            self.spec, self.device, self.dtype, blocks * self.block_size, self.k, self.v
+        )
         first_new = max(self.blocks, 1)  # block 0 stays scratch
         self.free_blocks = list(range(blocks - 1, first_new - 1, -1)) + self.free_blocks
         self.blocks = blocks

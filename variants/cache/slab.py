@@ -6,6 +6,7 @@ One extra slot at the end is scratch: padding rows of a CUDA-graph batch write t
 
 import torch
 
+from variants.cache.pool import grow_pools
 from variants.staging import host_tensor
 
 
@@ -21,19 +22,11 @@ class SlabKVCache:
         self._grow(max(1, capacity_tokens // self.max_len))
 
     def _grow(self, slots: int) -> None:
-        shape = (
-            self.spec.num_layers,
-            (slots + 1) * self.max_len,
-            self.spec.num_kv_heads,
-            self.spec.head_dim,
-        )
-        k = torch.zeros(shape, device=self.device, dtype=self.dtype)
-        v = torch.zeros(shape, device=self.device, dtype=self.dtype)
         if self.k is not None:
-            k[:, : self.k.shape[1]] = self.k
-            v[:, : self.v.shape[1]] = self.v
             self.generation += 1
-        self.k, self.v = k, v
+        self.k, self.v = grow_pools(
+            self.spec, self.device, self.dtype, (slots + 1) * self.max_len, self.k, self.v
+        )
         self.free_slots = sorted(self.free_slots + list(range(self.slots, slots)), reverse=True)
         self.slots = slots
 

@@ -1,0 +1,19 @@
+"""grow_pools: the new pools have the asked size, keep the old contents, and are zero beyond."""
+
+import torch
+
+from variants.cache.pool import grow_pools
+from variants.spec import ModelSpec
+
+
+def test_grow_keeps_contents_and_zeroes_the_rest(tiny_config):
+    spec = ModelSpec.from_config(tiny_config)
+    k, v = grow_pools(spec, torch.device("cpu"), torch.float32, 8)
+    assert k.shape == (spec.num_layers, 8, spec.num_kv_heads, spec.head_dim) and not k.any()
+    k.normal_()
+    v.normal_()
+    k2, v2 = grow_pools(spec, torch.device("cpu"), torch.float32, 20, k, v)
+    assert k2.shape[1] == 20 and v2.shape[1] == 20
+    assert torch.equal(k2[:, :8], k) and torch.equal(v2[:, :8], v)
+    assert not k2[:, 8:].any() and not v2[:, 8:].any()
+    assert k2.data_ptr() != k.data_ptr()
