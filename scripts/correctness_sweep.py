@@ -47,17 +47,20 @@ def main() -> int:
     p.add_argument("--base", default="{}", help="JSON fields of the base variant")
     p.add_argument("--skip-compile", action="store_true")
     p.add_argument("--out", default="workspace/correctness_sweep.jsonl")
+    p.add_argument("--shard", default="0/1", help="K/N: check every N-th variant from the K-th")
     args = p.parse_args()
+    shard, shards = (int(x) for x in args.shard.split("/"))
     config = json.loads(Path(args.model_config).read_text())
     caps = probe_capabilities(args.device, config)
     variants = one_axis_variants(caps, Variant(**json.loads(args.base)), args.skip_compile)
-    print(f"{len(variants)} variants")
+    variants = variants[shard::shards]
+    print(f"{len(variants)} variants (shard {shard}/{shards})")
     failures = 0
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     for v in variants:
         t0 = time.perf_counter()
-        path = render_engine(v, out.parent / "sweep_engine.py")
+        path = render_engine(v, out.parent / f"sweep_engine_{shard}.py")
         try:
             cases = check_engine(
                 load_engine_module(path).create_engine, config, args.weight_dir, args.device

@@ -40,6 +40,11 @@ def step_profile(config, weight_dir, fields: dict, batch: int, ctx: int, steps: 
         engine.decode(ids, tokens[0])
         torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    by_name: dict = {}
+    for e in kernels:  # GPU time per kernel name, to see what the step spends it on
+        n, us = by_name.get(e.name, (0, 0.0))
+        by_name[e.name] = (n + 1, us + e.time_range.elapsed_us())
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:12]
     # host cost of one call: its wall time with the GPU idle at entry (launches are async)
     host = []
     for t in tokens[5:25]:
@@ -56,7 +61,35 @@ def step_profile(config, weight_dir, fields: dict, batch: int, ctx: int, steps: 
         "step_ms_min": min(times),
         "kernels_per_step": len(kernels),
         "host_call_ms_median": statistics.median(host),
+        "kernel_busy_us": round(sum(us for _, us in by_name.values()), 1),
+        "top_kernels": [{"name": k[:70], "count": n, "us": round(us, 1)} for k, (n, us) in top],
+        "prefill": prefill_profile(engine, config, gen),
     }
+
+
+def prefill_profile(engine, config, gen, shapes=((4, 128), (1, 2048), (8, 512))) -> list:
+    """Median wall time of a prefill call (synchronised), and its kernel count."""
+    rows = []
+    for batch, length in shapes:
+        ids = [10_000 + i for i in range(batch)]
+        prompts = [torch.randint(0, config["vocab_size"], (length,), generator=gen).cuda()
+                   for _ in ids]  # fmt: skip
+        times = []
+        for _ in range(12):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            engine.prefill(ids, prompts)  # a re-prefill replaces: same work each time
+            torch.cuda.synchronize()
+            times.append((time.perf_counter() - t0) * 1e3)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            engine.prefill(ids, prompts)
+            torch.cuda.synchronize()
+        n = sum(e.device_type == torch.autograd.DeviceType.CUDA for e in prof.events())
+        ms = statistics.median(times[2:])
+        rows.append({"shape": f"{batch}x{length}", "ms_median": round(ms, 3),
+                     "tokens_per_s": round(batch * length / ms * 1e3), "kernels": n})  # fmt: skip
+        engine.remove(ids)
+    return rows
 
 
 def main() -> int:

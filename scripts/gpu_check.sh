@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check, run on the device machine (H200) over a copy of the tree:
-#   bash scripts/gpu_check.sh [STAGE...]   stages: env tests kernels sweep flex table study soak
+#   bash scripts/gpu_check.sh [STAGE...]   stages: env tests kernels tune profile sweep flex table
+#   study soak
 # (default: all). Writes logs and JSON under $OUT (or workspace/gpu_check) and a summary.txt.
 # Optuna is not installed there: wheels in .whl/ (carried) are installed into /tmp/site first.
 set -uo pipefail
@@ -9,7 +10,7 @@ OUT=${OUT:-workspace/gpu_check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PYTHON:-python3}
-STAGES=${*:-env tests kernels sweep flex table study soak}
+STAGES=${*:-env tests kernels tune profile sweep flex table study soak}
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 note() { echo "$*" | tee -a "$SUMMARY"; }
@@ -45,12 +46,32 @@ print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton._
 print("capabilities", probe_capabilities("cuda", cfg).to_dict())
 PY
 fi
-stage tests && timed gpu_tests "${TESTS_LIMIT:-300}" "$PY" -m pytest -q -m gpu -p no:cacheprovider tests
+stage tests && timed gpu_tests "${TESTS_LIMIT:-300}" "$PY" -m pytest -q -m gpu -p no:cacheprovider \
+    --ignore=tests/variants/test_soak.py tests  # the soak has a stage of its own
 stage kernels && timed bench_kernels "${KERNELS_LIMIT:-240}" "$PY" scripts/bench_kernels.py \
     --json "$OUT/kernels.json"
-stage sweep && timed sweep "${SWEEP_LIMIT:-300}" "$PY" scripts/correctness_sweep.py \
-    --skip-compile --out "$OUT/sweep.jsonl"
-stage flex && timed bench_flex 240 "$PY" scripts/bench_flex.py --json "$OUT/flex.json"
+stage tune && timed tune "${TUNE_LIMIT:-200}" "$PY" scripts/tune_decode_attention.py \
+    --json "$OUT/tune.json"
+PROFILE_VARIANTS=${PROFILE_VARIANTS:-'{"cache":"slab","attention":"sdpa","graphs":"pow2"}
+{"cache":"slab","attention":"triton","layers":"triton","graphs":"pow2","prefill_graphs":"pow2"}
+{"cache":"paged","block_size":64,"attention":"triton","layers":"triton","graphs":"pow2","prefill_graphs":"pow2"}'}
+if stage profile; then
+    args=()
+    while read -r v; do [ -n "$v" ] && args+=(--variant "$v"); done <<< "$PROFILE_VARIANTS"
+    timed profile "${PROFILE_LIMIT:-180}" "$PY" scripts/decode_step_profile.py "${args[@]}" \
+        --shape 8x150 --shape 64x2048 --json "$OUT/profile.json"
+fi
+if stage sweep; then  # shards in parallel: each check is mostly host-bound
+    SHARDS=${SWEEP_SHARDS:-6}
+    for k in $(seq 0 $((SHARDS - 1))); do
+        timed "sweep$k" "${SWEEP_LIMIT:-300}" "$PY" scripts/correctness_sweep.py \
+            --shard "$k/$SHARDS" --out "$OUT/sweep.jsonl" &
+    done
+    wait
+    note "sweep: $(grep -c '"passed": true' "$OUT/sweep.jsonl") passed," \
+        "$(grep -c '"passed": false' "$OUT/sweep.jsonl") failed"
+fi
+stage flex && timed bench_flex "${FLEX_LIMIT:-240}" "$PY" scripts/bench_flex.py --json "$OUT/flex.json"
 if stage table; then
     timed variant_table "${TABLE_LIMIT:-560}" "$PY" scripts/variant_table.py --out "$OUT/table" \
         --timeout 150 \
@@ -65,5 +86,6 @@ if stage study; then
         --out "$OUT/report" > "$OUT/report.log" 2>&1
     timed public_tests 240 bash scripts/run_public_tests.sh workspace/engine.py cuda
 fi
-stage soak && timed soak 300 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/variants/test_soak.py
+stage soak && timed soak 300 "$PY" -m pytest -q -s -m gpu -p no:cacheprovider \
+    tests/variants/test_soak.py
 note "done"

@@ -38,6 +38,17 @@ TABLE = {
         cache="paged", block_size=64, attention="triton", layers="triton", graphs="pow2"
     ),
     "slab-triton-fused": dict(cache="slab", attention="triton", layers="triton"),
+    "slab-triton-fused-allgraphs": dict(
+        cache="slab", attention="triton", layers="triton", graphs="pow2", prefill_graphs="pow2"
+    ),
+    "paged64-triton-fused-allgraphs": dict(
+        cache="paged",
+        block_size=64,
+        attention="triton",
+        layers="triton",
+        graphs="pow2",
+        prefill_graphs="pow2",
+    ),  # fmt: skip
 }
 TRACES = ("prefill", "decode", "mixed", "continuous", "wide_decode", "long_prompts")
 

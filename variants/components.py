@@ -42,6 +42,8 @@ GRAPHS = {
     "every8": "variants.execution.cuda_graphs:use_cuda_graphs",
 }
 
+PREFILL_GRAPHS = {"pow2": "variants.execution.prefill_graphs:use_prefill_graphs"}
+
 
 def component_paths(variant) -> dict:
     paths = {
@@ -52,4 +54,6 @@ def component_paths(variant) -> dict:
     }
     if variant.graphs != "off":
         paths["capture"] = GRAPHS[variant.graphs]
+    if variant.prefill_graphs != "off":
+        paths["capture_prefill"] = PREFILL_GRAPHS[variant.prefill_graphs]
     return paths

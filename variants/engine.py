@@ -37,7 +37,8 @@ class Engine:
         # queue, a sync on every step. They are clamped into the vocabulary instead, so a bad
         # id cannot set off a device-side assert; True here buys the ValueError for a sync.
         self.check_device_tokens = device.type != "cuda"
-        self.decode_step = self.eager_decode_step  # CUDA graphs replace this
+        self.decode_step = self.eager_decode_step  # CUDA graphs replace these
+        self.prefill_step = self.eager_prefill_step
         self.in_place = getattr(attention, "reads_cache_in_place", False)
 
     # ----------------------------------------------------------------- the course interface
@@ -73,6 +74,11 @@ class Engine:
                 del self.lengths[rid]
             self.cache.allocate(rid, n)
             self.lengths[rid] = n
+        return self.prefill_step(rids, lengths, tokens)
+
+    def eager_prefill_step(self, rids: list, lengths: list, tokens) -> torch.Tensor:
+        """The prompts' forward pass once the cache holds their slots: index tensors built for
+        exactly this call."""
         plan = CachePlan(
             rids,
             write_index=self._index(
@@ -205,10 +211,12 @@ def kv_capacity_tokens(spec, device, dtype, layout: str) -> int:
 
 
 def assemble_engine(
-    model_config, weight_dir, device, variant, cache_cls, attention_cls, wrap, stack, capture=None
-):
+    model_config, weight_dir, device, variant, cache_cls, attention_cls, wrap, stack,
+    capture=None, capture_prefill=None,
+):  # fmt: skip
     """Build an engine from chosen component classes; the standalone file calls this too.
-    `capture(engine, variant)`, when given, captures CUDA graphs after the first warm-up."""
+    `capture(engine, variant)` and `capture_prefill(...)`, when given, capture the decode and
+    prefill CUDA graphs after the first warm-up."""
     spec = ModelSpec.from_config(model_config)
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
@@ -227,7 +235,9 @@ def assemble_engine(
         spec, weights, device, dtype, cache, attention, lambda fn: wrap(fn, variant), stack
     )
     engine.warm_up()
-    if capture is not None:
-        capture(engine, variant)
+    captures = [c for c in (capture, capture_prefill) if c is not None]
+    for c in captures:
+        c(engine, variant)
+    if captures:
         engine.warm_up()  # through the graphs: first-replay costs stay out of timed calls
     return engine

@@ -7,8 +7,20 @@ from __future__ import annotations
 from variants.variant import Variant
 
 PRESETS: dict[str, Variant] = {
-    # GPU fast path first (the probe drops them elsewhere): whole-step CUDA graphs over our fused
-    # Triton kernels, the fastest assembly measured on the H200 (docs/PERF.md), and over plain ops.
+    # GPU fast path first (the probe drops them elsewhere): whole-step CUDA graphs (decode, and
+    # prefill at token buckets) over our fused Triton kernels, the fastest assemblies measured on
+    # the H200 (docs/PERF.md), then over plain ops.
+    "slab-triton-fused-allgraphs": Variant(
+        cache="slab", attention="triton", layers="triton", graphs="pow2", prefill_graphs="pow2"
+    ),
+    "paged64-triton-fused-allgraphs": Variant(
+        cache="paged",
+        block_size=64,
+        attention="triton",
+        layers="triton",
+        graphs="pow2",
+        prefill_graphs="pow2",
+    ),  # fmt: skip
     "slab-triton-fused-graphs": Variant(
         cache="slab", attention="triton", layers="triton", graphs="pow2"
     ),

@@ -89,6 +89,17 @@ def _graphs(caps, partial) -> str | None:
     return None
 
 
+def _prefill_graphs(caps, partial) -> str | None:
+    reason = _graphs(caps, partial)
+    if reason is not None:
+        return reason
+    if partial.get("attention") != "triton":
+        return "prefill graphs need the Triton attention (its varlen kernel runs on a fixed grid)"
+    if partial.get("execution") == "compile":
+        return "prefill graphs replay eager kernels (compile would specialise per token bucket)"
+    return None
+
+
 def _compile(caps, partial) -> str | None:
     return None if caps.can_compile else "torch.compile is not usable here"
 
@@ -101,6 +112,9 @@ def _dtype(name: str) -> Requirement:
             return "the CPU reference computes in float32; only 'config' is offered on CPU"
         if name == _resolved_dtype(caps, {}):
             return "same as the config dtype"
+        if name == "bfloat16" and _resolved_dtype(caps, {}) == "float16":
+            # 8 mantissa bits against float16's 11: 2.8x the tolerance on the H200 sweep
+            return "bfloat16 is less precise than the float16 reference (fails the gate)"
         return None
 
     return requires
@@ -147,6 +161,7 @@ AXES: tuple[Axis, ...] = (
     ),
     Axis("layers", (Choice("torch"), Choice("triton", _triton_layers))),
     Axis("graphs", (Choice("off"), Choice("pow2", _graphs), Choice("every8", _graphs))),
+    Axis("prefill_graphs", (Choice("off"), Choice("pow2", _prefill_graphs))),
     Axis("fuse_qkv", (Choice(True), Choice(False))),
     Axis("fuse_gate_up", (Choice(True), Choice(False))),
 )

@@ -17,6 +17,7 @@ class Variant:
     execution: str = "eager"  # eager | compile
     compile_mode: str = "default"  # compile only
     graphs: str = "off"  # CUDA-graph decode buckets: off | pow2 | every8
+    prefill_graphs: str = "off"  # CUDA-graph prefill at token buckets: off | pow2
     layers: str = "torch"  # the decoder stack: torch ops | triton (our fused kernels)
     fuse_qkv: bool = True
     fuse_gate_up: bool = True
@@ -44,6 +45,8 @@ class Variant:
             parts.append(f"layers-{self.layers}")
         if self.graphs != "off":
             parts.append(f"graphs-{self.graphs}")
+        if self.prefill_graphs != "off":
+            parts.append(f"prefill-graphs-{self.prefill_graphs}")
         fused = [n for n, on in (("qkv", self.fuse_qkv), ("gateup", self.fuse_gate_up)) if on]
         parts.append("fused-" + "+".join(fused) if fused else "unfused")
         parts.append(self.dtype)

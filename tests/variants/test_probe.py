@@ -97,7 +97,12 @@ def test_gpu_rules(fake_cuda_caps):
         "sdpa_backend='flash': needs float16 or bfloat16 compute"
     )
     assert caps.why_invalid(Variant(dtype="float16")) == "dtype='float16': same as the config dtype"
-    assert caps.why_invalid(Variant(dtype="bfloat16")) is None
+    assert caps.why_invalid(Variant(dtype="bfloat16")) == (
+        "dtype='bfloat16': bfloat16 is less precise than the float16 reference (fails the gate)"
+    )
+    assert caps.why_invalid(Variant(dtype="float32")) is None
+    bf16_model = fake_cuda_caps(config_dtype="bfloat16")
+    assert bf16_model.why_invalid(Variant(dtype="float16")) is None
     big = fake_cuda_caps(head_dim=320)
     assert big.why_invalid(Variant(sdpa_backend="flash")) == (
         "sdpa_backend='flash': flash SDPA supports head_dim <= 256"

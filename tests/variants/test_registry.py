@@ -2,7 +2,14 @@
 
 import pytest
 
-from variants.components import ATTENTION, CACHES, EXECUTION, GRAPHS, component_paths
+from variants.components import (
+    ATTENTION,
+    CACHES,
+    EXECUTION,
+    GRAPHS,
+    PREFILL_GRAPHS,
+    component_paths,
+)
 from variants.registry import AXES, AXES_BY_NAME
 from variants.variant import Variant
 
@@ -69,3 +76,23 @@ def test_component_paths_follow_the_variant():
         "variants.layers.triton_stack:run_triton_stack"
     )
     assert "capture" in component_paths(Variant(graphs="pow2"))
+    assert (
+        component_paths(Variant(attention="triton", prefill_graphs="pow2"))["capture_prefill"]
+        == PREFILL_GRAPHS["pow2"]
+    )
+
+
+@pytest.mark.parametrize(
+    "partial, reason",
+    [
+        ({"cache": "slab", "attention": "triton", "execution": "eager"}, None),
+        ({"cache": "paged", "attention": "triton", "execution": "eager"}, None),
+        ({"cache": "slab", "attention": "sdpa", "execution": "eager"}, "Triton attention"),
+        ({"cache": "slab", "attention": "triton", "execution": "compile"}, "compile"),
+        ({"cache": "contiguous", "attention": "manual"}, "static pool"),
+    ],
+)
+def test_prefill_graphs_need_the_fixed_grid_attention(fake_cuda_caps, partial, reason):
+    choice = dict((c.value, c) for c in AXES_BY_NAME["prefill_graphs"].choices)["pow2"]
+    got = choice.requires(fake_cuda_caps(), partial)
+    assert got is None if reason is None else reason in got

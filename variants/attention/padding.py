@@ -17,6 +17,7 @@ class PrefillBatch:
     pad_index: torch.Tensor | None  # [tokens] row of each packed token in [batch * max_len]
     last_index: torch.Tensor  # [batch] packed index of each prompt's last token
     cu_seqlens: torch.Tensor | None = None  # [batch + 1] int32 prefix sums, for varlen kernels
+    schedule: torch.Tensor | None = None  # [2, S] q-block table: a fixed grid (CUDA graphs)
 
 
 def to_padded(x: torch.Tensor, batch: PrefillBatch) -> torch.Tensor:

@@ -22,7 +22,9 @@ class TritonAttention:
         self.sm_count = 0
 
     def prefill(self, q, k, v, batch):
-        out = varlen_prefill_attention(q, k, v, batch.cu_seqlens, batch.max_len, self.scale)
+        out = varlen_prefill_attention(
+            q, k, v, batch.cu_seqlens, batch.max_len, self.scale, batch.schedule
+        )
         return out.flatten(1)
 
     def decode_from_cache(self, q, cache, layer: int, plan):

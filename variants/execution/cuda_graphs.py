@@ -28,6 +28,18 @@ def context_buckets(max_positions: int, smallest: int = 128) -> list:
     return sizes + [max_positions]
 
 
+_CAPTURE_STREAMS: dict = {}
+
+
+def capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """One side stream per device for every capture in the process. cuBLAS keeps a workspace
+    (32 MiB on Hopper) per stream it has run on and never frees it: a new stream per engine
+    leaked that much per engine created (measured on the H200, 20 engines)."""
+    if device not in _CAPTURE_STREAMS:
+        _CAPTURE_STREAMS[device] = torch.cuda.Stream(device)
+    return _CAPTURE_STREAMS[device]
+
+
 def _pinned(t: torch.Tensor) -> torch.Tensor:
     return t.pin_memory() if torch.cuda.is_available() else t
 
@@ -57,7 +69,7 @@ class DecodeGraphs:
         self.graphs.clear()
         self._fill([], [], self.batches[-1], self.contexts[-1])
         pool = torch.cuda.graph_pool_handle()
-        stream = torch.cuda.Stream(self.engine.device)
+        stream = capture_stream(self.engine.device)
         stream.wait_stream(torch.cuda.current_stream(self.engine.device))
         with torch.cuda.stream(stream):
             for ctx in reversed(self.contexts):

@@ -111,10 +111,10 @@ def _decode_combine_kernel(
 
 
 def choose_num_splits(max_kv_len: int, batch: int, kv_heads: int, sm_count: int) -> int:
-    """Enough (row, kv head, split) programs to fill about 2x the SMs, each split at least 128
+    """Enough (row, kv head, split) programs to fill about 4x the SMs, each split at least 128
     tokens (shorter splits cost more in the combine than they save), at most 16."""
     programs = max(1, batch * kv_heads)
-    wanted = -(-2 * sm_count // programs)
+    wanted = -(-4 * sm_count // programs)
     return max(1, min(16, wanted, max_kv_len // 128))
 
 
@@ -128,10 +128,12 @@ def paged_decode_attention(
     scale: float,
     num_splits: int,
     out: torch.Tensor | None = None,
+    tiles: tuple | None = None,
 ) -> torch.Tensor:
     """q [B, heads, d]; pools [slots, kv_heads, d]; block_table [B, W] (int32 or int64; slab:
     W=1 and block_size=max_positions); kv_lens [B] (a row of length 0 gets zeros). Returns
-    [B, heads, d] in q's dtype (into `out` when given)."""
+    [B, heads, d] in q's dtype (into `out` when given). `tiles` = (BLOCK_N, num_warps,
+    num_stages) overrides the defaults (scripts/tune_decode_attention.py)."""
     batch, heads, d = q.shape
     kv_heads = k_pool.shape[1]
     group = heads // kv_heads
@@ -147,9 +149,12 @@ def paged_decode_attention(
     use_dot = group > 1
     if use_dot:
         block_g = max(16, block_g)  # tl.dot needs 16 rows
-    # No register spills on sm_86 with Triton 3.0 (ptxas -v) for d <= 256, group 1..8.
+    # Four warps: on the H200 (scripts/tune_decode_attention.py, docs/PERF.md) 8 warps read the
+    # cache at ~0.98 TB/s at batch 64 x 2048, 4 warps at ~1.7 TB/s with the same tiles.
     block_n = 64 if block_d <= 64 else 32
-    warps = 8 if block_n * block_d >= 4096 else 4
+    warps, stages = 4, 2
+    if tiles is not None:
+        block_n, warps, stages = tiles
     num_splits = max(1, int(num_splits))
     if num_splits > 1:
         m = torch.empty(batch, heads, num_splits, device=q.device, dtype=torch.float32)
@@ -163,7 +168,7 @@ def paged_decode_attention(
         v_pool.stride(1), block_table.stride(0), out.stride(0), out.stride(1), block_size,
         scale * math.log2(math.e),
         GROUP=group, HEAD_DIM=d, NUM_SPLITS=num_splits, BLOCK_G=block_g, BLOCK_N=block_n,
-        BLOCK_D=block_d, USE_DOT=use_dot, num_warps=warps, num_stages=2,
+        BLOCK_D=block_d, USE_DOT=use_dot, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     if num_splits > 1:
         _decode_combine_kernel[(batch, heads)](

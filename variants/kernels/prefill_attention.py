@@ -13,15 +13,21 @@ import triton.language as tl
 
 @triton.jit
 def _varlen_prefill_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr,
+    q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, sched_ptr, n_sched,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     qk_scale_log2,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    BLOCK_D: tl.constexpr, SCHEDULED: tl.constexpr,
 ):  # fmt: skip
-    m_block = tl.program_id(0)
-    b = tl.program_id(1)
     h = tl.program_id(2)
+    if SCHEDULED:  # a fixed grid (CUDA graphs): program i takes (prompt, q-block) from a table
+        b = tl.load(sched_ptr + tl.program_id(0)).to(tl.int32)
+        if b < 0:  # beyond this call's q-blocks
+            return
+        m_block = tl.load(sched_ptr + n_sched + tl.program_id(0)).to(tl.int32)
+    else:
+        m_block = tl.program_id(0)
+        b = tl.program_id(1)
     seq_start = tl.load(cu_ptr + b).to(tl.int32)
     seq_len = tl.load(cu_ptr + b + 1).to(tl.int32) - seq_start
     if m_block * BLOCK_M >= seq_len:  # the grid covers the longest prompt
@@ -66,6 +72,27 @@ def _varlen_prefill_kernel(
              o.to(o_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])  # fmt: skip
 
 
+def prefill_tiles(head_dim: int) -> tuple:
+    """(BLOCK_M, BLOCK_N, num_warps, BLOCK_D) for a head_dim. Tiles that compile for sm_86 with
+    Triton 3.0 without register spills (ptxas -v) and within the RTX 3090's 99 KB of shared
+    memory (49 KB at d=256)."""
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    if block_d <= 64:
+        return 64, 64, 4, block_d
+    return (64, 32, 8, block_d) if block_d <= 128 else (32, 32, 8, block_d)
+
+
+def prefill_schedule(lengths: list, block_m: int, size: int) -> list:
+    """The [2, size] table of a scheduled launch, flattened: row 0 the prompt of each q-block
+    (-1 past the last), row 1 the block's index within its prompt."""
+    prompts = [b for b, n in enumerate(lengths) for _ in range(triton.cdiv(n, block_m))]
+    blocks = [m for n in lengths for m in range(triton.cdiv(n, block_m))]
+    if len(prompts) > size:
+        raise ValueError(f"{len(prompts)} q-blocks exceed the schedule's {size}")
+    pad = size - len(prompts)
+    return prompts + [-1] * pad + blocks + [0] * pad
+
+
 def varlen_prefill_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -73,9 +100,12 @@ def varlen_prefill_attention(
     cu_seqlens: torch.Tensor,
     max_seqlen: int,
     scale: float,
+    schedule: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [N, heads, d], k/v [N, kv_heads, d] packed prompts (views with unit last stride are
-    fine); cu_seqlens [B+1] int32 prefix sums of the lengths. Returns [N, heads, d]."""
+    fine); cu_seqlens [B+1] int32 prefix sums of the lengths. Returns [N, heads, d].
+    `schedule` ([2, S] from `prefill_schedule`, on the device) fixes the grid at S programs per
+    head whatever the lengths, as a CUDA graph needs; max_seqlen is then unused."""
     tokens, heads, d = q.shape
     kv_heads = k.shape[1]
     group = heads // kv_heads
@@ -83,18 +113,18 @@ def varlen_prefill_attention(
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     out = torch.empty(tokens, heads, d, device=q.device, dtype=q.dtype)
     assert tokens * max(q.stride(0), k.stride(0), v.stride(0)) < 2**31, "int32 row offsets"
-    block_d = max(16, triton.next_power_of_2(d))
-    # Tiles that compile for sm_86 with Triton 3.0 without register spills (ptxas -v) and
-    # within the RTX 3090's 99 KB of shared memory (49 KB at d=256).
-    block_m, block_n, warps = (
-        (64, 64, 4) if block_d <= 64 else (64, 32, 8) if block_d <= 128 else (32, 32, 8)
-    )
-    grid = (triton.cdiv(max_seqlen, block_m), cu_seqlens.numel() - 1, heads)
+    block_m, block_n, warps, block_d = prefill_tiles(d)
+    if schedule is None:
+        grid = (triton.cdiv(max_seqlen, block_m), cu_seqlens.numel() - 1, heads)
+        sched, n_sched = cu_seqlens, 0
+    else:
+        grid = (schedule.shape[1], 1, heads)
+        sched, n_sched = schedule, schedule.shape[1]
     _varlen_prefill_kernel[grid](
-        q, k, v, out, cu_seqlens,
+        q, k, v, out, cu_seqlens, sched, n_sched,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), scale * math.log2(math.e),
         GROUP=group, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        num_warps=warps, num_stages=2,
+        SCHEDULED=schedule is not None, num_warps=warps, num_stages=2,
     )  # fmt: skip
     return out

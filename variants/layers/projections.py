@@ -13,9 +13,12 @@ def project_qkv(h: torch.Tensor, weights: list, q_dim: int, kv_dim: int):
     return tuple(F.linear(h, w) for w in weights)
 
 
-def gated_mlp(h: torch.Tensor, gate_up: list, down: torch.Tensor) -> torch.Tensor:
+def project_gate_up(h: torch.Tensor, gate_up: list) -> tuple:
     if len(gate_up) == 1:
-        gate, up = F.linear(h, gate_up[0]).chunk(2, dim=-1)
-    else:
-        gate, up = F.linear(h, gate_up[0]), F.linear(h, gate_up[1])
+        return F.linear(h, gate_up[0]).chunk(2, dim=-1)
+    return F.linear(h, gate_up[0]), F.linear(h, gate_up[1])
+
+
+def gated_mlp(h: torch.Tensor, gate_up: list, down: torch.Tensor) -> torch.Tensor:
+    gate, up = project_gate_up(h, gate_up)
     return F.linear(F.silu(gate) * up, down)

@@ -1,13 +1,14 @@
 """The decoder stack on our fused Triton kernels: residual add + RMSNorm in one kernel, RoPE on
-q and k with the cache write in one kernel. About 10 launches a layer instead of ~35, which is
-what a launch-bound decode step (and a CUDA-graph replay of it) pays for. Needs CUDA, Triton
->= 3.0, fp16/bf16 and a slab or paged pool."""
+q and k with the cache write in one kernel, silu(gate) * up in one kernel. About 10 launches a
+layer instead of ~35, which is what a launch-bound decode step (and a CUDA-graph replay of it)
+pays for. Needs CUDA, Triton >= 3.0, fp16/bf16 and a slab or paged pool."""
 
 import torch.nn.functional as F
 
 from variants.kernels.fused_norm import add_rms_norm
 from variants.kernels.fused_rope import rope_and_cache_write
-from variants.layers.projections import gated_mlp, project_qkv
+from variants.kernels.fused_silu import silu_mul
+from variants.layers.projections import project_gate_up, project_qkv
 
 
 def run_triton_stack(engine, tokens, positions, plan, batch):
@@ -31,5 +32,5 @@ def run_triton_stack(engine, tokens, positions, plan, batch):
         else:
             o = engine.attention.decode_from_cache(q, cache, n, plan)
         x, h = add_rms_norm(x, F.linear(o, w.o), w.post_norm, eps)
-        delta = gated_mlp(h, w.gate_up, w.down)
+        delta = F.linear(silu_mul(*project_gate_up(h, w.gate_up)), w.down)
     return x + delta

@@ -7,7 +7,11 @@ import torch
 
 pytest.importorskip("triton", reason="triton is not installed")
 
-from variants.kernels.prefill_attention import varlen_prefill_attention  # noqa: E402
+from variants.kernels.prefill_attention import (  # noqa: E402
+    prefill_schedule,
+    prefill_tiles,
+    varlen_prefill_attention,
+)
 
 
 def reference_prefill(q, k, v, lengths):
@@ -31,16 +35,26 @@ def reference_prefill(q, k, v, lengths):
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def run_case(lengths, heads, kv_heads, d, dtype=torch.float32, device=DEVICE, seed=0, atol=1e-5):
+def run_case(lengths, heads, kv_heads, d, dtype=torch.float32, device=DEVICE, seed=0, atol=1e-5,
+             padding: int = 0, schedule_size: int = 0):  # fmt: skip
+    """`padding` extra packed tokens belong to no prompt; `schedule_size` > 0 runs the fixed-grid
+    (scheduled) launch with that many programs per head."""
     gen = torch.Generator().manual_seed(seed)
-    tokens = sum(lengths)
+    tokens = sum(lengths) + padding
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * d, generator=gen).to(device, dtype)
     q, k, v = qkv.split((heads * d, kv_heads * d, kv_heads * d), dim=-1)  # strided views
     q, k, v = q.view(-1, heads, d), k.view(-1, kv_heads, d), v.view(-1, kv_heads, d)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-    got = varlen_prefill_attention(q, k, v, cu.to(device), max(lengths), 1 / math.sqrt(d))
+    schedule = None
+    if schedule_size:
+        table = prefill_schedule(lengths, prefill_tiles(d)[0], schedule_size)
+        schedule = torch.tensor(table, device=device).view(2, schedule_size)
+    got = varlen_prefill_attention(q, k, v, cu.to(device), max(lengths), 1 / math.sqrt(d), schedule)
     assert got.shape == q.shape and got.dtype == dtype
-    torch.testing.assert_close(got, reference_prefill(q, k, v, lengths), atol=atol, rtol=atol)
+    real = sum(lengths)
+    torch.testing.assert_close(
+        got[:real], reference_prefill(q, k, v, lengths), atol=atol, rtol=atol
+    )
 
 
 @pytest.mark.parametrize("heads,kv_heads,d", [(2, 2, 24), (4, 2, 48)])
@@ -50,6 +64,19 @@ def test_ragged_with_length_one(heads, kv_heads, d):
 
 def test_single_prompt_gqa_group_3():
     run_case([40], 3, 1, 16)
+
+
+def test_schedule_lists_each_prompts_q_blocks_then_padding():
+    assert prefill_schedule([1, 70, 64], 32, 8) == [0, 1, 1, 1, 2, 2, -1, -1,
+                                                     0, 0, 1, 2, 0, 1, 0, 0]  # fmt: skip
+    with pytest.raises(ValueError, match="q-blocks"):
+        prefill_schedule([100], 32, 3)
+
+
+@pytest.mark.parametrize("heads,kv_heads,d", [(2, 2, 24), (4, 2, 48)])
+def test_scheduled_grid_with_padding_tokens_matches(heads, kv_heads, d):
+    """The CUDA-graph launch: more programs than q-blocks, packed tokens past the last prompt."""
+    run_case([1, 70, 5, 64], heads, kv_heads, d, padding=11, schedule_size=12)
 
 
 # ------------------------------------------------------------------ GPU, public model sizes
@@ -69,3 +96,10 @@ def test_gpu_public_sizes(lengths, dtype):
 @pytest.mark.parametrize("heads,kv_heads,d", [(8, 2, 128), (4, 4, 64), (4, 1, 256)])
 def test_gpu_other_shapes(heads, kv_heads, d):
     run_case([1, 100, 257], heads, kv_heads, d, torch.float16, "cuda", atol=2e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_scheduled_public_size():
+    run_case([1, 7, 13, 64, 128, 300], 4, 4, 192, torch.float16, "cuda", atol=2e-3,
+             padding=99, schedule_size=40)  # fmt: skip

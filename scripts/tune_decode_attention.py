@@ -1,0 +1,106 @@
+"""Tile and split sweep of our decode attention kernel on the GPU: for each (batch, context,
+cache layout) shape, every (BLOCK_N, num_warps, num_stages) x split count, timed with
+triton.testing.do_bench; prints the best configurations and the cache-read bandwidth they reach
+(K and V bytes of the live context / time), next to the defaults the launcher picks today.
+
+    python scripts/tune_decode_attention.py [--json PATH] [--quick]
+"""
+
+import argparse
+import functools
+import itertools
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from variants.kernels.decode_attention import (  # noqa: E402
+    choose_num_splits,
+    paged_decode_attention,
+)
+
+HEADS, KV_HEADS, HEAD_DIM, MAX_POS = 4, 4, 192, 4096
+
+
+def make_case(batch: int, ctx: int, layout: str, dtype=torch.float16):
+    """Slab: one slot of MAX_POS per row (block size MAX_POS); paged64: shuffled 64-token
+    blocks. Every row holds `ctx` live tokens."""
+    gen = torch.Generator().manual_seed(0)
+    block = MAX_POS if layout == "slab" else 64
+    width = -(-ctx // block) if layout != "slab" else 1
+    blocks = batch * width
+    table = torch.randperm(blocks, generator=gen).view(batch, width).to("cuda", torch.int32)
+    shape = (blocks * block, KV_HEADS, HEAD_DIM)
+    k = torch.randn(shape, device="cuda", dtype=dtype)
+    v = torch.randn(shape, device="cuda", dtype=dtype)
+    q = torch.randn(batch, HEADS, HEAD_DIM, device="cuda", dtype=dtype)
+    lens = torch.full((batch,), ctx, device="cuda", dtype=torch.int32)
+    return q, k, v, table, lens, block
+
+
+def median_ms(fn) -> float:
+    from triton.testing import do_bench
+
+    result = do_bench(fn, quantiles=[0.5], warmup=5, rep=20)
+    return float(result[0] if isinstance(result, (list, tuple)) else result)
+
+
+def sweep_shape(batch, ctx, layout, sms, quick) -> dict:
+    q, k, v, table, lens, block = make_case(batch, ctx, layout)
+    scale = 1 / math.sqrt(HEAD_DIM)
+    read = 2 * batch * ctx * KV_HEADS * HEAD_DIM * k.element_size()
+    want = paged_decode_attention(q, k, v, table, lens, block, scale, 1)
+    default_splits = choose_num_splits(MAX_POS, batch, KV_HEADS, sms)  # what a graph captures
+    rows = []
+    tiles = [(32, 8, 2)] if quick else itertools.product((16, 32, 64), (4, 8), (2, 3))
+    for (bn, warps, stages), splits in itertools.product(tiles, (1, 2, 4, 8, 16)):
+        try:
+            fn = functools.partial(
+                paged_decode_attention, q, k, v, table, lens, block, scale, splits,
+                tiles=(bn, warps, stages),
+            )  # fmt: skip
+            got = fn()
+            err = (got.float() - want.float()).abs().max().item()
+            ms = median_ms(fn)
+        except Exception as exc:  # out of resources: that tile does not fit this GPU
+            rows.append({"tiles": [bn, warps, stages], "splits": splits, "error": str(exc)[:80]})
+            continue
+        rows.append({"tiles": [bn, warps, stages], "splits": splits, "us": round(ms * 1e3, 2),
+                     "gbps": round(read / ms / 1e6), "max_diff": err})  # fmt: skip
+    ok = sorted((r for r in rows if "us" in r), key=lambda r: r["us"])
+    default = next(
+        (r for r in rows if r.get("tiles") == [32, 8, 2] and r["splits"] == default_splits), None
+    )
+    return {"batch": batch, "ctx": ctx, "layout": layout, "read_mb": round(read / 1e6, 1),
+            "default_splits_at_capture": default_splits, "default": default, "best": ok[:5],
+            "failed": sum("error" in r for r in rows)}  # fmt: skip
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--json", default=None)
+    p.add_argument("--quick", action="store_true", help="default tiles only, splits swept")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("error: needs a CUDA device", file=sys.stderr)
+        return 2
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    results = []
+    for batch, ctx, layout in ((8, 150, "slab"), (8, 1024, "slab"), (64, 2048, "slab"),
+                               (64, 2048, "paged64"), (32, 512, "paged64")):  # fmt: skip
+        results.append(sweep_shape(batch, ctx, layout, sms, args.quick))
+        r = results[-1]
+        print(json.dumps({k: r[k] for k in ("batch", "ctx", "layout", "default")}), flush=True)
+        for best in r["best"][:3]:
+            print("   best", json.dumps(best), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""CUDA-graph prefill: token buckets, and the captured body (fixed-grid attention, padding tokens
+on the scratch slot) run on the CPU by Triton's interpreter, each "graph" replaying the body
+eagerly on the static buffers. Real capture against the reference: the gpu test at the end."""
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from evaluator.reference_model import ReferenceModel  # noqa: E402
+from variants import Variant, build_engine  # noqa: E402
+from variants.attention.triton_attention import TritonAttention  # noqa: E402
+from variants.cache.paged import PagedKVCache  # noqa: E402
+from variants.cache.slab import SlabKVCache  # noqa: E402
+from variants.engine import assemble_engine  # noqa: E402
+from variants.execution.eager import run_eager  # noqa: E402
+from variants.execution.prefill_graphs import PrefillGraphs, token_buckets  # noqa: E402
+from variants.layers.torch_stack import run_torch_stack  # noqa: E402
+from variants.layers.triton_stack import run_triton_stack  # noqa: E402
+
+
+def test_token_buckets_double_up_to_the_largest():
+    assert token_buckets(16, 8192) == [16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
+    assert token_buckets(16, 100) == [16, 32, 64, 100]
+
+
+class _EagerReplay:
+    def __init__(self, graphs, t):
+        self.graphs, self.t = graphs, t
+
+    def replay(self):
+        self.graphs._body(self.t)
+
+
+def _emulated(engine, largest_tokens, most_prompts):
+    graphs = PrefillGraphs(engine, largest_tokens=largest_tokens, most_prompts=most_prompts)
+    graphs.captured = []
+
+    def capture_one(t):
+        graphs.graphs[t] = _EagerReplay(graphs, t)
+        graphs.captured.append(t)
+
+    graphs._capture = capture_one
+    graphs.generation = engine.cache.generation
+    for t in reversed(graphs.buckets):
+        capture_one(t)
+    engine.prefill_step = graphs.step
+    return graphs
+
+
+CASES = [
+    ("slab-torch-stack", SlabKVCache, run_torch_stack, Variant(cache="slab", attention="triton")),
+    ("paged16-triton-stack", PagedKVCache, run_triton_stack,
+     Variant(cache="paged", block_size=16, attention="triton", layers="triton")),
+]  # fmt: skip
+
+
+# Padding tokens attend to nothing: their rows hold whatever the output buffer held, which can
+# overflow in later layers. Those rows reach no logits and only the scratch slot (checked here).
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.parametrize("name,cache_cls,stack,variant", CASES, ids=[c[0] for c in CASES])
+def test_bucketed_prefill_matches_reference_and_leaves_live_state(
+    name, cache_cls, stack, variant, tiny_config, sharp_weights
+):
+    ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
+    engine = assemble_engine(
+        tiny_config, sharp_weights, "cpu", variant, cache_cls, TritonAttention, run_eager, stack
+    )
+    graphs = _emulated(engine, largest_tokens=256, most_prompts=3)
+    gen = torch.Generator().manual_seed(11)
+    vocab = tiny_config["vocab_size"]
+    history: dict = {}
+    worst = 0.0
+    # 40 tokens pad to 64; 4 prompts exceed the table (eager); 300 tokens exceed the largest
+    # bucket (eager); a re-prefill of 7 replaces it; 256 tokens fill a bucket exactly
+    calls = [
+        {7: 5, 3: 34, 11: 1},
+        {900: 20, 12: 3, 13: 4, 14: 5},
+        {21: 150, 22: 150},
+        {7: 9},
+        {30: 200, 31: 56},
+    ]
+    for call in calls:
+        prompts = [torch.randint(0, vocab, (n,), generator=gen) for n in call.values()]
+        out = engine.prefill(list(call), prompts)
+        assert out.shape == (len(call), vocab) and out.dtype == torch.float32
+        for i, rid in enumerate(call):
+            history[rid] = prompts[i].tolist()
+            want = ref.forward(torch.tensor(history[rid])[None])[0, -1]
+            worst = max(worst, (out[i] - want).abs().max().item())
+        # every live request still decodes correctly: padding tokens touched no live slot
+        ids = sorted(history)
+        tokens = torch.randint(0, vocab, (len(ids),), generator=gen)
+        out = engine.decode(ids, tokens)
+        for i, rid in enumerate(ids):
+            history[rid].append(int(tokens[i]))
+            want = ref.forward(torch.tensor(history[rid])[None])[0, -1]
+            worst = max(worst, (out[i] - want).abs().max().item())
+    assert worst < 1e-4, worst
+    # all buckets at set-up; later only the buckets in use again after a pool growth
+    assert graphs.captured[:5] == [256, 128, 64, 32, 16]
+    assert len(graphs.captured) == 5 or engine.cache.generation > 0
+
+
+def test_returned_logits_are_a_copy(tiny_config, tiny_weights):
+    engine = assemble_engine(
+        tiny_config, tiny_weights, "cpu", Variant(cache="slab", attention="triton"),
+        SlabKVCache, TritonAttention, run_eager, run_torch_stack,
+    )  # fmt: skip
+    graphs = _emulated(engine, largest_tokens=64, most_prompts=2)
+    first = engine.prefill([1], [torch.tensor([1, 2, 3])])
+    kept = first.clone()
+    engine.prefill([2], [torch.tensor([4, 5, 6, 7])])
+    assert torch.equal(first, kept)
+    assert first.data_ptr() != graphs.out.data_ptr()
+
+
+def test_a_grown_pool_recaptures_only_the_bucket_in_use(tiny_config, tiny_weights):
+    engine = assemble_engine(
+        tiny_config, tiny_weights, "cpu", Variant(cache="paged", block_size=16,
+        attention="triton"), PagedKVCache, TritonAttention, run_eager, run_torch_stack,
+    )  # fmt: skip
+    graphs = _emulated(engine, largest_tokens=64, most_prompts=4)
+    graphs.captured.clear()
+    engine.cache.generation += 1  # what a pool growth does
+    engine.prefill([1], [torch.tensor([1, 2, 3])])
+    assert graphs.captured == [16] and set(graphs.graphs) == {16}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("cache", ["slab", "paged"])
+def test_gpu_captured_prefill_matches_eager_and_reference(cache, tmp_path):
+    import json
+    from pathlib import Path
+
+    from evaluator.toy_weights import save_toy_weights
+
+    config = json.loads((Path(__file__).parents[3] / "target/model_config.json").read_text())
+    save_toy_weights(config, tmp_path / "model.pt")
+    base = dict(cache=cache, block_size=64, attention="triton", layers="triton", graphs="pow2")
+    graphed = build_engine(config, str(tmp_path), "cuda", Variant(**base, prefill_graphs="pow2"))
+    eager = build_engine(config, str(tmp_path), "cuda", Variant(**base))
+    ref = ReferenceModel(config, str(tmp_path), "cuda")
+    gen = torch.Generator().manual_seed(0)
+    for lengths in ([128] * 4, [1, 7, 13, 64, 128, 300], [2048, 2048, 2048, 2048], [4000]):
+        ids = list(range(len(lengths)))
+        prompts = [torch.randint(0, config["vocab_size"], (n,), generator=gen).cuda()
+                   for n in lengths]  # fmt: skip
+        got = graphed.prefill(ids, prompts)
+        want = eager.prefill(ids, prompts)
+        assert (got - want).abs().max().item() < 1e-2
+        for i, p in enumerate(prompts):
+            expected = ref.forward(p[None])[0, -1].float()
+            torch.testing.assert_close(got[i], expected, atol=1e-2, rtol=1e-2)
