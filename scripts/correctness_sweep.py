@@ -30,6 +30,8 @@ def one_axis_variants(caps, base: Variant, skip_compile: bool) -> list:
                 v = dataclasses.replace(v, cache="paged")
             if axis.name == "sdpa_backend":
                 v = dataclasses.replace(v, attention="sdpa")
+            if axis.name == "prefill_graphs":  # needs the fixed-grid Triton attention
+                v = dataclasses.replace(v, attention="triton")
             if axis.name == "compile_mode":
                 v = dataclasses.replace(v, execution="compile")
             if skip_compile and v.execution == "compile" and axis.name != "compile_mode":

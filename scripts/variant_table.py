@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from evaluator.floor import measure_ceilings  # noqa: E402
 from search.trial import TrialRunner  # noqa: E402
+from variants.presets import PRESETS  # noqa: E402
 from variants.variant import Variant  # noqa: E402
 
 TABLE = {
@@ -38,18 +39,8 @@ TABLE = {
         cache="paged", block_size=64, attention="triton", layers="triton", graphs="pow2"
     ),
     "slab-triton-fused": dict(cache="slab", attention="triton", layers="triton"),
-    "slab-triton-fused-allgraphs": dict(
-        cache="slab", attention="triton", layers="triton", graphs="pow2", prefill_graphs="pow2"
-    ),
-    "paged64-triton-fused-allgraphs": dict(
-        cache="paged",
-        block_size=64,
-        attention="triton",
-        layers="triton",
-        graphs="pow2",
-        prefill_graphs="pow2",
-    ),  # fmt: skip
 }
+TABLE.update({name: v.to_dict() for name, v in PRESETS.items()})  # the presets by name
 TRACES = ("prefill", "decode", "mixed", "continuous", "wide_decode", "long_prompts")
 
 

@@ -54,7 +54,7 @@ def report(args) -> int:
         from search.summary_md import default_report_dir, write_report
 
         out = Path(args.out) if args.out else default_report_dir(url, study.study_name)
-        paths = write_report(study, out, args.top)
+        paths = write_report(study, out, args.top, getattr(args, "sweep", None))
         print(f"\nwrote {len(paths)} file(s) in {out}: " + ", ".join(p.name for p in paths))
     print(f"\ndashboard: {st.dashboard_command(url)}")
     return 0

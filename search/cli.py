@@ -1,10 +1,12 @@
-"""`python -m search run|worker|report|render`: the command line of the search.
+"""`python -m search run|worker|report|render|sweep`: the command line of the search.
 
 run     the main job (what `bash run.sh` does): search, choose, verify, write workspace/engine.py
 worker  add trials to a study in a shared storage (one per GPU, or per machine)
 report  the top-N table and per-trace numbers of a study, from its storage, plus PNG figures
         and summary.md next to it
 render  write the engine of one trial (default: the verified best) to a file
+sweep   measure engines over shapes (decode step time vs batch size, prefill tokens/s vs prompt
+        length) into a JSON file that report draws
 """
 
 from __future__ import annotations
@@ -152,6 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
         "studies/<study>/)",
     )
     report.add_argument("--no-plots", action="store_true", help="print the tables only")
+    report.add_argument(
+        "--sweep",
+        help="shape-sweep JSON of `python -m search sweep` to draw (default: sweep.json in "
+        "--out, when present)",
+    )
 
     render = sub.add_parser(
         "render",
@@ -165,6 +172,21 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--trial", type=int, help="trial number (default: the best)")
     render.add_argument("--output", required=True, help="engine file to write")
     render.add_argument("--renderer", default=DEFAULT_RENDERER, help="module:function")
+
+    from search.sweep_command import add_arguments
+
+    sweep = sub.add_parser(
+        "sweep",
+        parents=[common],
+        help="measure engines over shapes into a JSON file (report draws it)",
+        description="Build a fresh engine per variant and measure decode step time against "
+        "batch size (at one context) and prefill tokens/s against prompt length (one prompt), "
+        "each with the floor of evaluator/floor.py's cost model. Variants: --variant (repeat), "
+        "or the study's verified best and best distinct correct trials (--study, --top).",
+    )
+    _target_args(sweep)
+    _study_args(sweep)
+    add_arguments(sweep)
     return parser
 
 
@@ -185,6 +207,10 @@ def main(argv: list[str] | None = None) -> int:
         from search.worker import worker
 
         return worker(args)
+    if args.command == "sweep":
+        from search.sweep_command import sweep_command
+
+        return sweep_command(args)
     from search.browse import render, report
 
     return report(args) if args.command == "report" else render(args)

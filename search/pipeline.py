@@ -1,9 +1,10 @@
 """The main job (`python -m search run`): target, probe, study, leaders, verified engine, log.
 
 Phases: set-up; the search (Optuna, or the ranked defaults alone when Optuna is missing); the
-full-protocol re-measurement of the leaders; verify-and-write; the results log. A study that
-already holds a verified best and no newer trials is not searched again: its best is rendered,
-re-verified and written in seconds.
+full-protocol re-measurement of the leaders; verify-and-write; a short shape sweep of the leaders
+(search.sweep_command) for the report's figures; the results log. A study that already holds a
+verified best and no newer trials is not searched again: its best is rendered, re-verified and
+written in seconds.
 """
 
 from __future__ import annotations
@@ -332,6 +333,11 @@ class RunJob:
             log.info("wrote %s: %s", self.workspace / "engine.py", done.record.name)
         else:
             log.error("no candidate passed verification; %s left as it was", self.workspace)
+        if done is not None and self.study is not None:
+            from search.sweep_command import sweep_leaders
+
+            with self.clock("shape sweep"):
+                self.notes += sweep_leaders(self, reuse=standing is not None)
         self.write_figures()
         self.clock.phases["total"] = time.monotonic() - self.start
         self.write_log(records, ranked, attempts)

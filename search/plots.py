@@ -13,21 +13,10 @@ import matplotlib
 from matplotlib.figure import Figure
 
 from search.records import Record
+from variants.registry import AXES_BY_NAME
 
 # Axes of the Variant drawn in the per-axis figure, in registry order.
-VARIANT_AXES = (
-    "dtype",
-    "cache",
-    "block_size",
-    "attention",
-    "sdpa_backend",
-    "execution",
-    "compile_mode",
-    "layers",
-    "graphs",
-    "fuse_qkv",
-    "fuse_gate_up",
-)
+VARIANT_AXES = tuple(AXES_BY_NAME)  # every axis of the registry, in its order
 STYLE = {
     "font.size": 12,
     "axes.titlesize": 14,
@@ -120,11 +109,17 @@ def tradeoff_figure(records: list[Record], chosen: int | None = None) -> Figure 
     return fig
 
 
+def _applies(r: Record, axis: str) -> bool:
+    """The trial chose on this axis (a slab trial has no block size, an eager one no mode)."""
+    known = AXES_BY_NAME.get(axis)
+    return bool(r.variant) and axis in r.variant and (known is None or known.applies(r.variant))
+
+
 def varying_axes(records: list[Record]) -> list[str]:
     """Variant axes taking more than one value among the feasible trials."""
     out = []
     for axis in VARIANT_AXES:
-        values = {str(r.variant.get(axis)) for r in records if r.variant and axis in r.variant}
+        values = {str(r.variant.get(axis)) for r in records if _applies(r, axis)}
         if len(values) > 1:
             out.append(axis)
     return out
@@ -141,10 +136,9 @@ def axis_effects_figure(records: list[Record]) -> Figure | None:
     with matplotlib.rc_context(STYLE):
         fig, grid = _figure(5.2 * cols, 4.3 * rows, nrows=rows, ncols=cols, squeeze=False)
         for ax, axis in zip(grid.flat, axes_names):
-            choices = sorted({str(r.variant[axis]) for r in points if axis in r.variant})
-            groups = [
-                [r.tokens_per_s for r in points if str(r.variant[axis]) == c] for c in choices
-            ]
+            chose = [r for r in points if _applies(r, axis)]
+            choices = sorted({str(r.variant[axis]) for r in chose})
+            groups = [[r.tokens_per_s for r in chose if str(r.variant[axis]) == c] for c in choices]
             ax.boxplot(groups, widths=0.5, showfliers=False)
             for i, ys in enumerate(groups, 1):
                 xs = [i + 0.12 * ((j % 5) - 2) / 2 for j in range(len(ys))]

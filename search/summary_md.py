@@ -65,8 +65,12 @@ def param_importances(study: optuna.Study) -> tuple[dict[str, float], str]:
     return dict(values), f"from {len(trials)} feasible complete trials (fANOVA)"
 
 
-def write_report(study: optuna.Study, out_dir: Path, top: int = 5) -> list[Path]:
-    """Write the PNG figures and summary.md into `out_dir`; return the written paths."""
+def write_report(
+    study: optuna.Study, out_dir: Path, top: int = 5, sweep_path: Path | None = None
+) -> list[Path]:
+    """Write the PNG figures and summary.md into `out_dir`; return the written paths. The shape
+    sweep (`python -m search sweep`) at `sweep_path`, default `out_dir/sweep.json` when there,
+    adds decode_vs_batch.png and prefill_vs_length.png."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     records = load_records(study)
@@ -102,11 +106,32 @@ def write_report(study: optuna.Study, out_dir: Path, top: int = 5) -> list[Path]
             continue
         written.append(plots.save(fig, out_dir / name))
         lines.append(f"- [`{name}`]({name}): {caption}")
+    paths, sweep_lines = _sweep_figures(out_dir, sweep_path)
+    written += paths
+    lines += sweep_lines
 
     md = out_dir / "summary.md"
     md.write_text(_markdown(study, records, ranked, best, lines, missing, top))
     written.append(md)
     return written
+
+
+def _sweep_figures(out_dir: Path, sweep_path: Path | None) -> tuple[list[Path], list[str]]:
+    """The shape-sweep PNGs and their summary lines, when a sweep JSON is there."""
+    from search import sweep_plots
+
+    path = Path(sweep_path) if sweep_path else out_dir / "sweep.json"
+    if sweep_path is None and not path.is_file():
+        return [], []
+    sweep = sweep_plots.load_sweep(path)
+    if sweep is None:
+        return [], [f"- shape sweep: `{path}` could not be read"]
+    drawn = sweep_plots.write_sweep_figures(sweep, out_dir)
+    source = f"measured by `python -m search sweep` on {sweep_plots.where(sweep)} (`{path.name}`)"
+    lines = [f"- [`{p.name}`]({p.name}): {caption}, {source}" for p, caption in drawn]
+    if not drawn:
+        lines = [f"- shape sweep `{path.name}`: no measured point to draw"]
+    return [p for p, _ in drawn], lines
 
 
 def _why_missing(name: str, why_importance: str) -> str:

@@ -37,7 +37,9 @@ def _sdpa_backends(device_type: str, capability: tuple[int, int] | None) -> tupl
         if capability is not None and capability >= (8, 0):
             backends.append("flash")
             sdpb = getattr(torch.nn.attention, "SDPBackend", None)
-            if sdpb is not None and hasattr(sdpb, "CUDNN_ATTENTION") and capability >= (9, 0):
+            # torch 2.3/2.4 list CUDNN_ATTENTION but call it experimental: offered from 2.5
+            stable = version_tuple(torch.__version__) >= (2, 5)
+            if stable and hasattr(sdpb, "CUDNN_ATTENTION") and capability >= (9, 0):
                 backends.append("cudnn")
     return tuple(backends)
 

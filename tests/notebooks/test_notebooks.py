@@ -51,7 +51,7 @@ def test_notebook_is_committed_without_outputs(path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_top_to_bottom(path, kernel_name, monkeypatch):
     # One torch thread per kernel (the notebooks set it too) and no study from the environment:
-    # tradeoffs.ipynb must fall back to its demo study by itself.
+    # tradeoffs.ipynb finds a study by itself (../studies, the committed H200 one, else a demo).
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.delenv("TRADEOFFS_STORAGE", raising=False)
     monkeypatch.setenv("MPLBACKEND", "Agg")

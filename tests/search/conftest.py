@@ -7,9 +7,20 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FAKE_RENDERER = f"{Path(__file__).parent / 'fake_render.py'}:render_engine"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """Engines measured in the test process (the shape sweep) on one thread: two cores are
+    shared, and oversubscribed threads made the sweep four times slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

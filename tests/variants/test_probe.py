@@ -1,6 +1,7 @@
 """The capability probe on CPU, and its rules for a GPU machine (Capabilities built by hand)."""
 
 import pytest
+import torch
 
 from variants.probe import probe_capabilities, version_tuple
 from variants.variant import Variant
@@ -119,3 +120,54 @@ def test_gpu_rules(fake_cuda_caps):
         "default",
         "max-autotune-no-cudagraphs",
     ]
+
+
+@pytest.fixture
+def fake_cuda_stack(monkeypatch, tiny_config):
+    """probe_capabilities('cuda:0') on this CPU machine with the torch and triton versions faked:
+    an sm_90 GPU, `torch.__version__` and an importable `triton` with the given version."""
+    import importlib.machinery
+    import sys
+    import types
+
+    import torch
+    import torch._dynamo  # imported before triton is faked
+
+    def probe(torch_version: str, triton_version: str):
+        triton = types.ModuleType("triton")
+        triton.__version__ = triton_version
+        triton.__spec__ = importlib.machinery.ModuleSpec("triton", None)
+        monkeypatch.setitem(sys.modules, "triton", triton)
+        monkeypatch.setattr(torch, "__version__", torch_version)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: "fake sm_90")
+        return probe_capabilities("cuda:0", tiny_config)
+
+    return probe
+
+
+def test_oldest_stack_offers_nothing_it_lacks(fake_cuda_stack):
+    """torch 2.3.1 brings triton 2.3.1 (its pip dependency): no FlexAttention, SDPA GQA by
+    expansion (no enable_gqa), and none of our Triton kernels (they need triton >= 3.0)."""
+    caps = fake_cuda_stack("2.3.1+cu121", "2.3.1")
+    assert caps.torch_version == (2, 3) and caps.triton_version == (2, 3)
+    assert not caps.has_flex and not caps.has_enable_gqa
+    assert caps.choices("attention", {"cache": "slab"}) == ["manual", "sdpa"]
+    assert caps.choices("layers", {"cache": "slab"}) == ["torch"]
+    assert caps.why_invalid(Variant(cache="slab", attention="triton")) == (
+        "attention='triton': our Triton kernels need triton >= 3.0"
+    )
+    # Triton 3.0 (torch 2.4's) is the first our kernels accept.
+    caps = fake_cuda_stack("2.4.0", "3.0.0")
+    assert caps.choices("attention", {"cache": "slab"}) == ["manual", "sdpa", "triton"]
+    assert not caps.has_flex
+
+
+@pytest.mark.parametrize("version, offered", [("2.3.1", False), ("2.4.0", False), ("2.5.0", True)])
+def test_cudnn_sdpa_offered_from_torch_2_5_on_hopper(monkeypatch, version, offered):
+    from variants.probe import _sdpa_backends
+
+    monkeypatch.setattr(torch, "__version__", version)
+    assert ("cudnn" in _sdpa_backends("cuda", (9, 0))) is offered
+    assert "cudnn" not in _sdpa_backends("cuda", (8, 6))  # Ampere: never
