@@ -22,6 +22,7 @@ import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from evaluator.benchmark import time_trace  # noqa: E402
+from evaluator.benchmark_traces import SUITES  # noqa: E402
 from evaluator.engine_loader import (  # noqa: E402
     EngineLoadError,
     check_weight_dir,
@@ -35,7 +36,6 @@ from evaluator.floor import (  # noqa: E402
     measure_ceilings,
     trace_floor_seconds,
 )
-from evaluator.traces import SUITES  # noqa: E402
 
 log = logging.getLogger("benchmark_throughput")
 

@@ -15,8 +15,9 @@ from collections.abc import Callable
 
 import torch
 
+from evaluator.correctness_traces import public_correctness, stress
 from evaluator.reference_model import ReferenceModel
-from evaluator.traces import materialize, public_correctness, stress
+from evaluator.traces import materialize
 
 log = logging.getLogger(__name__)
 

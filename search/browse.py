@@ -20,7 +20,7 @@ def open_existing(args):
     """The study named by --storage/--study, or the default one for the target and device."""
     name = args.study
     if args.storage is None and name is None:
-        from search.pipeline import resolve_device
+        from search.run_setup import resolve_device
         from search.target import resolve_target
         from variants.probe import probe_capabilities
 

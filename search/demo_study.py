@@ -3,7 +3,7 @@ for tests of the report and the dashboard, and for tradeoffs.ipynb when no real 
 
 The numbers are made up but shaped like CPU trials of the tiny model: the attrs keys, the
 constraint, the parameters, the metric names and the verified best match search/optimize.py and
-search/pipeline.py.
+search/run_write.py.
 """
 
 from __future__ import annotations

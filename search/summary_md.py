@@ -1,6 +1,7 @@
-"""The study report on disk: the figures of `search.plots` as PNG files and `summary.md`, which
-names the chosen engine, the leaders and what each figure shows, next to the study's storage
-(`studies/<name>/` by default). Written by `python -m search report` and at the end of run.sh.
+"""The study report on disk: the figures of `search.trial_plots` and `search.parameter_plots`
+as PNG files and `summary.md`, which names the chosen engine, the leaders and what each figure
+shows, next to the study's storage (`studies/<name>/` by default). Written by
+`python -m search report` and at the end of run.sh.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import TrialState
 
-from search import plots
+from search import parameter_plots, plots, trial_plots
 from search.records import Record
 from search.report import top_table
 from search.select import rank
@@ -81,21 +82,24 @@ def write_report(
 
     figures = {
         "tradeoff.png": (
-            plots.tradeoff_figure(records, chosen),
+            trial_plots.tradeoff_figure(records, chosen),
             "throughput vs peak memory of the feasible trials, the Pareto front and the chosen "
             "engine",
         ),
         "axis_effects.png": (
-            plots.axis_effects_figure(records),
+            parameter_plots.axis_effects_figure(records),
             "tokens/s by choice on each variant axis that varies",
         ),
-        "history.png": (plots.history_figure(records), "tokens/s per trial and the best so far"),
+        "history.png": (
+            trial_plots.history_figure(records),
+            "tokens/s per trial and the best so far",
+        ),
         "floor_efficiency.png": (
-            plots.floor_figure(ranked, top),
+            trial_plots.floor_figure(ranked, top),
             "floor efficiency per trace of the top assemblies",
         ),
         "importances.png": (
-            plots.importance_figure(importances),
+            parameter_plots.importance_figure(importances),
             f"parameter importances for tokens/s ({why})",
         ),
     }
@@ -163,7 +167,7 @@ def _markdown(study, records: list[Record], ranked, best: dict, figs, missing, t
         ]
     else:
         parts += ["**No correct trial.**"]
-    front = plots.pareto_front(plots.feasible(records))
+    front = trial_plots.pareto_front(plots.feasible(records))
     if front:
         parts += ["", "Pareto front (least memory first):", ""]
         parts += [

@@ -1,38 +1,26 @@
 """`python -m search sweep`: measure engines over shapes (search.shape_sweep) and write the JSON
-that `python -m search report` draws; and the small sweep at the end of run.sh.
+that `python -m search report` draws.
 
 Variants come from --variant (a preset name of variants.presets.PRESETS, or a JSON object of
 Variant fields such as '{"cache": "paged", "block_size": 64}', the other fields keeping their
 defaults, optionally named as LABEL=JSON), or from a study: its verified best, then its best
-distinct correct trials.
+distinct correct trials (search.sweep_variants). run.sh's short sweep is search.sweep_leaders.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 import time
 from pathlib import Path
 
-from search.records import Record
+from search.sweep_variants import study_variants, variant_from_spec
 from variants.presets import PRESETS
-from variants.variant import Variant
-
-log = logging.getLogger(__name__)
 
 SWEEP_FILE = "sweep.json"
-# run.sh: the defaults on a GPU, adding shapes for at most 90 s; on a CPU small shapes, and no
-# torch.compile variant (its build alone took 12 s on the tiny test model).
-PIPELINE_SETTINGS = {
-    "cpu": ["--batches", "1,2,4", "--lengths", "16,64", "--repeats", "2", "--time-limit", "10"],
-    "cuda": ["--time-limit", "90"],
-}
-PIPELINE_COMPILE = {"cpu": False, "cuda": True}
-PIPELINE_TIMEOUT_S = {"cpu": 120.0, "cuda": 400.0}  # engine builds come on top of the limit
-PIPELINE_TOP = 3
+PIPELINE_TOP = 3  # the variants run.sh sweeps, and --top's default
 
 
 def add_arguments(p) -> None:
@@ -92,58 +80,6 @@ def _ints(text: str) -> list[int]:
     return values
 
 
-def variant_from_spec(text: str) -> tuple[str, Variant]:
-    """A preset name, a JSON object of Variant fields, or LABEL=JSON: (label, Variant)."""
-    if text in PRESETS:
-        return text, PRESETS[text]
-    label, sep, fields = text.partition("={")
-    label, fields = (label.strip(), "{" + fields) if sep else ("", text)
-    if fields.lstrip().startswith("{"):
-        try:
-            variant = Variant.from_dict(json.loads(fields))
-        except (ValueError, TypeError) as exc:
-            raise SystemExit(f"error: --variant {text!r}: {exc}") from exc
-        return label or variant.name, variant
-    raise SystemExit(
-        f"error: --variant {text!r} is neither a preset ({', '.join(PRESETS)}) nor a JSON "
-        "object of Variant fields (or LABEL=JSON)"
-    )
-
-
-def study_variants(study, top: int, compile: bool = True) -> list[tuple[str, Variant]]:
-    """The verified best, then the best distinct correct trials of a study (see `leaders`)."""
-    from search.study import load_records
-
-    best = study.user_attrs.get("verified_best") or {}
-    return leaders(best, load_records(study), top, compile)
-
-
-def leaders(best: dict, records: list[Record], top: int, compile: bool = True):
-    """[(label, Variant)]: the verified best (`best`, the study attribute), then the distinct
-    correct trials in search.select.rank's order, up to `top`; `compile=False` leaves out those
-    with execution=compile."""
-    from search.select import rank
-
-    candidates = []
-    if best.get("variant"):
-        candidates.append(Record(best.get("trial", -1), "ok", best["variant"], {"chosen": True}))
-    candidates += rank(records)
-    out, seen = [], set()
-    for r in candidates:
-        key = json.dumps(r.variant, sort_keys=True)
-        try:
-            variant = Variant.from_dict(r.variant)
-        except (ValueError, TypeError):  # a trial of an older Variant: not buildable now
-            continue
-        if key in seen or (not compile and variant.execution == "compile"):
-            continue
-        seen.add(key)
-        label = f"#{r.number}" if r.number >= 0 else "default"
-        label += " (chosen) " if r.attrs.get("chosen") else " "
-        out.append((label + variant.name, variant))
-    return out[:top]
-
-
 def write_json(path: Path, data: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -170,7 +106,7 @@ def _study_and_out(args):
 
 
 def sweep_command(args) -> int:
-    from search.pipeline import resolve_device
+    from search.run_setup import resolve_device
     from search.shape_sweep import sweep
     from search.target import resolve_target
     from variants.probe import probe_capabilities
@@ -229,64 +165,3 @@ def sweep_command(args) -> int:
         if v.get("error"):
             print(f"  {v['name']}: FAILED: {v['error']}")
     return 0 if measured else 1
-
-
-# --- the sweep at the end of run.sh ---------------------------------------------------------
-
-
-def sweep_leaders(job, reuse: bool) -> list[str]:
-    """Sweep the study's best (up to 3) distinct correct variants in a child process into
-    `<study dir>/sweep.json`, next to the report; returns notes for results.log. `reuse`: keep
-    an existing sweep.json of the same variants and device (a resumed study). Never raises.
-    The child gets the variants by value and skips the probe: it then imports neither Optuna
-    nor torch._dynamo, a few seconds less on a CPU."""
-    from search.summary_md import default_report_dir
-    from search.trial import run_child, tail
-
-    out = default_report_dir(job.storage_url, job.study_name) / SWEEP_FILE
-    try:
-        kind = "cuda" if job.device.startswith("cuda") else "cpu"
-        chosen = study_variants(job.study, PIPELINE_TOP, PIPELINE_COMPILE[kind])
-        wanted = [v.to_dict() for _, v in chosen]
-        left_out = "" if PIPELINE_COMPILE[kind] else " (torch.compile variants left out on a CPU)"
-        if not wanted:
-            return [f"shape sweep: no variant to sweep{left_out}"]
-        if reuse and _same_sweep(out, wanted, job.device):
-            return [f"shape sweep: kept {out} (same variants, same device)"]
-        cmd = [sys.executable, "-m", "search", "sweep", "--out", str(out.resolve()), "--no-probe"]
-        for name, variant in chosen:
-            cmd += ["--variant", f"{name}={json.dumps(variant.to_dict())}"]
-        cmd += ["--model-config", str(job.target.config_path)]
-        cmd += ["--weight-dir", str(job.target.weight_dir), "--device", job.device]
-        cmd += PIPELINE_SETTINGS[kind]
-        if job.runner.ceilings:
-            cmd += ["--ceilings", json.dumps(job.runner.ceilings)]
-        out.parent.mkdir(parents=True, exist_ok=True)
-        log_path = out.with_name("sweep.log")
-        log.info("shape sweep of %d variant(s) into %s", len(wanted), out)
-        code, seconds = run_child(cmd, log_path, PIPELINE_TIMEOUT_S[kind])
-    except Exception as exc:  # a diagram is not worth the engine
-        log.warning("the shape sweep failed: %r", exc)
-        return [f"shape sweep failed: {exc!r}"]
-    status = "timed out" if code is None else f"exit {code}"
-    note = (
-        f"shape sweep of {len(wanted)} variant(s){left_out} ({status}, {seconds:.0f} s): {out}, "
-        f"output in {log_path}"
-    )
-    if code != 0:
-        log.warning("the shape sweep ended with %s:\n%s", status, tail(log_path, 1500))
-        note += " — " + (tail(log_path, 300).splitlines() or ["no output"])[-1]
-    return [note]
-
-
-def _same_sweep(path: Path, variants: list[dict], device: str) -> bool:
-    try:
-        old = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return False
-    entries = old.get("variants") or []
-    return (
-        old.get("device") == device
-        and [v.get("variant") for v in entries] == variants
-        and not any(v.get("error") for v in entries)
-    )

@@ -98,7 +98,7 @@ def gate(create_engine, job: dict) -> dict:
 
 
 def measure(create_engine, job: dict) -> dict:
-    from evaluator.traces import get_trace
+    from evaluator.benchmark_traces import get_trace
 
     per_trace = {}
     for name in job["traces"]:

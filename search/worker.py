@@ -15,7 +15,7 @@ from pathlib import Path
 
 from search import study as st
 from search.optimize import Budget, enqueue_known_good, optimize
-from search.pipeline import DEFAULT_TRIAL_TIMEOUT_S, measure_ceilings, resolve_device
+from search.run_setup import DEFAULT_TRIAL_TIMEOUT_S, measure_ceilings, resolve_device
 from search.space import SearchSpace
 from search.trial import TrialRunner
 from search.trial_worker import OBJECTIVE_TRACES

@@ -9,8 +9,9 @@ import pytest
 
 from evaluator import test_correctness as cli
 from evaluator.correctness import check_engine
+from evaluator.correctness_traces import stress
 from evaluator.engine_loader import load_engine_module
-from evaluator.traces import Prefill, replay, stress
+from evaluator.traces import Prefill, replay
 
 ENGINES = Path(__file__).parent / "engines"
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -6,23 +6,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from evaluator.traces import (
-    LARGE_ID_BASE,
+from evaluator.benchmark_traces import (
     SUITES,
-    Decode,
-    Prefill,
-    Remove,
-    Trace,
     get_trace,
     hidden_like,
-    materialize,
     public_benchmarks,
-    public_correctness,
-    replay,
     serving_suite,
-    stress,
-    validate,
 )
+from evaluator.correctness_traces import LARGE_ID_BASE, public_correctness, stress
+from evaluator.traces import Decode, Prefill, Remove, Trace, materialize, replay, validate
 
 PUBLIC_CONFIG = json.loads(
     (Path(__file__).resolve().parents[2] / "target" / "model_config.json").read_text()

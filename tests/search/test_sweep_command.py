@@ -13,8 +13,8 @@ from search.records import Record
 from search.select import rank
 from search.study import load_records
 from search.summary_md import default_report_dir
-from search.sweep_command import leaders, study_variants, variant_from_spec
 from search.sweep_plots import DECODE_PNG, PREFILL_PNG
+from search.sweep_variants import leaders, study_variants, variant_from_spec
 from variants.presets import PRESETS
 from variants.variant import Variant
 

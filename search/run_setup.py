@@ -1,0 +1,86 @@
+"""Set-up of the main job: `--device` resolved, the device's ceilings measured, the budget and
+trial limit by device kind, then the target, capabilities, space and trial runner of the job.
+The worker, `sweep` and `render` resolve their device here too.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from search.environment import describe_environment
+from search.space import SearchSpace
+from search.target import resolve_target
+from search.trial import TrialRunner
+from search.trial_worker import CPU_OBJECTIVE_TRACES, OBJECTIVE_TRACES
+from variants.probe import probe_capabilities
+
+log = logging.getLogger("search.pipeline")  # the main job's log lines carry one name
+
+DEFAULT_BUDGET_MIN = {"cuda": 20.0, "cpu": 5.0}
+DEFAULT_TRIAL_TIMEOUT_S = {"cuda": 300.0, "cpu": 180.0}
+
+
+def resolve_device(text: str) -> str:
+    import torch
+
+    if text == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    kind = torch.device(text).type
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"error: --device {text}, but torch sees no CUDA device")
+    if kind not in ("cuda", "cpu"):
+        raise SystemExit(f"error: --device must be auto, cpu or cuda[:N], got {text!r}")
+    return text
+
+
+def measure_ceilings(device: str) -> dict | None:
+    try:
+        from evaluator.floor import measure_ceilings as measure
+
+        return measure(device).to_dict()
+    except Exception as exc:  # floor efficiency is a diagnostic
+        log.warning("could not measure the device ceilings: %s", exc)
+        return None
+
+
+def set_up(job) -> None:
+    """The job's device, target, capabilities, space, budget and deadline, trial limit,
+    environment and trial runner (from `job.args`, counted from `job.start`)."""
+    args = job.args
+    job.device = resolve_device(args.device)
+    kind = "cuda" if job.device.startswith("cuda") else "cpu"
+    job.target = resolve_target(args.model_config, args.weight_dir)
+    job.caps = probe_capabilities(job.device, job.target.config)
+    job.space = SearchSpace(job.caps)
+    minutes = args.budget_minutes if args.budget_minutes else DEFAULT_BUDGET_MIN[kind]
+    job.budget_s = 60 * minutes
+    job.deadline = job.start + job.budget_s
+    job.trial_timeout = args.trial_timeout or DEFAULT_TRIAL_TIMEOUT_S[kind]
+    job.notes.append(f"budget {minutes:g} min, trial limit {job.trial_timeout:.0f} s")
+    job.environment = describe_environment(job.device)
+    job.runner = TrialRunner(
+        job.target.config,
+        str(job.target.weight_dir),
+        job.device,
+        renderer=args.renderer,
+        traces=objective_traces(job, kind),
+        timeout_s=job.trial_timeout,
+    )
+    log.info(
+        "target %s on %s; %d assemblies in the space",
+        job.target.config_path,
+        job.device,
+        job.space.size,
+    )
+
+
+def objective_traces(job, kind: str) -> tuple[str, ...]:
+    if job.args.traces:
+        return tuple(t.strip() for t in job.args.traces.split(",") if t.strip())
+    if kind == "cpu":
+        job.notes.append(
+            "CPU: the objective times " + ", ".join(CPU_OBJECTIVE_TRACES) + " (the continuous"
+            " trace takes too long per trial on a CPU; add it with --traces)"
+        )
+        return CPU_OBJECTIVE_TRACES
+    return OBJECTIVE_TRACES

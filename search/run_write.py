@@ -1,0 +1,93 @@
+"""Choosing and writing for the main job: the leaders re-measured with the full protocol, the
+candidates in order (ranked trials, then defaults never shown wrong), the engine file's header,
+verification in a fresh process, and the verified best remembered in the study.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+from search.records import Record
+from search.select import remeasure_leaders, verify_engine
+from variants.presets import ranked_defaults
+
+
+def remeasure(job, records: list[Record]) -> None:
+    measured = remeasure_leaders(records, job.runner, job.args.remeasure, job.seconds_left)
+    for r in records:
+        r.attrs.update(measured.get(r.number, {}))
+    if measured and job.study is not None:
+        from search.study import update_study_attr
+
+        update_study_attr(job.study, "full_protocol", {str(n): a for n, a in measured.items()})
+
+
+def candidates(job, records: list[Record], ranked: list[Record]) -> list[Record]:
+    """Ranked trials, then defaults never shown wrong (so some engine is always written)."""
+    tried = {repr(sorted(r.variant.items())) for r in records if r.variant and _ruled_out(r)}
+    tried |= {repr(sorted(r.variant.items())) for r in ranked}
+    extra = []
+    for i, v in enumerate(ranked_defaults(job.caps)):
+        v = job.space.canonical(v)
+        if repr(sorted(v.to_dict().items())) not in tried:
+            attrs = {"variant_name": v.name, "source": "ranked default, not measured"}
+            extra.append(Record(-1 - i, "fallback", v.to_dict(), attrs))
+    return ranked + extra
+
+
+def header(job, record: Record) -> str:
+    lines = [
+        "Written by `bash run.sh` (python -m search run), " + time.strftime("%Y-%m-%d %H:%M:%S"),
+        f"variant: {record.name}",
+    ]
+    if record.number >= 0:
+        where = f"study {job.study_name}, " if job.study_name else ""
+        lines.append(
+            f"{where}trial {record.number}: {record.tokens_per_s:.1f} tokens/s (geometric "
+            f"mean of {', '.join(job.runner.traces)}), peak {record.peak_mib:.0f} MiB"
+        )
+    return "\n".join(lines)
+
+
+def verify(job, benchmark: bool):
+    def run(path: Path):
+        return verify_engine(
+            path,
+            job.target.config_path,
+            job.target.weight_dir,
+            job.device,
+            timeout_s=max(600.0, 4 * job.trial_timeout),
+            benchmark=benchmark,
+        )
+
+    return run
+
+
+def remember(job, record: Record) -> None:
+    if job.study is None:
+        return
+    from search.study import started_trials
+
+    digest = hashlib.sha256((job.workspace / "engine.py").read_bytes()).hexdigest()
+    job.study.set_user_attr(
+        "verified_best",
+        {
+            "trial": record.number,
+            "variant": record.variant,
+            "variant_name": record.name,
+            "tokens_per_s": record.tokens_per_s,
+            "peak_mib": record.peak_mib,
+            "n_trials": len(started_trials(job.study)),
+            "engine_sha256": digest,
+            "verified_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+        },
+    )
+
+
+def _ruled_out(record: Record) -> bool:
+    """Shown wrong, or crashed for a reason other than running out of time."""
+    return record.status == "infeasible" or (
+        record.status == "failed" and not record.attrs.get("timed_out")
+    )
