@@ -58,7 +58,7 @@ def verify(job, benchmark: bool):
             job.target.config_path,
             job.target.weight_dir,
             job.device,
-            timeout_s=max(600.0, 4 * job.trial_timeout),
+            timeout_s=job.verify_timeout,
             benchmark=benchmark,
         )
 

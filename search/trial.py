@@ -103,6 +103,7 @@ class TrialRunner:
     atol: float = 1e-2
     rtol: float = 1e-2
     tol_share_limit: float = TOL_SHARE_LIMIT
+    gate_cases: tuple[str, ...] = ("public", "stress")
     ceilings: dict | None = None
     python: str = sys.executable
     durations: list[float] = field(default_factory=list)
@@ -125,6 +126,7 @@ class TrialRunner:
                 "atol": self.atol,
                 "rtol": self.rtol,
                 "tol_share_limit": self.tol_share_limit,
+                "gate_cases": list(self.gate_cases),
                 "ceilings": self.ceilings,
                 "engine_path": str(tmp / "engine.py"),
                 "output": str(output),
