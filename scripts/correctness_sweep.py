@@ -48,13 +48,15 @@ def main() -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--base", default="{}", help="JSON fields of the base variant")
     p.add_argument("--skip-compile", action="store_true")
+    p.add_argument("--only-base", action="store_true", help="check the base variant alone")
     p.add_argument("--out", default="workspace/correctness_sweep.jsonl")
     p.add_argument("--shard", default="0/1", help="K/N: check every N-th variant from the K-th")
     args = p.parse_args()
     shard, shards = (int(x) for x in args.shard.split("/"))
     config = json.loads(Path(args.model_config).read_text())
     caps = probe_capabilities(args.device, config)
-    variants = one_axis_variants(caps, Variant(**json.loads(args.base)), args.skip_compile)
+    base = Variant(**json.loads(args.base))
+    variants = [base] if args.only_base else one_axis_variants(caps, base, args.skip_compile)
     variants = variants[shard::shards]
     print(f"{len(variants)} variants (shard {shard}/{shards})")
     failures = 0

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check, run on the device machine (H200) over a copy of the tree:
-#   bash scripts/gpu_check.sh [STAGE...]   stages: env tests kernels tune profile sweep flex table
-#   study soak
+#   bash scripts/gpu_check.sh [STAGE...]   stages: env tests kernels fewrow tune profile sweep flex
+#   table study soak
 # (default: all). Writes logs and JSON under $OUT (or workspace/gpu_check) and a summary.txt.
 # Optuna is not installed there: wheels in .whl/ (carried) are installed into /tmp/site first.
 set -uo pipefail
@@ -10,7 +10,7 @@ OUT=${OUT:-workspace/gpu_check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PYTHON:-python3}
-STAGES=${*:-env tests kernels tune profile sweep flex table study soak}
+STAGES=${*:-env tests kernels fewrow tune profile sweep flex table study soak}
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 note() { echo "$*" | tee -a "$SUMMARY"; }
@@ -50,11 +50,14 @@ stage tests && timed gpu_tests "${TESTS_LIMIT:-300}" "$PY" -m pytest -q -m gpu -
     --ignore=tests/variants/test_soak.py tests  # the soak has a stage of its own
 stage kernels && timed bench_kernels "${KERNELS_LIMIT:-240}" "$PY" scripts/bench_kernels.py \
     --json "$OUT/kernels.json"
+stage fewrow && timed bench_few_row "${FEWROW_LIMIT:-300}" "$PY" scripts/bench_few_row.py \
+    --json "$OUT/few_row.json"
 stage tune && timed tune "${TUNE_LIMIT:-200}" "$PY" scripts/tune_decode_attention.py \
     --json "$OUT/tune.json"
 PROFILE_VARIANTS=${PROFILE_VARIANTS:-'{"cache":"slab","attention":"sdpa","graphs":"pow2"}
 {"cache":"slab","attention":"triton","layers":"triton","graphs":"pow2","prefill_graphs":"pow2"}
-{"cache":"paged","block_size":64,"attention":"triton","layers":"triton","graphs":"pow2","prefill_graphs":"pow2"}'}
+{"cache":"paged","block_size":64,"attention":"triton","layers":"triton","graphs":"pow2","prefill_graphs":"pow2"}
+{"cache":"paged","block_size":64,"attention":"triton","layers":"fused","graphs":"pow2","prefill_graphs":"pow2"}'}
 if stage profile; then
     args=()
     while read -r v; do [ -n "$v" ] && args+=(--variant "$v"); done <<< "$PROFILE_VARIANTS"
@@ -75,7 +78,7 @@ stage flex && timed bench_flex "${FLEX_LIMIT:-240}" "$PY" scripts/bench_flex.py 
 if stage table; then
     timed variant_table "${TABLE_LIMIT:-560}" "$PY" scripts/variant_table.py --out "$OUT/table" \
         --timeout 150 \
-        --variants "${TABLE_VARIANTS:-slab-sdpa,slab-triton-fused-graphs,slab-triton-fused-allgraphs,paged64-triton-fused-allgraphs}"
+        --variants "${TABLE_VARIANTS:-slab-sdpa,slab-triton-fused-allgraphs,paged64-triton-fused-allgraphs,paged64-triton-gemv-allgraphs,slab-triton-gemv-allgraphs}"
 fi
 if stage study; then
     timed run_sh "${STUDY_LIMIT:-420}" bash run.sh --device cuda \

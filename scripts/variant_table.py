@@ -39,6 +39,7 @@ TABLE = {
         cache="paged", block_size=64, attention="triton", layers="triton", graphs="pow2"
     ),
     "slab-triton-fused": dict(cache="slab", attention="triton", layers="triton"),
+    "slab-sdpa-gemv-graphs": dict(cache="slab", attention="sdpa", layers="fused", graphs="pow2"),
 }
 TABLE.update({name: v.to_dict() for name, v in PRESETS.items()})  # the presets by name
 TRACES = ("prefill", "decode", "mixed", "continuous", "wide_decode", "long_prompts")

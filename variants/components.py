@@ -36,7 +36,9 @@ EXECUTION = {
 STACKS = {
     "torch": "variants.layers.torch_stack:run_torch_stack",
     "triton": "variants.layers.triton_stack:run_triton_stack",
+    "fused": "variants.layers.fused_stack:run_fused_stack",
 }
+HEADS = {"fused": "variants.layers.fused_stack:fused_head"}
 GRAPHS = {
     "pow2": "variants.execution.cuda_graphs:use_cuda_graphs",
     "every8": "variants.execution.cuda_graphs:use_cuda_graphs",
@@ -52,6 +54,8 @@ def component_paths(variant) -> dict:
         "wrap": EXECUTION[variant.execution],
         "stack": STACKS[variant.layers],
     }
+    if variant.layers in HEADS:
+        paths["head"] = HEADS[variant.layers]
     if variant.graphs != "off":
         paths["capture"] = GRAPHS[variant.graphs]
     if variant.prefill_graphs != "off":

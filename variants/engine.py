@@ -22,9 +22,11 @@ from variants.weights import load_weights
 
 
 class Engine:
-    def __init__(self, spec, weights, device, dtype, cache, attention, wrap, stack):
+    def __init__(self, spec, weights, device, dtype, cache, attention, wrap, stack, head=None):
         """`wrap(fn)` is the execution mode applied to the layer math; `stack(engine, tokens,
-        positions, plan, batch)` runs the decoder layers and returns the residual stream."""
+        positions, plan, batch)` runs the decoder layers and returns the residual stream;
+        `head(spec, output_logits)`, when given, replaces the output head (falling back to the
+        one it is given where it does not apply)."""
         self.spec, self.weights, self.device, self.dtype = spec, weights, device, dtype
         self.cache, self.attention, self.stack = cache, attention, stack
         self.lengths: dict = {}  # request id -> tokens held in the cache
@@ -33,6 +35,8 @@ class Engine:
         self.attention_inputs = wrap(inputs_fn)
         self.attention_outputs = wrap(outputs_fn)
         self.output_logits = wrap(logits_fn)
+        if head is not None:
+            self.output_logits = head(spec, self.output_logits)
         # Decode ids already on the GPU are not read on the host: that read waits for the GPU
         # queue, a sync on every step. They are clamped into the vocabulary instead, so a bad
         # id cannot set off a device-side assert; True here buys the ValueError for a sync.
@@ -212,11 +216,11 @@ def kv_capacity_tokens(spec, device, dtype, layout: str) -> int:
 
 def assemble_engine(
     model_config, weight_dir, device, variant, cache_cls, attention_cls, wrap, stack,
-    capture=None, capture_prefill=None,
+    capture=None, capture_prefill=None, head=None,
 ):  # fmt: skip
     """Build an engine from chosen component classes; the standalone file calls this too.
     `capture(engine, variant)` and `capture_prefill(...)`, when given, capture the decode and
-    prefill CUDA graphs after the first warm-up."""
+    prefill CUDA graphs after the first warm-up; `head` replaces the output head (see Engine)."""
     spec = ModelSpec.from_config(model_config)
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
@@ -232,7 +236,7 @@ def assemble_engine(
         cache = cache_cls(spec, device, dtype, capacity)
     attention = attention_cls(spec, dtype, variant)
     engine = Engine(
-        spec, weights, device, dtype, cache, attention, lambda fn: wrap(fn, variant), stack
+        spec, weights, device, dtype, cache, attention, lambda fn: wrap(fn, variant), stack, head
     )
     engine.warm_up()
     captures = [c for c in (capture, capture_prefill) if c is not None]

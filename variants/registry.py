@@ -81,6 +81,15 @@ def _triton_layers(caps, partial) -> str | None:
     return None if reason is None else reason.replace("decode kernel", "RoPE + cache kernel")
 
 
+def _not_with_fused_layers(axis: str) -> Requirement:
+    def requires(caps, partial) -> str | None:
+        if partial.get("layers") == "fused":
+            return f"the fused layers read the fused {axis} weight"
+        return None
+
+    return requires
+
+
 def _graphs(caps, partial) -> str | None:
     if not caps.cuda:
         return "CUDA graphs need a CUDA device"
@@ -159,11 +168,14 @@ AXES: tuple[Axis, ...] = (
         (Choice("default"), Choice("max-autotune-no-cudagraphs", _cuda_only)),
         applies=lambda p: p.get("execution") == "compile",
     ),
-    Axis("layers", (Choice("torch"), Choice("triton", _triton_layers))),
+    Axis(
+        "layers",
+        (Choice("torch"), Choice("triton", _triton_layers), Choice("fused", _triton_layers)),
+    ),
     Axis("graphs", (Choice("off"), Choice("pow2", _graphs), Choice("every8", _graphs))),
     Axis("prefill_graphs", (Choice("off"), Choice("pow2", _prefill_graphs))),
-    Axis("fuse_qkv", (Choice(True), Choice(False))),
-    Axis("fuse_gate_up", (Choice(True), Choice(False))),
+    Axis("fuse_qkv", (Choice(True), Choice(False, _not_with_fused_layers("QKV")))),
+    Axis("fuse_gate_up", (Choice(True), Choice(False, _not_with_fused_layers("gate-up")))),
 )
 
 AXES_BY_NAME = {axis.name: axis for axis in AXES}

@@ -7,7 +7,9 @@ from variants.components import (
     CACHES,
     EXECUTION,
     GRAPHS,
+    HEADS,
     PREFILL_GRAPHS,
+    STACKS,
     component_paths,
 )
 from variants.registry import AXES, AXES_BY_NAME
@@ -62,6 +64,8 @@ def test_every_choice_the_probe_can_offer_has_a_component(fake_cuda_caps):
             assert graphs == "off" or graphs in GRAPHS, graphs
     for execution in caps.choices("execution", {}):
         assert execution in EXECUTION
+    partial = {"cache": "slab", "attention": "triton", "execution": "eager"}
+    assert set(caps.choices("layers", partial)) == set(STACKS) == {"torch", "triton", "fused"}
 
 
 def test_component_paths_follow_the_variant():
@@ -75,6 +79,10 @@ def test_component_paths_follow_the_variant():
     assert component_paths(Variant(cache="slab", layers="triton"))["stack"] == (
         "variants.layers.triton_stack:run_triton_stack"
     )
+    fused = component_paths(Variant(cache="slab", attention="triton", layers="fused"))
+    assert fused["stack"] == "variants.layers.fused_stack:run_fused_stack"
+    assert fused["head"] == HEADS["fused"]
+    assert "head" not in component_paths(Variant(cache="slab", layers="triton"))
     assert "capture" in component_paths(Variant(graphs="pow2"))
     assert (
         component_paths(Variant(attention="triton", prefill_graphs="pow2"))["capture_prefill"]
@@ -96,3 +104,11 @@ def test_prefill_graphs_need_the_fixed_grid_attention(fake_cuda_caps, partial, r
     choice = dict((c.value, c) for c in AXES_BY_NAME["prefill_graphs"].choices)["pow2"]
     got = choice.requires(fake_cuda_caps(), partial)
     assert got is None if reason is None else reason in got
+
+
+@pytest.mark.parametrize("axis", ["fuse_qkv", "fuse_gate_up"])
+def test_fused_layers_need_the_fused_weights(fake_cuda_caps, axis):
+    partial = {"cache": "paged", "attention": "triton", "execution": "eager", "layers": "fused"}
+    caps = fake_cuda_caps()
+    assert caps.choices(axis, partial) == [True]
+    assert caps.choices(axis, {**partial, "layers": "triton"}) == [True, False]

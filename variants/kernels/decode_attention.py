@@ -111,10 +111,13 @@ def _decode_combine_kernel(
 
 
 def choose_num_splits(max_kv_len: int, batch: int, kv_heads: int, sm_count: int) -> int:
-    """Enough (row, kv head, split) programs to fill about 4x the SMs, each split at least 128
-    tokens (shorter splits cost more in the combine than they save), at most 16."""
+    """Enough (row, kv head, split) programs to fill about 16x the SMs, each split at least 128
+    tokens (shorter splits cost more in the combine than they save), at most 16. At 64 rows x
+    2048 tokens on the H200, 16 splits read the cache at 1.77-1.88 TB/s and 2-3 splits at
+    1.4-1.7 (scripts/tune_decode_attention.py, docs/PERF.md): the more splits, the more loads
+    in flight."""
     programs = max(1, batch * kv_heads)
-    wanted = -(-4 * sm_count // programs)
+    wanted = -(-16 * sm_count // programs)
     return max(1, min(16, wanted, max_kv_len // 128))
 
 

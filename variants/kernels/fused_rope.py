@@ -10,7 +10,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _rotate_pairs(x0, x1, c, s):
+def rotate_pairs(x0, x1, c, s):
     # (x0*c - x1*s, x0*s + x1*c) with every product and sum rounded to the compute dtype, as
     # eager torch does for half tensors (and no fused multiply-add across the roundings).
     dt = x0.dtype
@@ -42,7 +42,7 @@ def _rope_cache_write_kernel(
     q_base = q_ptr + t * stride_qt + hq[:, None] * stride_qh + (2 * j[None, :]) * stride_qd
     q0 = tl.load(q_base, mask=q_mask, other=0.0)
     q1 = tl.load(q_base + stride_qd, mask=q_mask, other=0.0)
-    r0, r1 = _rotate_pairs(q0, q1, c, s)
+    r0, r1 = rotate_pairs(q0, q1, c, s)
     o_base = q_out_ptr + t * stride_ot + hq[:, None] * stride_oh + 2 * j[None, :]
     tl.store(o_base, r0, mask=q_mask)
     tl.store(o_base + 1, r1, mask=q_mask)
@@ -53,7 +53,7 @@ def _rope_cache_write_kernel(
     k_base = k_ptr + t * stride_kt + hk[:, None] * stride_kh + (2 * j[None, :]) * stride_kd
     k0 = tl.load(k_base, mask=k_mask, other=0.0)
     k1 = tl.load(k_base + stride_kd, mask=k_mask, other=0.0)
-    r0, r1 = _rotate_pairs(k0, k1, c, s)
+    r0, r1 = rotate_pairs(k0, k1, c, s)
     kp_base = k_pool_ptr + slot * stride_kpt + hk[:, None] * stride_kph + 2 * j[None, :]
     tl.store(kp_base, r0.to(k_pool_ptr.dtype.element_ty), mask=k_mask)
     tl.store(kp_base + 1, r1.to(k_pool_ptr.dtype.element_ty), mask=k_mask)

@@ -120,7 +120,8 @@ def test_strided_q_and_out_buffer():
 def test_choose_num_splits():
     assert choose_num_splits(150, 8, 4, 82) == 1  # short context: no split
     assert choose_num_splits(2048, 1, 4, 82) == 16  # one long row: capped
-    assert choose_num_splits(2048, 64, 4, 82) == 2  # 256 programs x 2 splits: over 4x 82 SMs
+    assert choose_num_splits(2048, 64, 4, 82) == 6  # 256 programs x 6 splits: over 16x 82 SMs
+    assert choose_num_splits(4096, 64, 4, 132) == 9  # the graph's bucket at 64 rows, H200
     assert choose_num_splits(2048, 8, 4, 132) == 16  # 32 programs want 17 splits: capped
     assert choose_num_splits(512, 8, 4, 132) == 4  # at least 128 tokens a split
     assert choose_num_splits(1, 1, 1, 132) == 1

@@ -1,0 +1,70 @@
+"""Few-row linear (norm prologue, residual epilogue) against torch's rms_norm + F.linear + add."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton", reason="triton is not installed")
+
+from variants.kernels.few_row_linear import few_row_linear  # noqa: E402
+from variants.layers.rmsnorm import rms_norm  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _case(rows, n, k, dtype, device, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=gen).to(device, dtype)
+    w = (torch.randn(n, k, generator=gen) / k**0.5).to(device, dtype)
+    norm = (1 + 0.1 * torch.randn(k, generator=gen)).to(device, dtype)
+    res = torch.randn(rows, n, generator=gen).to(device, dtype)
+    return x, w, norm, res
+
+
+@pytest.mark.parametrize("rows,n,k", [(1, 40, 24), (5, 96, 200), (19, 70, 64), (3, 256, 130)])
+def test_plain_norm_and_residual_match_torch(rows, n, k):
+    x, w, norm, res = _case(rows, n, k, torch.float32, DEVICE, seed=rows)
+    tight = {"atol": 1e-5, "rtol": 1e-5}
+    torch.testing.assert_close(few_row_linear(x, w, sm_count=4), F.linear(x, w), **tight)
+    torch.testing.assert_close(
+        few_row_linear(x, w, norm=norm, eps=1e-5, sm_count=4),
+        F.linear(rms_norm(x, norm, 1e-5), w), **tight,
+    )  # fmt: skip
+    torch.testing.assert_close(
+        few_row_linear(x, w, residual=res, sm_count=4), res + F.linear(x, w), **tight
+    )
+
+
+def test_strided_rows_and_float32_out():
+    x, w, norm, _ = _case(6, 48, 32, torch.float32, DEVICE)
+    wide = torch.randn(6, 80).to(DEVICE)
+    wide[:, 8:40] = x  # a row-strided view, as slices of a wider buffer are
+    got = few_row_linear(wide[:, 8:40], w, norm=norm, eps=1e-5, out_dtype=torch.float32)
+    assert got.dtype == torch.float32 and got.shape == (6, 48)
+    torch.testing.assert_close(got, F.linear(rms_norm(x, norm, 1e-5), w), atol=1e-5, rtol=1e-5)
+
+
+def test_chunked_reduction_matches_the_one_shot():
+    """K = 300 in one 512-wide tile, or in 64-wide chunks after a statistics pass."""
+    x, w, norm, res = _case(4, 100, 300, torch.float32, DEVICE, seed=3)
+    one_shot = few_row_linear(x, w, norm=norm, eps=1e-5, residual=res, sm_count=4)
+    chunked = few_row_linear(x, w, norm=norm, eps=1e-5, residual=res, tiles=(32, 64, 4, 2))
+    torch.testing.assert_close(chunked, one_shot, atol=1e-5, rtol=1e-5)
+    want = res + F.linear(rms_norm(x, norm, 1e-5), w)
+    torch.testing.assert_close(chunked, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("rows", [1, 8, 64])
+@pytest.mark.parametrize("n,k", [(768, 768), (768, 3072), (4096, 768)])
+def test_gpu_half_matches_torch(rows, n, k):
+    x, w, norm, res = _case(rows, n, k, torch.float16, "cuda", seed=rows)
+    want = res + F.linear(rms_norm(x, norm, 1e-5), w)
+    got = few_row_linear(x, w, norm=norm, eps=1e-5, residual=res)
+    # the same products in another summation order: one or two units of the output's rounding
+    scale = want.abs().max().item()
+    torch.testing.assert_close(got, want, atol=4e-3 * scale, rtol=2e-3)
+    head = few_row_linear(x, w, norm=norm, eps=1e-5, out_dtype=torch.float32)
+    want_head = F.linear(rms_norm(x, norm, 1e-5), w).float()
+    torch.testing.assert_close(head, want_head, atol=4e-3 * want_head.abs().max().item(), rtol=2e-3)

@@ -1,0 +1,66 @@
+"""Norm + QKV + RoPE + cache write in one kernel against rms_norm, F.linear, apply_rope and
+index_copy_ into the pools."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton", reason="triton is not installed")
+
+from variants.kernels.norm_qkv_rope import norm_qkv_rope  # noqa: E402
+from variants.layers.rmsnorm import rms_norm  # noqa: E402
+from variants.layers.rope import RopeTable, apply_rope  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _case(rows, heads, kv_heads, d, k, dtype, device, slots=64, seed=0, tiles=None):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=gen).to(device, dtype)
+    qkv = (torch.randn((heads + 2 * kv_heads) * d, k, generator=gen) / k**0.5).to(device, dtype)
+    norm = (1 + 0.1 * torch.randn(k, generator=gen)).to(device, dtype)
+    rope = RopeTable(d, 1024, 10000.0, device, dtype)
+    positions = torch.randint(0, 1024, (rows,), generator=gen).to(device)
+    write_index = torch.randperm(slots, generator=gen)[:rows].to(device)
+    k_pool = torch.zeros(slots, kv_heads, d, device=device, dtype=dtype)
+    v_pool = torch.zeros_like(k_pool)
+    cos, sin = rope.at(positions)
+    q = norm_qkv_rope(
+        x, norm, qkv, 1e-5, d, heads * d, cos, sin, k_pool, v_pool, write_index, sm_count=4,
+        tiles=tiles,
+    )  # fmt: skip
+
+    q_ref, k_ref, v_ref = F.linear(rms_norm(x, norm, 1e-5), qkv).split(
+        (heads * d, kv_heads * d, kv_heads * d), dim=-1
+    )
+    k_pool_ref, v_pool_ref = torch.zeros_like(k_pool), torch.zeros_like(v_pool)
+    k_pool_ref.index_copy_(0, write_index, apply_rope(k_ref.reshape(rows, kv_heads, d), cos, sin))
+    v_pool_ref.index_copy_(0, write_index, v_ref.reshape(rows, kv_heads, d))
+    q_ref = apply_rope(q_ref.reshape(rows, heads, d), cos, sin).flatten(1)
+    return (q, k_pool, v_pool), (q_ref, k_pool_ref, v_pool_ref)
+
+
+@pytest.mark.parametrize(
+    "rows,heads,kv_heads,d,k", [(1, 4, 2, 24, 64), (5, 2, 2, 48, 40), (17, 3, 1, 16, 100)]
+)
+def test_matches_torch(rows, heads, kv_heads, d, k):
+    got, want = _case(rows, heads, kv_heads, d, k, torch.float32, DEVICE, seed=rows)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+def test_tiles_straddling_heads():
+    # 16 pairs a tile against 12 pairs a head: tiles cross q/k/v and head boundaries
+    got, want = _case(3, 2, 1, 24, 32, torch.float32, DEVICE, tiles=(16, 16, 4, 2))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("rows", [1, 8, 64])
+def test_gpu_half_matches_torch(rows):
+    got, want = _case(rows, 4, 4, 192, 768, torch.float16, "cuda", slots=1024, seed=rows)
+    for g, w in zip(got, want):
+        scale = w.abs().max().item()
+        torch.testing.assert_close(g, w, atol=4e-3 * scale, rtol=2e-3)

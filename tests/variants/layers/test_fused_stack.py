@@ -1,0 +1,109 @@
+"""The few-row fused stack and head inside the real engine, run on the CPU by Triton's
+interpreter in float32, against the reference: ragged prefill (the Triton stack) and ragged
+decode (the fused kernels), eager and through the CUDA-graph body; and the routing by rows."""
+
+import pytest
+
+pytest.importorskip("triton")
+
+from variants.attention.sdpa import SdpaAttention  # noqa: E402
+from variants.attention.triton_attention import TritonAttention  # noqa: E402
+from variants.cache.paged import PagedKVCache  # noqa: E402
+from variants.cache.slab import SlabKVCache  # noqa: E402
+from variants.engine import assemble_engine  # noqa: E402
+from variants.execution.eager import run_eager  # noqa: E402
+from variants.layers import fused_stack  # noqa: E402
+from variants.layers.fused_stack import fused_head, run_fused_stack  # noqa: E402
+from variants.variant import Variant  # noqa: E402
+
+CASES = [
+    ("slab-triton", SlabKVCache, TritonAttention, Variant(cache="slab", attention="triton")),
+    ("paged16-sdpa", PagedKVCache, SdpaAttention, Variant(cache="paged", block_size=16)),
+]
+
+
+def _engine(tiny_config, sharp_weights, cache_cls, attention_cls, variant):
+    variant = Variant.from_dict({**variant.to_dict(), "layers": "fused"})
+    return assemble_engine(
+        tiny_config, sharp_weights, "cpu", variant, cache_cls, attention_cls, run_eager,
+        run_fused_stack, head=fused_head,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graph-body"])
+@pytest.mark.parametrize("name,cache_cls,attention_cls,variant", CASES, ids=[c[0] for c in CASES])
+def test_matches_the_reference(name, cache_cls, attention_cls, variant, graphs, tiny_config,
+                               sharp_weights, reference_gap, emulate_graphs):  # fmt: skip
+    engine = _engine(tiny_config, sharp_weights, cache_cls, attention_cls, variant)
+    if graphs:
+        emulate_graphs(engine)
+    worst = reference_gap(engine)
+    assert worst < 1e-4, worst
+
+
+def test_routes_by_rows(tiny_config, sharp_weights, reference_gap, monkeypatch):
+    """With the layer limit lowered to 3 rows, the scenario's decode steps of 3, 4, 1 and 4 rows
+    take both stacks (the head stays fused up to 64 rows), still exact."""
+    calls = {"run_triton_stack": 0, "few_row_linear": 0, "norm_qkv_rope": 0}
+
+    def counting(name):
+        real = getattr(fused_stack, name)
+
+        def count(*args, **kwargs):
+            calls[name] += 1
+            return real(*args, **kwargs)
+
+        return count
+
+    monkeypatch.setattr(fused_stack, "FUSED_MAX_ROWS", 3)
+    for name in list(calls):
+        monkeypatch.setattr(fused_stack, name, counting(name))
+    _, cache_cls, attention_cls, variant = CASES[0]
+    engine = _engine(tiny_config, sharp_weights, cache_cls, attention_cls, variant)
+    calls.update(dict.fromkeys(calls, 0))  # the warm-up ran every path
+    assert reference_gap(engine) < 1e-4
+    assert calls == {
+        "run_triton_stack": 3,  # the prefill and the two 4-row steps
+        "few_row_linear": 2 * 2 * 2 + 5,  # 3- and 1-row steps: 2 layers x 2; 5 heads (prefill too)
+        "norm_qkv_rope": 2 * 2,  # 3- and 1-row steps: 2 layers
+    }
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cache", ["slab", "paged"])
+def test_gpu_graphed_fused_engine_matches_the_reference(cache, tmp_path):
+    """The public config in float16 with real CUDA graphs: decode at batches 1 and 8 (the fused
+    layers inside the graphs), 64 (the Triton stack and the fused head inside the graphs) and
+    65 (past the largest bucket: eager, the Triton stack and the torch head)."""
+    import json
+    from pathlib import Path
+
+    import torch
+
+    from evaluator.reference_model import ReferenceModel
+    from evaluator.toy_weights import save_toy_weights
+    from variants import build_engine
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    config = json.loads((Path(__file__).parents[3] / "target/model_config.json").read_text())
+    save_toy_weights(config, tmp_path / "model.pt")
+    variant = Variant(cache=cache, block_size=64, attention="triton", layers="fused",
+                      graphs="pow2", prefill_graphs="pow2")  # fmt: skip
+    engine = build_engine(config, str(tmp_path), "cuda", variant)
+    ref = ReferenceModel(config, str(tmp_path), "cuda")
+    gen = torch.Generator().manual_seed(0)
+    history = {}
+    for rid in range(65):
+        prompt = torch.randint(0, config["vocab_size"], (5 + 3 * rid,), generator=gen)
+        engine.prefill([rid], [prompt.cuda()])
+        history[rid] = prompt.tolist()
+    for batch in (1, 8, 64, 65):
+        ids = list(range(batch))
+        tokens = torch.randint(0, config["vocab_size"], (batch,), generator=gen)
+        out = engine.decode(ids, tokens.cuda())
+        for rid in ids:
+            history[rid].append(int(tokens[rid]))
+        for rid in ids[:: max(1, batch // 8)]:  # up to 8 rows checked a step
+            want = ref.forward(torch.tensor(history[rid], device="cuda")[None])[0, -1].float()
+            torch.testing.assert_close(out[rid], want, atol=1e-2, rtol=1e-2)

@@ -1,0 +1,108 @@
+"""The attention inputs of a few rows in one kernel: RMSNorm, the fused QKV projection,
+interleaved RoPE on q and k, and the write of k and v into the cache pools.
+
+Each program reads the weight rows of output columns 2j and 2j+1 for a tile of pairs j, so a
+rotation pair lands in one program's registers and needs no exchange. Columns run q heads, then
+k heads, then v heads (the fused QKV layout); a tile may straddle them, every lane finds its own.
+Replaces, per layer of a decode step, the norm launch, the QKV GEMM and the RoPE + cache launch.
+Rounds like the reference: projections cast to the compute dtype, then RoPE as eager torch does.
+Needs Triton >= 3.0 and an even head_dim."""
+
+import torch
+import triton
+import triton.language as tl
+
+from variants.kernels.fused_rope import rotate_pairs
+from variants.kernels.row_dot import few_row_tiles, rows_dot
+
+
+@triton.jit
+def _norm_qkv_rope_kernel(
+    x_ptr, norm_ptr, w_ptr, cos_ptr, sin_ptr, index_ptr, q_ptr, k_pool_ptr, v_pool_ptr,
+    M, K, stride_xm, stride_wn, stride_cos, stride_sin, stride_qm, stride_kpt, stride_kph,
+    stride_vpt, stride_vph, eps,
+    Q_DIM: tl.constexpr, KV_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    pairs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask = offs_m < M
+    p_mask = pairs < (Q_DIM + 2 * KV_DIM) // 2
+    col = 2 * pairs  # the even column of each pair
+    dim = col % HEAD_DIM  # q, k and v spans are whole heads, so this is the dim within a head
+    # The epilogue's inputs first (addresses that need no load): their round trips overlap the
+    # weight's.
+    slot = tl.load(index_ptr + offs_m, mask=m_mask, other=0).to(tl.int64)
+    cs_mask = m_mask[:, None] & p_mask[None, :]
+    c = tl.load(cos_ptr + offs_m[:, None] * stride_cos + (dim // 2)[None, :], mask=cs_mask,
+                other=0.0)  # fmt: skip
+    s = tl.load(sin_ptr + offs_m[:, None] * stride_sin + (dim // 2)[None, :], mask=cs_mask,
+                other=0.0)  # fmt: skip
+    even, odd = rows_dot(
+        x_ptr, stride_xm, offs_m, m_mask, norm_ptr, eps, w_ptr, stride_wn, col, col + 1, p_mask,
+        K, True, True, BLOCK_M, BLOCK_N, BLOCK_K,
+    )  # fmt: skip
+    dt = w_ptr.dtype.element_ty
+    x0, x1 = even.to(dt), odd.to(dt)
+    r0, r1 = rotate_pairs(x0, x1, c.to(tl.float32), s.to(tl.float32))
+
+    is_q = p_mask & (col < Q_DIM)
+    q_at = q_ptr + offs_m[:, None] * stride_qm + col[None, :]
+    tl.store(q_at, r0, mask=m_mask[:, None] & is_q[None, :])
+    tl.store(q_at + 1, r1, mask=m_mask[:, None] & is_q[None, :])
+
+    is_k = p_mask & (col >= Q_DIM) & (col < Q_DIM + KV_DIM)
+    k_head = tl.where(is_k, (col - Q_DIM) // HEAD_DIM, 0)
+    k_at = k_pool_ptr + slot[:, None] * stride_kpt + (k_head * stride_kph + dim)[None, :]
+    k_store = m_mask[:, None] & is_k[None, :]
+    tl.store(k_at, r0.to(k_pool_ptr.dtype.element_ty), mask=k_store)
+    tl.store(k_at + 1, r1.to(k_pool_ptr.dtype.element_ty), mask=k_store)
+
+    is_v = p_mask & (col >= Q_DIM + KV_DIM)
+    v_head = tl.where(is_v, (col - Q_DIM - KV_DIM) // HEAD_DIM, 0)
+    v_at = v_pool_ptr + slot[:, None] * stride_vpt + (v_head * stride_vph + dim)[None, :]
+    v_store = m_mask[:, None] & is_v[None, :]
+    tl.store(v_at, x0.to(v_pool_ptr.dtype.element_ty), mask=v_store)
+    tl.store(v_at + 1, x1.to(v_pool_ptr.dtype.element_ty), mask=v_store)
+
+
+def norm_qkv_rope(
+    x: torch.Tensor,
+    norm: torch.Tensor,
+    qkv: torch.Tensor,
+    eps: float,
+    head_dim: int,
+    q_dim: int,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    write_index: torch.Tensor,
+    sm_count: int = 132,
+    tiles: tuple | None = None,
+) -> torch.Tensor:
+    """x [M, K]; norm [K]; qkv [q_dim + 2 kv_dim, K] (q, k, v rows); cos/sin [M, head_dim/2]
+    (each row's position, unit column stride); pools [slots, kv_heads, head_dim]; write_index
+    [M] the cache slot of each row. Writes RoPE(k)
+    and v into the pools and returns RoPE(q) as a new [M, q_dim]. `tiles` = (BLOCK_N pairs,
+    BLOCK_K, warps, stages)."""
+    rows, k = x.shape
+    kv_dim = (qkv.shape[0] - q_dim) // 2
+    assert head_dim % 2 == 0 and q_dim % head_dim == 0 and kv_dim % head_dim == 0
+    assert qkv.shape == (q_dim + 2 * kv_dim, k) and qkv.is_contiguous() and x.stride(-1) == 1
+    assert k_pool.stride(-1) == 1 and v_pool.stride(-1) == 1
+    assert cos.stride(-1) == 1 and sin.stride(-1) == 1
+    q = torch.empty(rows, q_dim, device=x.device, dtype=qkv.dtype)
+    pairs = (q_dim + 2 * kv_dim) // 2
+    block_m, block_n, block_k, warps, stages = few_row_tiles(rows, pairs, sm_count, weight_tiles=2)
+    if tiles is not None:
+        block_n, block_k, warps, stages = tiles
+    grid = (triton.cdiv(pairs, block_n), triton.cdiv(rows, block_m))
+    _norm_qkv_rope_kernel[grid](
+        x, norm, qkv, cos, sin, write_index, q, k_pool, v_pool,
+        rows, k, x.stride(0), qkv.stride(0), cos.stride(0), sin.stride(0),
+        q.stride(0), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1), eps,
+        Q_DIM=q_dim, KV_DIM=kv_dim, HEAD_DIM=head_dim,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    return q
