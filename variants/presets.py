@@ -10,7 +10,7 @@ PRESETS: dict[str, Variant] = {
     # GPU fast path first (the probe drops them elsewhere): whole-step CUDA graphs (decode, and
     # prefill at token buckets) over our fused Triton kernels, the fastest assemblies measured on
     # the H200 (docs/PERF.md), then over plain ops. "gemv": the decode step's projections on our
-    # few-row kernels with the norms, RoPE, SiLU and residual adds fused in (runs 13-14: 1.04 to
+    # few-row kernels with the norms, RoPE, SiLU and residual adds fused in (runs 13-14: 1.05 to
     # 1.17x the Triton stack on the decode, mixed, continuous, wide and long traces).
     "slab-triton-gemv-allgraphs": Variant(
         cache="slab", attention="triton", layers="fused", graphs="pow2", prefill_graphs="pow2"
