@@ -6,6 +6,7 @@ import pytest
 
 pytest.importorskip("triton")
 
+from variants.attention.manual import ManualAttention  # noqa: E402
 from variants.attention.sdpa import SdpaAttention  # noqa: E402
 from variants.attention.triton_attention import TritonAttention  # noqa: E402
 from variants.cache.paged import PagedKVCache  # noqa: E402
@@ -19,6 +20,7 @@ from variants.variant import Variant  # noqa: E402
 CASES = [
     ("slab-triton", SlabKVCache, TritonAttention, Variant(cache="slab", attention="triton")),
     ("paged16-sdpa", PagedKVCache, SdpaAttention, Variant(cache="paged", block_size=16)),
+    ("slab-manual", SlabKVCache, ManualAttention, Variant(cache="slab", attention="manual")),
 ]
 
 
