@@ -101,6 +101,8 @@ def test_cpu_soak_stays_correct_and_returns_the_pool(variant, tiny_config, sharp
         Variant(cache="slab", attention="sdpa", graphs="pow2"),
         Variant(cache="paged", block_size=64, attention="triton", layers="triton", graphs="pow2",
                 prefill_graphs="pow2"),
+        Variant(cache="paged", block_size=64, attention="triton", layers="fused", graphs="pow2",
+                prefill_graphs="pow2"),
     ],
     ids=lambda v: v.name,
 )  # fmt: skip
