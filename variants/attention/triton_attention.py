@@ -7,9 +7,8 @@ bucket suffices (the split ranges come from the lengths on the device). Needs CU
 
 import math
 
-import torch
-
 from variants.kernels.decode_attention import choose_num_splits, paged_decode_attention
+from variants.kernels.device import device_sm_count
 from variants.kernels.prefill_attention import varlen_prefill_attention
 
 
@@ -19,7 +18,6 @@ class TritonAttention:
     def __init__(self, spec, dtype, variant):
         self.scale = 1.0 / math.sqrt(spec.head_dim)
         self.kv_heads = spec.num_kv_heads
-        self.sm_count = 0
 
     def prefill(self, q, k, v, batch):
         out = varlen_prefill_attention(
@@ -28,12 +26,8 @@ class TritonAttention:
         return out.flatten(1)
 
     def decode_from_cache(self, q, cache, layer: int, plan):
-        if not self.sm_count:  # the CPU case is Triton's interpreter, in tests
-            cuda = q.device.type == "cuda"
-            self.sm_count = (
-                torch.cuda.get_device_properties(q.device).multi_processor_count if (cuda) else 4
-            )
-        splits = choose_num_splits(plan.max_len, q.shape[0], self.kv_heads, self.sm_count)
+        sms = device_sm_count(q.device)
+        splits = choose_num_splits(plan.max_len, q.shape[0], self.kv_heads, sms)
         out = paged_decode_attention(
             q, cache.k[layer], cache.v[layer], plan.table, plan.kv_lens,
             cache.kernel_block_size, self.scale, splits,

@@ -2,17 +2,17 @@
 kernel, attention, the output projection with the residual add in one, norm + gate-up + SiLU-mul
 in one, and the down projection with the residual add in one (about 6 launches a layer, against
 ~10 for the Triton stack and ~35 for torch ops). The head is norm + projection in one kernel.
-On the H200 at batch 8 a step takes 0.64 ms and 83 kernels against 0.70 ms and 152.
+On the H200 at batch 8 x 150 a step takes 0.61 ms and 83 kernels against 0.68 ms and 152
+(docs/PERF.md, runs 13-14).
 
 Past one 16-row tile the fused layers lose to cuBLAS, which reuses each weight tile better (at
 64 rows on the H200: 14.2 us against 8.0 for norm + QKV + RoPE, 14.6 against 8.0 for the MLP's
 first half), so those calls and prefill run the Triton stack. Needs CUDA, Triton >= 3.0,
 fp16/bf16, a slab or paged pool and the fused QKV and gate-up weights."""
 
-import functools
-
 import torch
 
+from variants.kernels.device import device_sm_count
 from variants.kernels.few_row_linear import few_row_linear
 from variants.kernels.norm_qkv_rope import norm_qkv_rope
 from variants.kernels.norm_swiglu import norm_swiglu
@@ -20,15 +20,6 @@ from variants.layers.triton_stack import run_triton_stack
 
 FUSED_MAX_ROWS = 16  # decode steps up to one 16-row tile run the fused layers
 HEAD_MAX_ROWS = 64  # the fused head wins up to 64 rows (11.9 us against 21.6 at 64, H200)
-
-
-@functools.cache
-def device_sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device; 4 for the CPU (Triton's interpreter in tests),
-    so small test shapes still split into several column tiles."""
-    if device.type != "cuda":
-        return 4
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def run_fused_stack(engine, tokens, positions, plan, batch):

@@ -1,0 +1,17 @@
+"""The SM count the launchers size their grids by."""
+
+import pytest
+import torch
+
+from variants.kernels.device import device_sm_count
+
+
+def test_cpu_counts_four():
+    assert device_sm_count(torch.device("cpu")) == 4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_counts_its_multiprocessors():
+    device = torch.device("cuda", 0)
+    assert device_sm_count(device) == torch.cuda.get_device_properties(0).multi_processor_count
