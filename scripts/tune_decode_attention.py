@@ -1,9 +1,11 @@
 """Tile and split sweep of our decode attention kernel on the GPU: for each (batch, context,
-cache layout) shape, every (BLOCK_N, num_warps, num_stages) x split count, timed with
-triton.testing.do_bench; prints the best configurations and the cache-read bandwidth they reach
-(K and V bytes of the live context / time), next to the defaults the launcher picks today.
+cache layout) shape, every (BLOCK_N, num_warps, num_stages) x split count x tokens-per-split,
+timed with triton.testing.do_bench (or replayed in a CUDA graph, `--graph`, as an engine runs
+it); prints the best configurations and the cache-read bandwidth they reach (K and V bytes of
+the live context / time), next to the defaults the launcher picks today.
 
-    python scripts/tune_decode_attention.py [--json PATH] [--quick]
+    python scripts/tune_decode_attention.py [--json PATH] [--quick] [--graph]
+        [--shape 64x2048:paged64 ...] [--tiles 32,4,2 ...] [--split-tokens 64,128]
 """
 
 import argparse
@@ -19,6 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from variants.kernels.decode_attention import (  # noqa: E402
+    SPLIT_TOKENS,
     choose_num_splits,
     paged_decode_attention,
 )
@@ -42,39 +45,48 @@ def make_case(batch: int, ctx: int, layout: str, dtype=torch.float16):
     return q, k, v, table, lens, block
 
 
-def median_ms(fn) -> float:
-    from triton.testing import do_bench
+def median_ms(fn, graph: bool = False) -> float:
+    from triton.testing import do_bench, do_bench_cudagraph
 
-    result = do_bench(fn, quantiles=[0.5], warmup=5, rep=20)
+    if graph:
+        result = do_bench_cudagraph(fn, rep=20, quantiles=[0.5])
+    else:
+        result = do_bench(fn, quantiles=[0.5], warmup=5, rep=20)
     return float(result[0] if isinstance(result, (list, tuple)) else result)
 
 
-def sweep_shape(batch, ctx, layout, sms, quick) -> dict:
+def sweep_shape(batch, ctx, layout, sms, tiles, split_tokens, graph) -> dict:
     q, k, v, table, lens, block = make_case(batch, ctx, layout)
     scale = 1 / math.sqrt(HEAD_DIM)
     read = 2 * batch * ctx * KV_HEADS * HEAD_DIM * k.element_size()
     want = paged_decode_attention(q, k, v, table, lens, block, scale, 1)
     default_splits = choose_num_splits(MAX_POS, batch, KV_HEADS, sms)  # what a graph captures
     rows = []
-    tiles = [(32, 8, 2)] if quick else itertools.product((16, 32, 64), (4, 8), (2, 3))
-    for (bn, warps, stages), splits in itertools.product(tiles, (1, 2, 4, 8, 16)):
+    arrivals = torch.zeros(batch * KV_HEADS, device="cuda", dtype=torch.int32)
+    split_counts = sorted({1, 2, 4, 8, 16, default_splits})
+    for (bn, warps, stages), splits, per_split in itertools.product(
+        tiles, split_counts, split_tokens
+    ):
+        config = {"tiles": [bn, warps, stages], "splits": splits, "split_tokens": per_split}
         try:
             fn = functools.partial(
                 paged_decode_attention, q, k, v, table, lens, block, scale, splits,
-                tiles=(bn, warps, stages),
+                tiles=(bn, warps, stages), arrivals=arrivals, split_tokens=per_split,
             )  # fmt: skip
             got = fn()
             err = (got.float() - want.float()).abs().max().item()
-            ms = median_ms(fn)
+            ms = median_ms(fn, graph)
         except Exception as exc:  # out of resources: that tile does not fit this GPU
-            rows.append({"tiles": [bn, warps, stages], "splits": splits, "error": str(exc)[:80]})
+            rows.append({**config, "error": str(exc)[:80]})
             continue
-        rows.append({"tiles": [bn, warps, stages], "splits": splits, "us": round(ms * 1e3, 2),
-                     "gbps": round(read / ms / 1e6), "max_diff": err})  # fmt: skip
+        rows.append({**config, "us": round(ms * 1e3, 2), "gbps": round(read / ms / 1e6),
+                     "max_diff": err})  # fmt: skip
     ok = sorted((r for r in rows if "us" in r), key=lambda r: r["us"])
     default = next(
-        (r for r in rows if r.get("tiles") == [32, 8, 2] and r["splits"] == default_splits), None
-    )
+        (r for r in rows if r.get("tiles") == [32, 4, 2] and r["splits"] == default_splits
+         and r["split_tokens"] == SPLIT_TOKENS),
+        None,
+    )  # fmt: skip
     return {"batch": batch, "ctx": ctx, "layout": layout, "read_mb": round(read / 1e6, 1),
             "default_splits_at_capture": default_splits, "default": default, "best": ok[:5],
             "failed": sum("error" in r for r in rows)}  # fmt: skip
@@ -84,15 +96,30 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--json", default=None)
     p.add_argument("--quick", action="store_true", help="default tiles only, splits swept")
+    p.add_argument("--graph", action="store_true", help="time CUDA-graph replays")
+    p.add_argument("--shape", action="append", default=[], help="BATCHxCTX:LAYOUT; repeatable")
+    p.add_argument("--tiles", action="append", default=[], help="BLOCK_N,WARPS,STAGES")
+    p.add_argument("--split-tokens", default=str(SPLIT_TOKENS), help="comma-separated")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("error: needs a CUDA device", file=sys.stderr)
         return 2
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+    shapes = [(8, 150, "slab"), (8, 1024, "slab"), (64, 2048, "slab"), (64, 2048, "paged64"),
+              (32, 512, "paged64")]  # fmt: skip
+    if args.shape:
+        shapes = [(int(bc.split("x")[0]), int(bc.split("x")[1]), layout)
+                  for bc, layout in (s.split(":") for s in args.shape)]  # fmt: skip
+    if args.tiles:
+        tiles = [tuple(int(x) for x in t.split(",")) for t in args.tiles]
+    elif args.quick:
+        tiles = [(32, 4, 2)]
+    else:
+        tiles = list(itertools.product((16, 32, 64), (4, 8), (2, 3)))
+    split_tokens = [int(x) for x in args.split_tokens.split(",")]
     results = []
-    for batch, ctx, layout in ((8, 150, "slab"), (8, 1024, "slab"), (64, 2048, "slab"),
-                               (64, 2048, "paged64"), (32, 512, "paged64")):  # fmt: skip
-        results.append(sweep_shape(batch, ctx, layout, sms, args.quick))
+    for batch, ctx, layout in shapes:
+        results.append(sweep_shape(batch, ctx, layout, sms, tiles, split_tokens, args.graph))
         r = results[-1]
         print(json.dumps({k: r[k] for k in ("batch", "ctx", "layout", "default")}), flush=True)
         for best in r["best"][:3]:

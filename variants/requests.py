@@ -35,9 +35,9 @@ def check_token_tensor(t, what: str, device) -> torch.Tensor:
 
 
 def check_token_range(tokens: torch.Tensor, vocab: int, what: str) -> None:
-    """One host read of min/max; on CUDA it waits for the queue (Engine.check_device_tokens)."""
-    lo, hi = torch.aminmax(tokens)
-    lo, hi = int(lo), int(hi)
+    """One host read of min and max together; on CUDA it waits for the queue
+    (Engine.check_device_tokens)."""
+    lo, hi = torch.stack(torch.aminmax(tokens)).tolist()
     if lo < 0 or hi >= vocab:
         bad = lo if lo < 0 else hi
         raise ValueError(f"{what}: token id {bad} is outside the vocabulary [0, {vocab})")

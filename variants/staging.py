@@ -1,8 +1,8 @@
 """Host-to-device staging for the small per-call index tensors (positions, slots, tables).
 
-On CUDA a copy from pageable memory synchronises the stream; pinned memory from PyTorch's caching
-host allocator with `non_blocking=True` does not, and the allocator keeps the block alive until
-the copy has run."""
+On CUDA a copy from pageable memory synchronises the stream; a copy from pinned memory with
+`non_blocking=True` does not. `host_tensor` pins a fresh tensor per call (the eager paths);
+`PinnedRing` keeps a few pinned buffers for the CUDA-graph paths, which stage every call."""
 
 import torch
 
@@ -12,3 +12,33 @@ def host_tensor(values, dtype: torch.dtype, device: torch.device) -> torch.Tenso
     if device.type == "cuda":
         return t.pin_memory().to(device, non_blocking=True)
     return t.to(device)
+
+
+class PinnedRing:
+    """Persistent pinned int64 buffers used in turn: `copy(values, dst)` writes the values into
+    the next buffer and copies them into the contiguous device tensor `dst` without a sync. A
+    buffer is written again only once the copy that last read it has run (an event each), so
+    the host never overwrites what a queued copy has yet to read."""
+
+    def __init__(self, size: int, device: torch.device, slots: int = 4):
+        device = torch.device(device)
+        cuda = device.type == "cuda"
+        self.buffers = [torch.empty(size, dtype=torch.long, pin_memory=cuda) for _ in range(slots)]
+        self.arrays = [b.numpy() for b in self.buffers]
+        self.events = [torch.cuda.Event() if cuda else None for _ in range(slots)]
+        self.used = [False] * slots
+        self.device = device
+        self.turn = 0
+
+    def copy(self, values: list, dst: torch.Tensor) -> None:
+        n = len(values)
+        assert dst.is_contiguous() and dst.numel() == n <= self.buffers[0].numel()
+        i = self.turn
+        self.turn = (i + 1) % len(self.buffers)
+        if self.used[i]:
+            self.events[i].synchronize()
+        self.arrays[i][:n] = values
+        dst.copy_(self.buffers[i][:n].view(dst.shape), non_blocking=True)
+        if self.events[i] is not None:  # a CPU copy is done when copy_ returns
+            self.events[i].record(torch.cuda.current_stream(self.device))
+            self.used[i] = True

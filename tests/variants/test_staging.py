@@ -1,8 +1,9 @@
 """host_tensor: small index tensors built on the host and placed on the device."""
 
+import pytest
 import torch
 
-from variants.staging import host_tensor
+from variants.staging import PinnedRing, host_tensor
 
 
 def test_host_tensor_on_cpu():
@@ -11,3 +12,34 @@ def test_host_tensor_on_cpu():
     assert t.tolist() == [[1, 2], [3, 4]]
     r = host_tensor(range(3), torch.int32, torch.device("cpu"))
     assert r.dtype == torch.int32 and r.tolist() == [0, 1, 2]
+
+
+def test_pinned_ring_copies_each_call_into_its_destination():
+    ring = PinnedRing(6, torch.device("cpu"), slots=2)
+    first, second, third = (torch.zeros(shape, dtype=torch.long) for shape in [(2, 3), 4, 1])
+    ring.copy([1, 2, 3, 4, 5, 6], first)
+    ring.copy([7, 8, 9, 10], second)
+    ring.copy([11], third)  # reuses the first buffer
+    assert first.tolist() == [[1, 2, 3], [4, 5, 6]]
+    assert second.tolist() == [7, 8, 9, 10] and third.tolist() == [11]
+    assert ring.turn == 1
+
+
+def test_pinned_ring_refuses_more_values_than_a_buffer_holds():
+    ring = PinnedRing(2, torch.device("cpu"))
+    with pytest.raises(AssertionError):
+        ring.copy([1, 2, 3], torch.zeros(3, dtype=torch.long))
+
+
+@pytest.mark.gpu
+def test_gpu_pinned_ring_never_overwrites_a_queued_copy():
+    """Two buffers, many queued copies behind a long kernel: each destination gets its values."""
+    device = torch.device("cuda")
+    ring = PinnedRing(64, device, slots=2)
+    big = torch.randn(4096, 4096, device=device)
+    outs = [torch.empty(64, dtype=torch.long, device=device) for _ in range(12)]
+    for i, out in enumerate(outs):
+        big = big @ big  # keeps the stream busy while the host queues the next copy
+        ring.copy([i * 100 + j for j in range(64)], out)
+    torch.cuda.synchronize()
+    assert [o.tolist() for o in outs] == [[i * 100 + j for j in range(64)] for i in range(12)]

@@ -7,6 +7,8 @@ bucket suffices (the split ranges come from the lengths on the device). Needs CU
 
 import math
 
+import torch
+
 from variants.kernels.decode_attention import choose_num_splits, paged_decode_attention
 from variants.kernels.device import device_sm_count
 from variants.kernels.prefill_attention import varlen_prefill_attention
@@ -18,6 +20,18 @@ class TritonAttention:
     def __init__(self, spec, dtype, variant):
         self.scale = 1.0 / math.sqrt(spec.head_dim)
         self.kv_heads = spec.num_kv_heads
+        # The decode kernel's arrival counters (int32, left at zero by each launch), shared by
+        # every layer and graph. A larger batch adds a buffer; none is freed, since captured
+        # graphs keep pointing at the one they were captured with.
+        self.arrivals: list = []
+
+    def _arrivals(self, batch: int, device) -> torch.Tensor:
+        need = batch * self.kv_heads
+        for buf in self.arrivals:
+            if buf.device == device and buf.numel() >= need:
+                return buf
+        self.arrivals.append(torch.zeros(max(need, 64), dtype=torch.int32, device=device))
+        return self.arrivals[-1]
 
     def prefill(self, q, k, v, batch):
         out = varlen_prefill_attention(
@@ -31,5 +45,6 @@ class TritonAttention:
         out = paged_decode_attention(
             q, cache.k[layer], cache.v[layer], plan.table, plan.kv_lens,
             cache.kernel_block_size, self.scale, splits,
+            arrivals=self._arrivals(q.shape[0], q.device),
         )  # fmt: skip
         return out.flatten(1)

@@ -8,6 +8,7 @@ context-length buckets. Captured in create_engine; needs CUDA and a slab or page
 import torch
 
 from variants.cache.plans import CachePlan
+from variants.staging import PinnedRing
 
 
 def batch_buckets(policy: str, largest: int) -> list:
@@ -40,8 +41,12 @@ def capture_stream(device: torch.device) -> torch.cuda.Stream:
     return _CAPTURE_STREAMS[device]
 
 
-def _pinned(t: torch.Tensor) -> torch.Tensor:
-    return t.pin_memory() if torch.cuda.is_available() else t
+def upload(graph: torch.cuda.CUDAGraph) -> None:
+    """Replay a graph once, with its inputs in their padding state (rows that write only the
+    scratch slot). A graph's first launch also uploads it to the device: on the H200 that made
+    the first replay of each graph cost 0.3-0.6 ms of host time (profiled), paid in every timed
+    trace of a fresh engine unless create_engine pays it."""
+    graph.replay()
 
 
 class DecodeGraphs:
@@ -53,12 +58,11 @@ class DecodeGraphs:
         self.contexts = [spec.max_positions] if in_place else context_buckets(spec.max_positions)
         big, width = self.batches[-1], self.cache.table_width(spec.max_positions)
         self.width = width
-        # positions, write slots, context lengths, then the [big, width] row table
-        self.meta = torch.zeros(big * (3 + width), dtype=torch.long, device=device)
-        self.positions = self.meta[:big]
-        self.write_index = self.meta[big : 2 * big]
-        self.kv_lens = self.meta[2 * big : 3 * big]
-        self.table = self.meta[3 * big :].view(big, width)
+        # Per batch bucket b, one buffer: positions [b], write slots [b], context lengths [b],
+        # then the [b, width] row table; a call fills it with one pinned copy.
+        self.metas = {b: torch.zeros(b * (3 + width), dtype=torch.long, device=device)
+                      for b in self.batches}  # fmt: skip
+        self.staging = PinnedRing(big * (3 + width), device)
         self.tokens = torch.zeros(big, dtype=torch.long, device=device)
         self.out = torch.zeros(big, spec.vocab_size, dtype=torch.float32, device=device)
         self.graphs: dict = {}
@@ -67,7 +71,8 @@ class DecodeGraphs:
     def capture(self) -> None:
         """Capture every (batch, context) bucket; largest first so the shared pool is sized once."""
         self.graphs.clear()
-        self._fill([], [], self.batches[-1], self.contexts[-1])
+        for b in self.batches:
+            self._fill([], [], b)
         pool = torch.cuda.graph_pool_handle()
         stream = capture_stream(self.engine.device)
         stream.wait_stream(torch.cuda.current_stream(self.engine.device))
@@ -80,40 +85,44 @@ class DecodeGraphs:
                         self._body(b, ctx)
                     self.graphs[b, ctx] = graph
         torch.cuda.current_stream(self.engine.device).wait_stream(stream)
+        for graph in self.graphs.values():
+            upload(graph)
         torch.cuda.synchronize(self.engine.device)
         self.generation = self.cache.generation
 
+    def _views(self, b: int) -> tuple:
+        meta = self.metas[b]
+        positions, write, kv_lens = meta[: 3 * b].view(3, b)
+        return positions, write, kv_lens, meta[3 * b :].view(b, self.width)
+
     def _body(self, b: int, ctx: int) -> None:
+        positions, write, kv_lens, table = self._views(b)
         plan = CachePlan(
             rids=None,
-            write_index=self.write_index[:b],
-            kv_lens=self.kv_lens[:b],
+            write_index=write,
+            kv_lens=kv_lens,
             max_len=ctx,
             uniform=False,
-            rows=self.cache.graph_rows(self.table[:b], ctx),
-            table=self.table[:b, : self.cache.table_width(ctx)],
+            rows=self.cache.graph_rows(table, ctx),
+            table=table[:, : self.cache.table_width(ctx)],
         )
         e = self.engine
-        x = e._layers(self.tokens[:b], self.positions[:b], plan, batch=None)
+        x = e._layers(self.tokens[:b], positions, plan, batch=None)
         self.out[:b].copy_(e.output_logits(x, e.weights.norm, e.weights.head))
 
-    def _fill(self, rids: list, positions: list, bucket: int, ctx: int) -> None:
-        """Host->device copies of the indices the (bucket, ctx) graph reads: positions, write
-        slots and context lengths in one, the row table's used columns in another. Padding rows
-        write the cache's scratch slot and attend to one token of it."""
-        cache, pad = self.cache, bucket - len(rids)
+    def _fill(self, rids: list, positions: list, bucket: int) -> None:
+        """One pinned host->device copy of all the indices bucket graphs read: positions, write
+        slots, context lengths and the full-width row table. Padding rows write the cache's
+        scratch slot and attend to one token of it."""
+        cache, pad, width = self.cache, bucket - len(rids), self.width
         scratch = cache.scratch_token()
         write = [cache.token_slots(r, p, p + 1)[0] for r, p in zip(rids, positions)]
-        head = (
-            positions + [0] * pad + write + [scratch] * pad + [p + 1 for p in positions] + [1] * pad
-        )
-        big = self.batches[-1]
-        staged = _pinned(torch.tensor(head, dtype=torch.long).view(3, bucket))
-        self.meta[: 3 * big].view(3, big)[:, :bucket].copy_(staged, non_blocking=True)
-        width = cache.table_width(ctx)
-        rows = [cache.table_row(r, width) for r in rids] + [cache.table_row(None, width)] * pad
-        staged_rows = _pinned(torch.tensor(rows, dtype=torch.long))
-        self.table[:bucket, :width].copy_(staged_rows, non_blocking=True)
+        values = positions + [0] * pad + write + [scratch] * pad
+        values += [p + 1 for p in positions] + [1] * pad
+        for r in rids:
+            values += cache.table_row(r, width)
+        values += cache.table_row(None, width) * pad
+        self.staging.copy(values, self.metas[bucket])
 
     def step(self, rids: list, tokens: torch.Tensor, positions: list) -> torch.Tensor:
         b = len(rids)
@@ -124,7 +133,7 @@ class DecodeGraphs:
             return self.engine.eager_decode_step(rids, tokens, positions)
         if self.generation != self.cache.generation:  # the pool moved: old graphs point at it
             self.capture()
-        self._fill(rids, positions, bucket, ctx)
+        self._fill(rids, positions, bucket)
         self.tokens[:b].copy_(tokens)
         self.graphs[bucket, ctx].replay()
         return self.out[:b].clone()

@@ -12,8 +12,9 @@ import torch
 
 from variants.attention.padding import PrefillBatch
 from variants.cache.plans import CachePlan
-from variants.execution.cuda_graphs import capture_stream
+from variants.execution.cuda_graphs import capture_stream, upload
 from variants.kernels.prefill_attention import prefill_schedule, prefill_tiles
+from variants.staging import PinnedRing
 
 
 def token_buckets(smallest: int, largest: int) -> list:
@@ -34,6 +35,7 @@ class PrefillGraphs:
         # One long buffer; bucket T uses a prefix of it, laid out as positions [T], write
         # slots [T], last-token rows [P], prompt starts [P + 1], q-block table [2, Q(T)].
         self.meta = torch.zeros(self._meta_size(self.buckets[-1]), dtype=torch.long, device=device)
+        self.staging = PinnedRing(self.meta.numel(), device)
         self.tokens = torch.zeros(self.buckets[-1], dtype=torch.long, device=device)
         self.out = torch.zeros(most_prompts, spec.vocab_size, dtype=torch.float32, device=device)
         self.graphs: dict = {}
@@ -74,6 +76,7 @@ class PrefillGraphs:
             with torch.cuda.graph(graph, pool=self.pool, stream=stream):
                 self._body(t)
         torch.cuda.current_stream(device).wait_stream(stream)
+        upload(graph)  # the inputs still hold _fill's padding: no prompt, scratch writes only
         torch.cuda.synchronize(device)
         self.graphs[t] = graph
 
@@ -102,10 +105,7 @@ class PrefillGraphs:
             + starts + [n] * pad
             + prefill_schedule(lengths, self.block_m, self._blocks(t))
         )  # fmt: skip
-        staged = torch.tensor(values, dtype=torch.long)
-        if staged.device != self.meta.device and self.meta.device.type == "cuda":
-            staged = staged.pin_memory()
-        self.meta[: len(values)].copy_(staged, non_blocking=True)
+        self.staging.copy(values, self.meta[: len(values)])
 
     def step(self, rids: list, lengths: list, tokens: torch.Tensor) -> torch.Tensor:
         n = tokens.numel()

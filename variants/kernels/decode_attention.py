@@ -1,22 +1,52 @@
 """Split-K flash-decoding that reads the paged (or slab) KV pool in place through the block table.
 
-Wins at decode over gather + SDPA: no copy of the context, one launch (two with splits) per layer,
-and a fixed grid valid for any kv_lens, so it can sit in a CUDA graph. Needs Triton >= 3.0 and
-an even head_dim <= 256; GQA groups ride as query rows of one program per (row, kv head, split)."""
+Wins at decode over gather + SDPA: no copy of the context, one launch per layer, and a fixed grid
+valid for any kv_lens, so it can sit in a CUDA graph. The grid holds NUM_SPLITS splits a (row,
+kv head), fixed at launch (at capture, for the graph's longest context); how many of them work
+follows each row's live length on the device (at least `split_tokens` tokens a split), and the
+last split to finish combines the partials (an arrival counter a (row, kv head), reset by that
+split). Needs Triton >= 3.0 and an even head_dim <= 256; GQA groups ride as query rows of one
+program per (row, kv head, split)."""
 
 import math
 
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
+
+from variants.kernels.device import device_capability, device_sm_count
+
+
+@triton.jit
+def _combine_head(
+    m_ptr, l_ptr, acc_ptr, out_ptr, first_row, live, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """One head's output from its `live` split partials. Empty splits hold m = -inf and get
+    weight exp2(-inf) = 0. The loads skip L1 (.cg): other programs wrote these rows."""
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_mask = offs_s < live
+    row = first_row + offs_s
+    m = tl.load(m_ptr + row, mask=s_mask, other=float("-inf"), cache_modifier=".cg")
+    l_s = tl.load(l_ptr + row, mask=s_mask, other=0.0, cache_modifier=".cg")
+    acc = tl.load(acc_ptr + row[:, None] * BLOCK_D + offs_d[None, :], mask=s_mask[:, None],
+                  other=0.0, cache_modifier=".cg")  # fmt: skip
+    m_max = tl.max(m, axis=0)
+    m_max = tl.where(m_max > float("-inf"), m_max, 0.0)  # all empty: no -inf - -inf = NaN
+    w = tl.exp2(m - m_max)
+    total = tl.sum(l_s * w, axis=0)
+    o = tl.sum(acc * w[:, None], axis=0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + offs_d, o.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
 
 
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr,
+    q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, arrivals_ptr,
     stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_tb,
-    stride_ob, stride_oh, block_size, qk_scale_log2,
-    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    stride_ob, stride_oh, block_size, split_tokens, qk_scale_log2,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, USE_DOT: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
@@ -24,101 +54,95 @@ def _decode_split_kernel(
     split = tl.program_id(2)
     num_heads = tl.num_programs(1) * GROUP
     kv_len = tl.load(lens_ptr + b).to(tl.int32)
-    # The split's range comes from the device-side length: one launch fits every kv_lens.
-    split_len = tl.cdiv(tl.cdiv(kv_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = split * split_len
-    end = tl.minimum(start + split_len, kv_len)
+    # Splits that work: one per split_tokens of live context, at least one, at most the grid's.
+    live = tl.minimum(tl.maximum(tl.cdiv(kv_len, split_tokens), 1), NUM_SPLITS)
+    if split < live:
+        split_len = tl.cdiv(tl.cdiv(kv_len, live), BLOCK_N) * BLOCK_N
+        start = split * split_len
+        end = tl.minimum(start + split_len, kv_len)
 
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    heads = kvh * GROUP + offs_g
-    g_mask = offs_g < GROUP
-    d_mask = offs_d < HEAD_DIM
-    q_ptrs = q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=g_mask[:, None] & d_mask[None, :], other=0.0)
-    q_row = tl.sum(q.to(tl.float32), axis=0)  # the query when GROUP == 1 (a sum over one row)
-    # input_precision="ieee" only matters for float32 pools (no TF32); fp16/bf16 are unaffected.
+        offs_g = tl.arange(0, BLOCK_G)
+        offs_n = tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
+        heads = kvh * GROUP + offs_g
+        g_mask = offs_g < GROUP
+        d_mask = offs_d < HEAD_DIM
+        q_ptrs = q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
+        q = tl.load(q_ptrs, mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+        q_row = tl.sum(q.to(tl.float32), axis=0)  # the query when GROUP == 1 (a sum over one row)
+        # input_precision="ieee" only matters for float32 pools (no TF32); fp16/bf16 unaffected.
 
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for n0 in range(start, end, BLOCK_N):
-        pos = n0 + offs_n
-        n_mask = pos < end
-        block = tl.load(table_ptr + b * stride_tb + pos // block_size, mask=n_mask, other=0)
-        slot = block.to(tl.int64) * block_size + pos % block_size
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_ptr + slot[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :],
-                    mask=kv_mask, other=0.0)  # fmt: skip
-        v = tl.load(v_ptr + slot[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
-                    mask=kv_mask, other=0.0)  # fmt: skip
-        if USE_DOT:
-            s = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:  # a group of one: a dot product per key, no 16-row padding
-            s = tl.sum(q_row[None, :] * k.to(tl.float32), axis=1)[None, :]
-        s = tl.where(n_mask[None, :], s * qk_scale_log2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: the block holds a live position
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        p = p.to(v.dtype)  # the reference casts probabilities to the compute dtype before @ V
-        if USE_DOT:
-            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-        else:
-            p_row = tl.sum(p.to(tl.float32), axis=0)
-            pv = tl.sum(p_row[:, None] * v.to(tl.float32), axis=0)[None, :]
-            acc = acc * alpha[:, None] + pv
-        m_i = m_new
+        m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+        for n0 in range(start, end, BLOCK_N):
+            pos = n0 + offs_n
+            n_mask = pos < end
+            block = tl.load(table_ptr + b * stride_tb + pos // block_size, mask=n_mask, other=0)
+            slot = block.to(tl.int64) * block_size + pos % block_size
+            kv_mask = n_mask[:, None] & d_mask[None, :]
+            k = tl.load(k_ptr + slot[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :],
+                        mask=kv_mask, other=0.0)  # fmt: skip
+            v = tl.load(v_ptr + slot[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
+                        mask=kv_mask, other=0.0)  # fmt: skip
+            if USE_DOT:
+                s = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:  # a group of one: a dot product per key, no 16-row padding
+                s = tl.sum(q_row[None, :] * k.to(tl.float32), axis=1)[None, :]
+            s = tl.where(n_mask[None, :], s * qk_scale_log2, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: the block holds a live position
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            p = p.to(v.dtype)  # the reference casts probabilities to the compute dtype before @ V
+            if USE_DOT:
+                acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+            else:
+                p_row = tl.sum(p.to(tl.float32), axis=0)
+                pv = tl.sum(p_row[:, None] * v.to(tl.float32), axis=0)[None, :]
+                acc = acc * alpha[:, None] + pv
+            m_i = m_new
 
-    if NUM_SPLITS == 1:
-        o_ptrs = out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
-        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # kv_len 0 (a padded graph row): zeros
-        tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
-    else:  # partials [B, heads, splits] (+ [D]); an empty split stores m=-inf, l=0, acc=0
-        row = (b * num_heads + heads) * NUM_SPLITS + split
-        tl.store(m_ptr + row, m_i, mask=g_mask)
-        tl.store(l_ptr + row, l_i, mask=g_mask)
-        a_ptrs = acc_ptr + row[:, None] * BLOCK_D + offs_d[None, :]
-        tl.store(a_ptrs, acc, mask=g_mask[:, None])
-
-
-@triton.jit
-def _decode_combine_kernel(
-    m_ptr, l_ptr, acc_ptr, out_ptr, stride_ob, stride_oh,
-    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):  # fmt: skip
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    s_mask = offs_s < NUM_SPLITS
-    row = (b * tl.num_programs(1) + h) * NUM_SPLITS + offs_s
-    m = tl.load(m_ptr + row, mask=s_mask, other=float("-inf"))
-    l_s = tl.load(l_ptr + row, mask=s_mask, other=0.0)
-    acc = tl.load(acc_ptr + row[:, None] * BLOCK_D + offs_d[None, :], mask=s_mask[:, None],
-                  other=0.0)  # fmt: skip
-    # Empty splits hold m = -inf and get weight exp2(-inf) = 0; a finite reference max keeps
-    # -inf - -inf = NaN out when every split is empty (kv_len 0).
-    m_max = tl.max(m, axis=0)
-    m_max = tl.where(m_max > float("-inf"), m_max, 0.0)
-    w = tl.exp2(m - m_max)
-    total = tl.sum(l_s * w, axis=0)
-    o = tl.sum(acc * w[:, None], axis=0) / tl.where(total > 0, total, 1.0)
-    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty),
-             mask=offs_d < HEAD_DIM)  # fmt: skip
+        if live == 1:
+            o_ptrs = out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+            o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # kv_len 0 (a padded row): zeros
+            tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty),
+                     mask=g_mask[:, None] & d_mask[None, :])  # fmt: skip
+        else:  # partials [B, heads, splits] (+ [D]); an empty split stores m=-inf, l=0, acc=0
+            row = (b * num_heads + heads) * NUM_SPLITS + split
+            tl.store(m_ptr + row, m_i, mask=g_mask)
+            tl.store(l_ptr + row, l_i, mask=g_mask)
+            tl.store(acc_ptr + row[:, None] * BLOCK_D + offs_d[None, :], acc, mask=g_mask[:, None])
+            # Every thread's stores land before the arrival (a block barrier, then a release at
+            # GPU scope); the last to arrive acquires them all, combines and resets the counter.
+            tl.debug_barrier()
+            counter = arrivals_ptr + b * tl.num_programs(1) + kvh
+            if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == live - 1:
+                tl.debug_barrier()
+                for g in tl.static_range(GROUP):
+                    head = kvh * GROUP + g
+                    _combine_head(
+                        m_ptr, l_ptr, acc_ptr, out_ptr + b * stride_ob + head * stride_oh,
+                        (b * num_heads + head) * NUM_SPLITS, live, HEAD_DIM, BLOCK_S, BLOCK_D,
+                    )  # fmt: skip
+                tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
 
 
 def choose_num_splits(max_kv_len: int, batch: int, kv_heads: int, sm_count: int) -> int:
-    """Enough (row, kv head, split) programs to fill about 16x the SMs, each split at least 128
-    tokens (shorter splits cost more in the combine than they save), at most 16. At 64 rows x
-    2048 tokens on the H200, 16 splits read the cache at 1.77-1.88 TB/s and 2-3 splits at
-    1.4-1.7 (scripts/tune_decode_attention.py, docs/PERF.md): the more splits, the more loads
-    in flight."""
+    """The grid's splits for contexts up to max_kv_len (a graph's bucket): enough (row, kv
+    head, split) programs to fill about 16x the SMs, at most one per 128 tokens of the bucket,
+    at most 16. How many of them work follows each row's live length in the kernel
+    (SPLIT_TOKENS). With 32-token tiles at 64 rows x 2048 tokens on the H200, 16 splits read
+    the cache at 1.77-1.88 TB/s and 2-3 splits at 1.4-1.7; with the 128-token tiles Hopper now
+    gets, 2-16 splits all read 2.4-2.7 TB/s (scripts/tune_decode_attention.py, docs/PERF.md)."""
     programs = max(1, batch * kv_heads)
     wanted = -(-16 * sm_count // programs)
     return max(1, min(16, wanted, max_kv_len // 128))
+
+
+# The fewest live tokens a split gets. At 8 x 150 on the H200 (16 splits captured) 32 tokens
+# took the attention from 10.4 to 7.3 us; at 64 x 2048 it made no difference (docs/PERF.md).
+SPLIT_TOKENS = 32
 
 
 def paged_decode_attention(
@@ -132,11 +156,16 @@ def paged_decode_attention(
     num_splits: int,
     out: torch.Tensor | None = None,
     tiles: tuple | None = None,
+    arrivals: torch.Tensor | None = None,
+    split_tokens: int = SPLIT_TOKENS,
 ) -> torch.Tensor:
     """q [B, heads, d]; pools [slots, kv_heads, d]; block_table [B, W] (int32 or int64; slab:
     W=1 and block_size=max_positions); kv_lens [B] (a row of length 0 gets zeros). Returns
-    [B, heads, d] in q's dtype (into `out` when given). `tiles` = (BLOCK_N, num_warps,
-    num_stages) overrides the defaults (scripts/tune_decode_attention.py)."""
+    [B, heads, d] in q's dtype (into `out` when given). `num_splits` is the most splits a row
+    gets; each live split gets at least `split_tokens` tokens. `arrivals`: int32 zeros, at least
+    B x kv_heads, that the kernel leaves zero (a CUDA graph keeps one; allocated when None).
+    `tiles` = (BLOCK_N, num_warps, num_stages) overrides the defaults
+    (scripts/tune_decode_attention.py)."""
     batch, heads, d = q.shape
     kv_heads = k_pool.shape[1]
     group = heads // kv_heads
@@ -152,31 +181,67 @@ def paged_decode_attention(
     use_dot = group > 1
     if use_dot:
         block_g = max(16, block_g)  # tl.dot needs 16 rows
-    # Four warps: on the H200 (scripts/tune_decode_attention.py, docs/PERF.md) 8 warps read the
-    # cache at ~0.98 TB/s at batch 64 x 2048, 4 warps at ~1.7 TB/s with the same tiles.
-    block_n = 64 if block_d <= 64 else 32
-    warps, stages = 4, 2
-    if tiles is not None:
-        block_n, warps, stages = tiles
+    if tiles is None:
+        device = q.device
+        tiles = default_tiles(
+            batch, kv_heads, block_d, device_sm_count(device), device_capability(device)
+        )
     num_splits = max(1, int(num_splits))
+    if arrivals is None:  # the kernel compiles its counter code even when one split never uses it
+        arrivals = torch.zeros(batch * kv_heads, device=q.device, dtype=torch.int32)
+    assert arrivals.dtype == torch.int32 and arrivals.numel() >= batch * kv_heads
     if num_splits > 1:
         m = torch.empty(batch, heads, num_splits, device=q.device, dtype=torch.float32)
         l_s = torch.empty_like(m)
         acc = torch.empty(batch, heads, num_splits, block_d, device=q.device, dtype=torch.float32)
     else:
-        m = l_s = acc = out  # unused: the kernel writes the output directly
-    _decode_split_kernel[(batch, kv_heads, num_splits)](
-        q, k_pool, v_pool, block_table, kv_lens, out, m, l_s, acc,
+        m = l_s = acc = out  # unused: one split writes the output directly
+    args = (
+        q, k_pool, v_pool, block_table, kv_lens, out, m, l_s, acc, arrivals,
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0),
         v_pool.stride(1), block_table.stride(0), out.stride(0), out.stride(1), block_size,
-        scale * math.log2(math.e),
-        GROUP=group, HEAD_DIM=d, NUM_SPLITS=num_splits, BLOCK_G=block_g, BLOCK_N=block_n,
-        BLOCK_D=block_d, USE_DOT=use_dot, num_warps=warps, num_stages=stages,
+        max(1, int(split_tokens)), scale * math.log2(math.e),
     )  # fmt: skip
-    if num_splits > 1:
-        _decode_combine_kernel[(batch, heads)](
-            m, l_s, acc, out, out.stride(0), out.stride(1),
-            HEAD_DIM=d, NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
-            BLOCK_D=block_d, num_warps=4,
-        )  # fmt: skip
+    meta = dict(
+        GROUP=group, HEAD_DIM=d, NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
+        BLOCK_G=block_g, BLOCK_D=block_d, USE_DOT=use_dot,
+    )  # fmt: skip
+    key = (q.device, tiles, block_d, block_g)
+    if key in _TOO_BIG:  # this GPU refused the tile before: the small one, without retrying
+        tiles = (32, 4, 2)
+    try:
+        _launch((batch, kv_heads, num_splits), args, meta, tiles)
+    except OutOfResources:  # raised before anything runs (e.g. a 99 KiB RTX 3090 block)
+        if tiles == (32, 4, 2):
+            raise
+        _TOO_BIG.add(key)
+        _launch((batch, kv_heads, num_splits), args, meta, (32, 4, 2))
     return out
+
+
+_TOO_BIG: set = set()
+
+
+def _launch(grid: tuple, args: tuple, meta: dict, tiles: tuple) -> None:
+    block_n, warps, stages = tiles
+    _decode_split_kernel[grid](*args, **meta, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
+
+
+def default_tiles(batch: int, kv_heads: int, block_d: int, sm_count: int, capability=(0, 0)):
+    """(BLOCK_N, warps, stages), four warps (8 halved the bandwidth on the H200).
+    - Narrow heads (BLOCK_D <= 64): 64-token tiles.
+    - Hopper and newer (measured on the H200, scripts/tune_decode_attention.py, docs/PERF.md):
+      128-token tiles once there is a (row, kv head) program per SM (64 x 2048 read at about
+      2.5 TB/s, against 2.17 with 64 and 1.67 with 32); 64-token tiles from a quarter of that
+      (32 x 512: 29.7 us against 38.3); 32-token tiles below (8 x 150: more splits work).
+    - Other GPUs keep 32-token tiles: wider ones were not measured there (an RTX 3090 has the
+      same registers a thread but 99 KiB of shared memory a block)."""
+    if block_d <= 64:
+        return 64, 4, 2
+    programs = batch * kv_heads
+    if tuple(capability) >= (9, 0):
+        if programs >= sm_count:
+            return 128, 4, 2
+        if 4 * programs >= sm_count:
+            return 64, 4, 2
+    return 32, 4, 2

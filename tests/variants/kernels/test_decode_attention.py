@@ -7,8 +7,10 @@ import torch
 
 pytest.importorskip("triton", reason="triton is not installed")
 
+import variants.kernels.decode_attention as decode_module  # noqa: E402
 from variants.kernels.decode_attention import (  # noqa: E402
     choose_num_splits,
+    default_tiles,
     paged_decode_attention,
 )
 
@@ -59,10 +61,13 @@ def slab_case(kv_lens, heads, kv_heads, d, max_len, dtype=torch.float32, device=
     return to(q), to(k_pool), to(v_pool), table.to(device, torch.int32), lens.to(device)
 
 
-def check(case, block_size, num_splits, atol=1e-5, rtol=1e-5):
+def check(case, block_size, num_splits, atol=1e-5, rtol=1e-5, split_tokens=1):
+    """split_tokens=1 by default: every split the grid has works, even at these short lengths."""
     q, k_pool, v_pool, table, lens = case
     scale = 1.0 / math.sqrt(q.shape[-1])
-    got = paged_decode_attention(q, k_pool, v_pool, table, lens, block_size, scale, num_splits)
+    got = paged_decode_attention(
+        q, k_pool, v_pool, table, lens, block_size, scale, num_splits, split_tokens=split_tokens
+    )
     want = reference_decode(q, k_pool, v_pool, table, lens, block_size)
     assert got.shape == q.shape and got.dtype == q.dtype
     torch.testing.assert_close(got, want, atol=atol, rtol=rtol)
@@ -92,7 +97,9 @@ def test_empty_row_gives_zeros():
     q, k_pool, v_pool, table, lens = paged_case([5, 20], 2, 2, 24, 16)
     lens[0] = 0
     for splits in (1, 3):
-        out = paged_decode_attention(q, k_pool, v_pool, table, lens, 16, 24**-0.5, splits)
+        out = paged_decode_attention(
+            q, k_pool, v_pool, table, lens, 16, 24**-0.5, splits, split_tokens=1
+        )
         assert torch.equal(out[0], torch.zeros_like(out[0]))
         want = reference_decode(q[1:], k_pool, v_pool, table[1:], lens[1:], 16)
         torch.testing.assert_close(out[1:], want)
@@ -112,9 +119,64 @@ def test_strided_q_and_out_buffer():
     q, k_pool, v_pool, table, lens = paged_case([7, 33], 2, 2, 24, 16)
     wide = torch.cat([q, q], dim=-1)[..., :24]  # row stride 48, last stride 1
     out = torch.full_like(q, float("nan"))
-    res = paged_decode_attention(wide, k_pool, v_pool, table, lens, 16, 24**-0.5, 2, out=out)
+    res = paged_decode_attention(
+        wide, k_pool, v_pool, table, lens, 16, 24**-0.5, 2, out=out, split_tokens=1
+    )
     assert res is out
     torch.testing.assert_close(out, reference_decode(q, k_pool, v_pool, table, lens, 16))
+
+
+@pytest.mark.parametrize("split_tokens", [16, 20, 64])
+def test_live_splits_follow_each_rows_length(split_tokens):
+    """Grid of 4 splits; a row works cdiv(len, split_tokens) of them (1 to 4): 1, 1, 2, 4, 4
+    at 16 tokens a split. The last split to finish combines."""
+    check(paged_case([1, 16, 17, 64, 100], 4, 2, 24, 16), 16, 4, split_tokens=split_tokens)
+
+
+def test_arrival_counters_end_at_zero_and_serve_the_next_call():
+    q, k_pool, v_pool, table, lens = paged_case([40, 9, 33], 4, 2, 24, 16)
+    arrivals = torch.zeros(16, dtype=torch.int32, device=q.device)
+    want = reference_decode(q, k_pool, v_pool, table, lens, 16)
+    for _ in range(3):  # a captured graph reuses one buffer for every layer and step
+        got = paged_decode_attention(
+            q, k_pool, v_pool, table, lens, 16, 24**-0.5, 3, arrivals=arrivals, split_tokens=8
+        )
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        assert torch.equal(arrivals, torch.zeros_like(arrivals))
+
+
+def test_default_tiles():
+    hopper = (9, 0)
+    assert default_tiles(64, 4, 256, 132, hopper) == (128, 4, 2)  # a program per SM
+    assert default_tiles(32, 4, 256, 132, hopper) == (64, 4, 2)  # a quarter of that
+    assert default_tiles(8, 4, 256, 132, hopper) == (32, 4, 2)  # few rows: more splits work
+    assert default_tiles(64, 4, 256, 82, (8, 6)) == (32, 4, 2)  # not measured off Hopper
+    assert default_tiles(8, 4, 64, 132, (8, 6)) == (64, 4, 2)  # narrow heads: always 64
+
+
+def test_a_tile_the_gpu_refuses_falls_back_to_the_small_one(monkeypatch):
+    """An OutOfResources launch (shared memory on a small GPU) retries with (32, 4, 2) and is
+    remembered, so later calls go straight to the small tile."""
+    from triton.runtime.errors import OutOfResources
+
+    real, tried = decode_module._launch, []
+
+    def picky(grid, args, meta, tiles):
+        tried.append(tiles)
+        if tiles[0] == 64:
+            raise OutOfResources(200_000, 101_376, "shared memory")
+        real(grid, args, meta, tiles)
+
+    monkeypatch.setattr(decode_module, "_launch", picky)
+    monkeypatch.setattr(decode_module, "_TOO_BIG", set())
+    q, k_pool, v_pool, table, lens = paged_case([40, 9], 2, 2, 24, 16)
+    want = reference_decode(q, k_pool, v_pool, table, lens, 16)
+    for _ in range(2):
+        got = paged_decode_attention(
+            q, k_pool, v_pool, table, lens, 16, 24**-0.5, 2, tiles=(64, 4, 2), split_tokens=8
+        )
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert tried == [(64, 4, 2), (32, 4, 2), (32, 4, 2)]
 
 
 def test_choose_num_splits():
@@ -175,3 +237,29 @@ def test_gpu_cuda_graph_replay_with_other_lengths():
         graph.replay()
         want = reference_decode(q, k_pool, v_pool, table, lens, 16)
         torch.testing.assert_close(out, want, atol=2e-3, rtol=1e-2)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_last_split_combines_only_finished_partials():
+    """The arrival counter's ordering, under load: 300 launches, each with a new query and 16
+    live splits a row, back to back on one counter buffer. A combine that read a partial before
+    its writer's stores landed would mix in the previous launch's partials (another query): every
+    launch must match the one-split result."""
+    lens = [1024 - (i * 29) % 200 for i in range(64)]
+    _, k_pool, v_pool, table, kv_lens = paged_case(lens, 4, 4, 192, 16, torch.float16, "cuda")
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    queries = torch.randn(300, 64, 4, 192, device="cuda", dtype=torch.float16, generator=gen)
+    arrivals = torch.zeros(256, dtype=torch.int32, device="cuda")
+    scale = 192**-0.5
+    split = [
+        paged_decode_attention(
+            q, k_pool, v_pool, table, kv_lens, 16, scale, 16, arrivals=arrivals, split_tokens=16
+        )  # fmt: skip
+        for q in queries
+    ]
+    whole = [paged_decode_attention(q, k_pool, v_pool, table, kv_lens, 16, scale, 1)
+             for q in queries]  # fmt: skip
+    worst = max((a.float() - b.float()).abs().max().item() for a, b in zip(split, whole))
+    assert worst < 2e-3
+    assert torch.equal(arrivals, torch.zeros_like(arrivals))
