@@ -4,6 +4,8 @@ On CUDA a copy from pageable memory synchronises the stream; a copy from pinned 
 `non_blocking=True` does not. `host_tensor` pins a fresh tensor per call (the eager paths);
 `PinnedRing` keeps a few pinned buffers for the CUDA-graph paths, which stage every call."""
 
+import array
+
 import torch
 
 
@@ -24,7 +26,6 @@ class PinnedRing:
         device = torch.device(device)
         cuda = device.type == "cuda"
         self.buffers = [torch.empty(size, dtype=torch.long, pin_memory=cuda) for _ in range(slots)]
-        self.arrays = [b.numpy() for b in self.buffers]
         self.events = [torch.cuda.Event() if cuda else None for _ in range(slots)]
         self.used = [False] * slots
         self.device = device
@@ -37,7 +38,10 @@ class PinnedRing:
         self.turn = (i + 1) % len(self.buffers)
         if self.used[i]:
             self.events[i].synchronize()
-        self.arrays[i][:n] = values
+        # array.array converts a list of ints about 6x faster than torch.tensor (and needs no
+        # numpy, which the standalone engine does not import)
+        if n:  # frombuffer refuses an empty buffer
+            self.buffers[i][:n].copy_(torch.frombuffer(array.array("q", values), dtype=torch.long))
         dst.copy_(self.buffers[i][:n].view(dst.shape), non_blocking=True)
         if self.events[i] is not None:  # a CPU copy is done when copy_ returns
             self.events[i].record(torch.cuda.current_stream(self.device))

@@ -54,8 +54,20 @@ class PagedKVCache:
         self.free_blocks.extend(reversed(self.table.pop(rid)))
 
     def token_slots(self, rid: int, start: int, stop: int) -> list:
+        """The slots of positions [start, stop): one run of consecutive slots per block (a
+        per-position loop cost ~27 us of host time for 128 tokens)."""
         blocks, bs = self.table[rid], self.block_size
-        return [blocks[p // bs] * bs + p % bs for p in range(start, stop)]
+        if stop == start + 1:  # a decode step's one token
+            return [blocks[start // bs] * bs + start % bs]
+        slots: list = []
+        p = start
+        while p < stop:
+            block, offset = divmod(p, bs)
+            run = min(stop - p, bs - offset)
+            first = blocks[block] * bs + offset
+            slots.extend(range(first, first + run))
+            p += run
+        return slots
 
     def read_rows(self, rids: list) -> torch.Tensor:
         """The block table of the batch, padded with block 0 (masked out by the lengths)."""

@@ -97,14 +97,16 @@ class PrefillGraphs:
         starts = [0]
         for length in lengths:
             starts.append(starts[-1] + length)
-        write = [i for r, length in zip(rids, lengths) for i in cache.token_slots(r, 0, length)]
-        values = (
-            [p for length in lengths for p in range(length)] + [0] * (t - n)
-            + write + [cache.scratch_token()] * (t - n)
-            + [s - 1 for s in starts[1:]] + [0] * pad
-            + starts + [n] * pad
-            + prefill_schedule(lengths, self.block_m, self._blocks(t))
-        )  # fmt: skip
+        values: list = []  # list extends: this runs on every prefill call
+        for length in lengths:
+            values += range(length)
+        values += [0] * (t - n)
+        for r, length in zip(rids, lengths):
+            values += cache.token_slots(r, 0, length)
+        values += [cache.scratch_token()] * (t - n)
+        values += [s - 1 for s in starts[1:]] + [0] * pad
+        values += starts + [n] * pad
+        values += prefill_schedule(lengths, self.block_m, self._blocks(t))
         self.staging.copy(values, self.meta[: len(values)])
 
     def step(self, rids: list, lengths: list, tokens: torch.Tensor) -> torch.Tensor:

@@ -24,11 +24,12 @@ def rotate_pairs(x0, x1, c, s):
 @triton.jit
 def _rope_cache_write_kernel(
     q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, k_pool_ptr, v_pool_ptr, index_ptr, q_out_ptr,
-    stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd, stride_vt, stride_vh,
-    stride_vd, stride_ct, stride_st, stride_kpt, stride_kph, stride_vpt, stride_vph,
-    stride_ot, stride_oh,
+    k_out_ptr, stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd, stride_vt,
+    stride_vh, stride_vd, stride_ct, stride_st, stride_kpt, stride_kph, stride_vpt, stride_vph,
+    stride_ot, stride_oh, stride_kot, stride_koh,
     HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    STORE_K: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
     j = tl.arange(0, BLOCK_HALF)
@@ -57,6 +58,10 @@ def _rope_cache_write_kernel(
     kp_base = k_pool_ptr + slot * stride_kpt + hk[:, None] * stride_kph + 2 * j[None, :]
     tl.store(kp_base, r0.to(k_pool_ptr.dtype.element_ty), mask=k_mask)
     tl.store(kp_base + 1, r1.to(k_pool_ptr.dtype.element_ty), mask=k_mask)
+    if STORE_K:  # the rotated keys also packed by token, as the cache holds them
+        ko_base = k_out_ptr + t * stride_kot + hk[:, None] * stride_koh + 2 * j[None, :]
+        tl.store(ko_base, r0.to(k_out_ptr.dtype.element_ty), mask=k_mask)
+        tl.store(ko_base + 1, r1.to(k_out_ptr.dtype.element_ty), mask=k_mask)
 
     # V is copied as the same pairs, so one index layout serves all three tensors.
     v_base = v_ptr + t * stride_vt + hk[:, None] * stride_vh + (2 * j[None, :]) * stride_vd
@@ -76,22 +81,28 @@ def rope_and_cache_write(
     k_pool: torch.Tensor,
     v_pool: torch.Tensor,
     write_index: torch.Tensor,
+    k_out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [N, heads, d], k/v [N, kv_heads, d] (any strides); cos/sin [N, d/2] in the compute
     dtype; pools [slots, kv_heads, d] with unit last stride; write_index [N] token slot per row.
-    Writes RoPE(k) and v into the pools in place and returns RoPE(q) as a new [N, heads, d]."""
+    Writes RoPE(k) and v into the pools in place and returns RoPE(q) as a new [N, heads, d].
+    `k_out` ([N, kv_heads, d], unit last stride) also receives RoPE(k) in its dtype: a prefill
+    attends over it without reading the keys back from the pool."""
     tokens, heads, d = q.shape
     kv_heads = k.shape[1]
     assert d % 2 == 0 and k_pool.stride(-1) == 1 and v_pool.stride(-1) == 1
     assert cos.stride(-1) == 1 and sin.stride(-1) == 1
+    if k_out is not None:
+        assert k_out.shape == (tokens, kv_heads, d) and k_out.stride(-1) == 1
     q_out = torch.empty(tokens, heads, d, device=q.device, dtype=q.dtype)
+    ko = q_out if k_out is None else k_out  # unread without STORE_K
     _rope_cache_write_kernel[(tokens,)](
-        q, k, v, cos, sin, k_pool, v_pool, write_index, q_out,
+        q, k, v, cos, sin, k_pool, v_pool, write_index, q_out, ko,
         *q.stride(), *k.stride(), *v.stride(), cos.stride(0), sin.stride(0),
         k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
-        q_out.stride(0), q_out.stride(1),
+        q_out.stride(0), q_out.stride(1), ko.stride(0), ko.stride(1),
         HEADS=heads, KV_HEADS=kv_heads, HEAD_DIM=d, BLOCK_HQ=triton.next_power_of_2(heads),
         BLOCK_HK=triton.next_power_of_2(kv_heads),
-        BLOCK_HALF=triton.next_power_of_2(d // 2), num_warps=4,
+        BLOCK_HALF=triton.next_power_of_2(d // 2), STORE_K=k_out is not None, num_warps=4,
     )  # fmt: skip
     return q_out

@@ -75,7 +75,10 @@ def _varlen_prefill_kernel(
 def prefill_tiles(head_dim: int) -> tuple:
     """(BLOCK_M, BLOCK_N, num_warps, BLOCK_D) for a head_dim. Tiles that compile for sm_86 with
     Triton 3.0 without register spills (ptxas -v) and within the RTX 3090's 99 KB of shared
-    memory (49 KB at d=256)."""
+    memory (49 KB at d=256). On the H200 larger tiles are much faster at head_dim 192 (128 x 64
+    over 8 warps: 4 x 2048 in 160 us against 554; docs/PERF.md, run 23), but they are not the
+    default yet: no engine-level GPU check has run with them (scripts/tune_prefill_attention.py
+    measured the kernel alone)."""
     block_d = max(16, triton.next_power_of_2(head_dim))
     if block_d <= 64:
         return 64, 64, 4, block_d
@@ -85,8 +88,12 @@ def prefill_tiles(head_dim: int) -> tuple:
 def prefill_schedule(lengths: list, block_m: int, size: int) -> list:
     """The [2, size] table of a scheduled launch, flattened: row 0 the prompt of each q-block
     (-1 past the last), row 1 the block's index within its prompt."""
-    prompts = [b for b, n in enumerate(lengths) for _ in range(triton.cdiv(n, block_m))]
-    blocks = [m for n in lengths for m in range(triton.cdiv(n, block_m))]
+    prompts: list = []
+    blocks: list = []
+    for b, n in enumerate(lengths):  # plain Python: this runs on the host every prefill call
+        count = -(-n // block_m)  # (triton.cdiv goes through the JIT's call path: ~7 us)
+        prompts += [b] * count
+        blocks += range(count)
     if len(prompts) > size:
         raise ValueError(f"{len(prompts)} q-blocks exceed the schedule's {size}")
     pad = size - len(prompts)
@@ -101,11 +108,14 @@ def varlen_prefill_attention(
     max_seqlen: int,
     scale: float,
     schedule: torch.Tensor | None = None,
+    tiles: tuple | None = None,
 ) -> torch.Tensor:
     """q [N, heads, d], k/v [N, kv_heads, d] packed prompts (views with unit last stride are
     fine); cu_seqlens [B+1] int32 prefix sums of the lengths. Returns [N, heads, d].
     `schedule` ([2, S] from `prefill_schedule`, on the device) fixes the grid at S programs per
-    head whatever the lengths, as a CUDA graph needs; max_seqlen is then unused."""
+    head whatever the lengths, as a CUDA graph needs; max_seqlen is then unused. `tiles` =
+    (BLOCK_M, BLOCK_N, warps, stages) overrides `prefill_tiles` (not with a schedule, which is
+    built for its BLOCK_M; scripts/tune_prefill_attention.py)."""
     tokens, heads, d = q.shape
     kv_heads = k.shape[1]
     group = heads // kv_heads
@@ -114,6 +124,10 @@ def varlen_prefill_attention(
     out = torch.empty(tokens, heads, d, device=q.device, dtype=q.dtype)
     assert tokens * max(q.stride(0), k.stride(0), v.stride(0)) < 2**31, "int32 row offsets"
     block_m, block_n, warps, block_d = prefill_tiles(d)
+    stages = 2
+    if tiles is not None:
+        assert schedule is None, "a schedule is built for prefill_tiles' BLOCK_M"
+        block_m, block_n, warps, stages = tiles
     if schedule is None:
         grid = (triton.cdiv(max_seqlen, block_m), cu_seqlens.numel() - 1, heads)
         sched, n_sched = cu_seqlens, 0
@@ -125,6 +139,6 @@ def varlen_prefill_attention(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), scale * math.log2(math.e),
         GROUP=group, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        SCHEDULED=schedule is not None, num_warps=warps, num_stages=2,
+        SCHEDULED=schedule is not None, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out

@@ -21,14 +21,15 @@ def run_triton_stack(engine, tokens, positions, plan, batch):
         x, h = add_rms_norm(x, delta, w.input_norm, eps)
         q, k, v = project_qkv(h, w.qkv, heads * d, kv_heads * d)
         k, v = k.view(-1, kv_heads, d), v.view(-1, kv_heads, d)
+        # A prefill attends over its own keys as the cache holds them: rotated (the kernel
+        # also packs them by token) and in the pool's dtype.
+        k_rot = None if batch is None else k.new_empty(k.shape, dtype=cache.k[n].dtype)
         q = rope_and_cache_write(
-            q.view(-1, heads, d), k, v, cos, sin, cache.k[n], cache.v[n], plan.write_index
-        )
-        if batch is not None:  # prefill attends over its own (rotated) keys: read them back
-            o = engine.attention.prefill(
-                q, cache.k[n].index_select(0, plan.write_index),
-                cache.v[n].index_select(0, plan.write_index), batch,
-            )  # fmt: skip
+            q.view(-1, heads, d), k, v, cos, sin, cache.k[n], cache.v[n], plan.write_index,
+            k_out=k_rot,
+        )  # fmt: skip
+        if batch is not None:
+            o = engine.attention.prefill(q, k_rot, v.to(cache.v[n].dtype), batch)
         else:
             o = engine.attention.decode_from_cache(q, cache, n, plan)
         x, h = add_rms_norm(x, F.linear(o, w.o), w.post_norm, eps)

@@ -48,6 +48,19 @@ def test_token_slots_follow_the_block_table(tiny_spec):
     assert set(b).isdisjoint(cache.table[2])
 
 
+def test_token_slots_runs_match_the_per_position_formula(tiny_spec):
+    """Slots come in one run per block: every start, one token or many, across block edges."""
+    cache = paged(tiny_spec, 128, 16)
+    cache.allocate(7, 3)
+    cache.allocate(8, 45)
+    b = cache.table[8]
+    for start in range(45):
+        for stop in {start + 1, min(45, start + 17), 45}:
+            want = [b[p // 16] * 16 + p % 16 for p in range(start, stop)]
+            assert cache.token_slots(8, start, stop) == want, (start, stop)
+    assert cache.token_slots(8, 5, 5) == []
+
+
 def test_block_zero_is_scratch_and_never_handed_out(tiny_spec):
     cache = paged(tiny_spec, 64, 16)
     for rid in range(20):

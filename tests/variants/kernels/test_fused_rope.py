@@ -1,4 +1,5 @@
-"""Fused RoPE + KV-cache write against apply_rope and index_copy_."""
+"""Fused RoPE + KV-cache write (and the packed rotated keys a prefill attends over) against
+apply_rope and index_copy_."""
 
 import pytest
 import torch
@@ -24,12 +25,14 @@ def _run_case(tokens, heads, kv_heads, d, dtype, device, slots=64, seed=0):
     write_index = torch.randperm(slots, generator=gen)[:tokens].to(device)
     k_pool = torch.zeros(slots, kv_heads, d, device=device, dtype=dtype)
     v_pool = torch.zeros_like(k_pool)
-    q_rot = rope_and_cache_write(q, k, v, cos, sin, k_pool, v_pool, write_index)
+    k_rot = torch.full((tokens, kv_heads, d), float("nan"), device=device, dtype=dtype)
+    q_rot = rope_and_cache_write(q, k, v, cos, sin, k_pool, v_pool, write_index, k_out=k_rot)
 
     k_ref, v_ref = torch.zeros_like(k_pool), torch.zeros_like(v_pool)
     k_ref.index_copy_(0, write_index, apply_rope(k, cos, sin))
     v_ref.index_copy_(0, write_index, v)
-    return (q_rot, k_pool, v_pool), (apply_rope(q, cos, sin), k_ref, v_ref)
+    got = (q_rot, k_pool, v_pool, k_rot)
+    return got, (apply_rope(q, cos, sin), k_ref, v_ref, apply_rope(k, cos, sin))
 
 
 @pytest.mark.parametrize("heads,kv_heads,d", [(4, 2, 24), (2, 2, 48), (3, 1, 16)])
@@ -52,3 +55,15 @@ def test_gpu_rope_and_cache_write(tokens, dtype):
     for g, w in zip(got, want):
         scale = w.abs().max().item()
         torch.testing.assert_close(g, w, atol=2 * eps * scale, rtol=eps)
+
+
+def test_k_out_is_optional():
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(3, 2, 16, generator=gen).to(DEVICE) for _ in range(3))
+    rope = RopeTable(16, 64, 10000.0, DEVICE, torch.float32)
+    cos, sin = rope.at(torch.tensor([0, 5, 9], device=DEVICE))
+    k_pool, v_pool = torch.zeros(8, 2, 16, device=DEVICE), torch.zeros(8, 2, 16, device=DEVICE)
+    index = torch.tensor([7, 0, 3], device=DEVICE)
+    q_rot = rope_and_cache_write(q, k, v, cos, sin, k_pool, v_pool, index)
+    torch.testing.assert_close(q_rot, apply_rope(q, cos, sin), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(k_pool[index], apply_rope(k, cos, sin), atol=1e-6, rtol=1e-6)

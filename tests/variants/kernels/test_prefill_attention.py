@@ -36,9 +36,9 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def run_case(lengths, heads, kv_heads, d, dtype=torch.float32, device=DEVICE, seed=0, atol=1e-5,
-             padding: int = 0, schedule_size: int = 0):  # fmt: skip
+             padding: int = 0, schedule_size: int = 0, tiles=None):  # fmt: skip
     """`padding` extra packed tokens belong to no prompt; `schedule_size` > 0 runs the fixed-grid
-    (scheduled) launch with that many programs per head."""
+    (scheduled) launch with that many programs per head; `tiles` overrides the launcher's."""
     gen = torch.Generator().manual_seed(seed)
     tokens = sum(lengths) + padding
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * d, generator=gen).to(device, dtype)
@@ -49,7 +49,9 @@ def run_case(lengths, heads, kv_heads, d, dtype=torch.float32, device=DEVICE, se
     if schedule_size:
         table = prefill_schedule(lengths, prefill_tiles(d)[0], schedule_size)
         schedule = torch.tensor(table, device=device).view(2, schedule_size)
-    got = varlen_prefill_attention(q, k, v, cu.to(device), max(lengths), 1 / math.sqrt(d), schedule)
+    got = varlen_prefill_attention(
+        q, k, v, cu.to(device), max(lengths), 1 / math.sqrt(d), schedule, tiles=tiles
+    )
     assert got.shape == q.shape and got.dtype == dtype
     real = sum(lengths)
     torch.testing.assert_close(
@@ -60,6 +62,16 @@ def run_case(lengths, heads, kv_heads, d, dtype=torch.float32, device=DEVICE, se
 @pytest.mark.parametrize("heads,kv_heads,d", [(2, 2, 24), (4, 2, 48)])
 def test_ragged_with_length_one(heads, kv_heads, d):
     run_case([1, 70, 5, 64], heads, kv_heads, d)
+
+
+@pytest.mark.parametrize("tiles", [(16, 16, 4, 2), (32, 16, 4, 3)])
+def test_tile_override(tiles):
+    run_case([1, 70, 5], 2, 2, 24, tiles=tiles)
+
+
+def test_tile_override_refuses_a_schedule():
+    with pytest.raises(AssertionError, match="schedule"):
+        run_case([5], 2, 2, 24, schedule_size=4, tiles=(16, 16, 4, 2))
 
 
 def test_single_prompt_gqa_group_3():

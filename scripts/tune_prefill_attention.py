@@ -1,0 +1,98 @@
+"""Tile sweep of our varlen prefill attention on the GPU: for each packed shape (prompts x
+length, public head sizes), every (BLOCK_M, BLOCK_N, warps, stages) tile, timed with
+triton.testing.do_bench against the tile the launcher picks, each checked against causal SDPA
+per prompt (max abs difference). Tiles the GPU refuses are listed as failed.
+
+    python scripts/tune_prefill_attention.py [--json PATH] [--shape 1x2048 ...]
+        [--tiles 64,64,8,2 ...]
+"""
+
+import argparse
+import functools
+import json
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from variants.kernels.prefill_attention import (  # noqa: E402
+    prefill_tiles,
+    varlen_prefill_attention,
+)
+
+HEADS, KV_HEADS, HEAD_DIM = 4, 4, 192
+TILES = [(32, 32, 8, 2), (64, 32, 8, 2), (64, 64, 8, 2), (128, 32, 8, 2), (128, 64, 8, 2),
+         (64, 64, 4, 2), (64, 64, 8, 3), (128, 64, 8, 3)]  # fmt: skip
+
+
+def median_ms(fn) -> float:
+    from triton.testing import do_bench
+
+    result = do_bench(fn, quantiles=[0.5], warmup=5, rep=30)
+    return float(result[0] if isinstance(result, (list, tuple)) else result)
+
+
+def reference(q, k, v, lengths):
+    """Causal SDPA per prompt, in q's dtype."""
+    rows, start = [], 0
+    for n in lengths:
+        sl = slice(start, start + n)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q[sl].transpose(0, 1), k[sl].transpose(0, 1), v[sl].transpose(0, 1), is_causal=True
+        )
+        rows.append(out.transpose(0, 1))
+        start += n
+    return torch.cat(rows)
+
+
+def sweep_shape(prompts: int, length: int, tiles: list) -> dict:
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    tokens = prompts * length
+    make = lambda h: torch.randn(tokens, h, HEAD_DIM, device="cuda", dtype=torch.float16,
+                                 generator=gen)  # fmt: skip
+    q, k, v = make(HEADS), make(KV_HEADS), make(KV_HEADS)
+    lengths = [length] * prompts
+    cu = torch.arange(0, tokens + 1, length, device="cuda", dtype=torch.int32)
+    scale = 1 / math.sqrt(HEAD_DIM)
+    want = reference(q, k, v, lengths)
+    default = prefill_tiles(HEAD_DIM)
+    rows = []
+    for tile in [(default[0], default[1], default[2], 2)] + tiles:
+        try:
+            fn = functools.partial(varlen_prefill_attention, q, k, v, cu, length, scale, tiles=tile)
+            err = (fn().float() - want.float()).abs().max().item()
+            ms = median_ms(fn)
+        except Exception as exc:  # out of resources: the tile does not fit this GPU
+            rows.append({"tiles": list(tile), "error": str(exc)[:80]})
+            continue
+        rows.append({"tiles": list(tile), "us": round(ms * 1e3, 1), "max_diff": err})
+    ok = sorted((r for r in rows if "us" in r), key=lambda r: r["us"])
+    return {"shape": f"{prompts}x{length}", "default": rows[0], "best": ok[:4],
+            "failed": [r for r in rows if "error" in r]}  # fmt: skip
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--json", default=None)
+    p.add_argument("--shape", action="append", default=[], help="PROMPTSxLENGTH; repeatable")
+    p.add_argument("--tiles", action="append", default=[], help="BLOCK_M,BLOCK_N,WARPS,STAGES")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("error: needs a CUDA device", file=sys.stderr)
+        return 2
+    tiles = [tuple(int(x) for x in t.split(",")) for t in args.tiles] or TILES
+    results = []
+    for shape in args.shape or ["4x128", "1x2048", "4x2048"]:
+        prompts, length = (int(x) for x in shape.split("x"))
+        results.append(sweep_shape(prompts, length, tiles))
+        print(json.dumps(results[-1]), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
