@@ -1,5 +1,6 @@
-"""Decode-step anatomy on the GPU: median step time at a batch and context, the kernels one step
-launches (torch.profiler), and the host time from the call to the first launch, per variant."""
+"""Decode-step anatomy on the GPU: median step time at a batch and context, the GPU time of the
+step's graph replayed back to back, the kernels one step launches (torch.profiler), and the host
+time of a call, per variant."""
 
 import argparse
 import json
@@ -29,6 +30,7 @@ def step_profile(config, weight_dir, fields: dict, batch: int, ctx: int, steps: 
         engine.decode(ids, t)
     torch.cuda.synchronize()
     times = []
+    replay = graph_replay_us(engine, batch, max(engine.lengths.values()))
     for t in tokens[5:]:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -59,12 +61,41 @@ def step_profile(config, weight_dir, fields: dict, batch: int, ctx: int, steps: 
         "ctx": ctx,
         "step_ms_median": statistics.median(times),
         "step_ms_min": min(times),
+        "graph_replay_us": replay,
         "kernels_per_step": len(kernels),
         "host_call_ms_median": statistics.median(host),
         "kernel_busy_us": round(sum(us for _, us in by_name.values()), 1),
         "top_kernels": [{"name": k[:70], "count": n, "us": round(us, 1)} for k, (n, us) in top],
         "prefill": prefill_profile(engine, config, gen),
     }
+
+
+def graph_replay_us(engine, batch: int, longest: int, replays: int = 100) -> dict | None:
+    """The GPU time of one decode step alone (the captured graph of this batch and context
+    replayed back to back, no host work between, per replay) and the host time of one replay
+    call with the GPU idle (the graph launch). None without decode graphs."""
+    graphs = getattr(engine.decode_step, "__self__", None)
+    if not hasattr(graphs, "graphs"):
+        return None
+    bucket = next(s for s in graphs.batches if s >= batch)
+    graph = graphs.graphs[bucket, next(c for c in graphs.contexts if c >= longest)]
+    for _ in range(5):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    launch = []
+    for _ in range(20):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        graph.replay()
+        launch.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    return {"gpu_us": round(start.elapsed_time(end) * 1e3 / replays, 1),
+            "launch_us": round(statistics.median(launch), 1)}  # fmt: skip
 
 
 def prefill_profile(engine, config, gen, shapes=((4, 128), (1, 2048), (8, 512))) -> list:

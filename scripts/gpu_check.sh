@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check, run on the device machine (H200) over a copy of the tree:
 #   bash scripts/gpu_check.sh [STAGE...]   stages: env tests kernels fewrow tune tuneprefill profile
-#   anatomy sweep flex table study soak
+#   anatomy hostprofile sweep flex table study soak
 # (default: all). Writes logs and JSON under $OUT (or workspace/gpu_check) and a summary.txt.
 # Optuna is not installed there: wheels in .whl/ (carried) are installed into /tmp/site first.
 set -uo pipefail
@@ -10,7 +10,7 @@ OUT=${OUT:-workspace/gpu_check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PYTHON:-python3}
-STAGES=${*:-env tests kernels fewrow tune tuneprefill profile anatomy sweep flex table study soak}
+STAGES=${*:-env tests kernels fewrow tune tuneprefill profile anatomy hostprofile sweep flex table study soak}
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 note() { echo "$*" | tee -a "$SUMMARY"; }
@@ -56,7 +56,7 @@ stage fewrow && timed bench_few_row "${FEWROW_LIMIT:-300}" "$PY" scripts/bench_f
 stage tune && timed tune "${TUNE_LIMIT:-200}" "$PY" scripts/tune_decode_attention.py \
     --json "$OUT/tune.json" ${TUNE_ARGS:-}
 stage tuneprefill && timed tune_prefill "${TUNE_PREFILL_LIMIT:-150}" "$PY" \
-    scripts/tune_prefill_attention.py --json "$OUT/tune_prefill.json"
+    scripts/tune_prefill_attention.py --json "$OUT/tune_prefill.json" ${TUNE_PREFILL_ARGS:-}
 PROFILE_VARIANTS=${PROFILE_VARIANTS:-'{"cache":"slab","attention":"sdpa","graphs":"pow2"}
 {"cache":"slab","attention":"triton","layers":"triton","graphs":"pow2","prefill_graphs":"pow2"}
 {"cache":"paged","block_size":64,"attention":"triton","layers":"triton","graphs":"pow2","prefill_graphs":"pow2"}
@@ -70,6 +70,12 @@ fi
 ANATOMY_VARIANT=${ANATOMY_VARIANT:-'{"cache":"paged","block_size":64,"attention":"triton","layers":"fused","graphs":"pow2","prefill_graphs":"pow2"}'}
 stage anatomy && timed anatomy "${ANATOMY_LIMIT:-180}" "$PY" scripts/trace_anatomy.py \
     --variant "$ANATOMY_VARIANT" --json "$OUT/anatomy.json"  # host or GPU, call by call
+if stage hostprofile; then  # the host time of a call, function by function
+    for kind in prefill decode; do
+        timed "host_$kind" "${HOSTPROFILE_LIMIT:-120}" "$PY" scripts/host_profile.py \
+            --variant "$ANATOMY_VARIANT" --trace decode --kind $kind --json "$OUT/host_$kind.json"
+    done
+fi
 if stage sweep; then  # shards in parallel: each check is mostly host-bound
     SHARDS=${SWEEP_SHARDS:-6}
     for k in $(seq 0 $((SHARDS - 1))); do

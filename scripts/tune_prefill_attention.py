@@ -1,10 +1,10 @@
 """Tile sweep of our varlen prefill attention on the GPU: for each packed shape (prompts x
-length, public head sizes), every (BLOCK_M, BLOCK_N, warps, stages) tile, timed with
+length, head_dim: public 192 by default), every (BLOCK_M, BLOCK_N, warps, stages) tile, timed with
 triton.testing.do_bench against the tile the launcher picks, each checked against causal SDPA
 per prompt (max abs difference). Tiles the GPU refuses are listed as failed.
 
     python scripts/tune_prefill_attention.py [--json PATH] [--shape 1x2048 ...]
-        [--tiles 64,64,8,2 ...]
+        [--tiles 64,64,8,2 ...] [--head-dim 128 ...]
 """
 
 import argparse
@@ -18,12 +18,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from variants.kernels.device import device_capability  # noqa: E402
 from variants.kernels.prefill_attention import (  # noqa: E402
     prefill_tiles,
     varlen_prefill_attention,
 )
 
-HEADS, KV_HEADS, HEAD_DIM = 4, 4, 192
+HEADS, KV_HEADS = 4, 4
 TILES = [(32, 32, 8, 2), (64, 32, 8, 2), (64, 64, 8, 2), (128, 32, 8, 2), (128, 64, 8, 2),
          (64, 64, 4, 2), (64, 64, 8, 3), (128, 64, 8, 3)]  # fmt: skip
 
@@ -48,17 +49,17 @@ def reference(q, k, v, lengths):
     return torch.cat(rows)
 
 
-def sweep_shape(prompts: int, length: int, tiles: list) -> dict:
+def sweep_shape(prompts: int, length: int, tiles: list, head_dim: int) -> dict:
     gen = torch.Generator(device="cuda").manual_seed(0)
     tokens = prompts * length
-    make = lambda h: torch.randn(tokens, h, HEAD_DIM, device="cuda", dtype=torch.float16,
+    make = lambda h: torch.randn(tokens, h, head_dim, device="cuda", dtype=torch.float16,
                                  generator=gen)  # fmt: skip
     q, k, v = make(HEADS), make(KV_HEADS), make(KV_HEADS)
     lengths = [length] * prompts
     cu = torch.arange(0, tokens + 1, length, device="cuda", dtype=torch.int32)
-    scale = 1 / math.sqrt(HEAD_DIM)
+    scale = 1 / math.sqrt(head_dim)
     want = reference(q, k, v, lengths)
-    default = prefill_tiles(HEAD_DIM)
+    default = prefill_tiles(head_dim, device_capability(q.device))
     rows = []
     for tile in [(default[0], default[1], default[2], 2)] + tiles:
         try:
@@ -70,8 +71,8 @@ def sweep_shape(prompts: int, length: int, tiles: list) -> dict:
             continue
         rows.append({"tiles": list(tile), "us": round(ms * 1e3, 1), "max_diff": err})
     ok = sorted((r for r in rows if "us" in r), key=lambda r: r["us"])
-    return {"shape": f"{prompts}x{length}", "default": rows[0], "best": ok[:4],
-            "failed": [r for r in rows if "error" in r]}  # fmt: skip
+    return {"shape": f"{prompts}x{length}", "head_dim": head_dim, "default": rows[0],
+            "best": ok[:4], "failed": [r for r in rows if "error" in r]}  # fmt: skip
 
 
 def main() -> int:
@@ -79,16 +80,18 @@ def main() -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--shape", action="append", default=[], help="PROMPTSxLENGTH; repeatable")
     p.add_argument("--tiles", action="append", default=[], help="BLOCK_M,BLOCK_N,WARPS,STAGES")
+    p.add_argument("--head-dim", type=int, action="append", default=[], help="default 192")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("error: needs a CUDA device", file=sys.stderr)
         return 2
     tiles = [tuple(int(x) for x in t.split(",")) for t in args.tiles] or TILES
     results = []
-    for shape in args.shape or ["4x128", "1x2048", "4x2048"]:
-        prompts, length = (int(x) for x in shape.split("x"))
-        results.append(sweep_shape(prompts, length, tiles))
-        print(json.dumps(results[-1]), flush=True)
+    for head_dim in args.head_dim or [192]:
+        for shape in args.shape or ["4x128", "1x2048", "4x2048"]:
+            prompts, length = (int(x) for x in shape.split("x"))
+            results.append(sweep_shape(prompts, length, tiles, head_dim))
+            print(json.dumps(results[-1]), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0

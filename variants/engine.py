@@ -8,6 +8,7 @@ import torch
 
 from variants.attention.padding import PrefillBatch
 from variants.cache.plans import CachePlan
+from variants.deferred_check import DeferredRangeCheck
 from variants.layers.block import make_layer_math
 from variants.layers.rope import RopeTable
 from variants.requests import (
@@ -37,10 +38,10 @@ class Engine:
         self.output_logits = wrap(logits_fn)
         if head is not None:
             self.output_logits = head(spec, self.output_logits)
-        # Decode ids already on the GPU are not read on the host: that read waits for the GPU
-        # queue, a sync on every step. They are clamped into the vocabulary instead, so a bad
-        # id cannot set off a device-side assert; True here buys the ValueError for a sync.
+        # Ids on the GPU are range-checked after the call's kernels are queued (a read before
+        # them waits for the GPU queue); True checks before any state changes, with that wait.
         self.check_device_tokens = device.type != "cuda"
+        self.token_check = DeferredRangeCheck(device)
         self.decode_step = self.eager_decode_step  # CUDA graphs replace these
         self.prefill_step = self.eager_prefill_step
         self.in_place = getattr(attention, "reads_cache_in_place", False)
@@ -69,7 +70,14 @@ class Engine:
                 )
             prompts.append(t)
         tokens = torch.cat(prompts)
-        check_token_range(tokens, self.spec.vocab_size, f"prefill of {rids}")
+        what, vocab = f"prefill of {rids}", self.spec.vocab_size
+        # A re-prefill replaces state that an undo could not bring back: checked first.
+        deferred = not self.check_device_tokens and not any(r in self.lengths for r in rids)
+        if deferred:
+            self.token_check.start(tokens)
+            tokens = tokens.clamp(0, vocab - 1)
+        else:
+            check_token_range(tokens, vocab, what)
 
         lengths = [t.numel() for t in prompts]
         for rid, n in zip(rids, lengths):  # re-prefill replaces the old state
@@ -78,7 +86,13 @@ class Engine:
                 del self.lengths[rid]
             self.cache.allocate(rid, n)
             self.lengths[rid] = n
-        return self.prefill_step(rids, lengths, tokens)
+        out = self.prefill_step(rids, lengths, tokens)
+        if deferred and (message := self.token_check.error(vocab, what)) is not None:
+            for rid in rids:  # the new requests' slots hold garbage: give them back
+                self.cache.release(rid)
+                del self.lengths[rid]
+            raise ValueError(message)
+        return out
 
     def eager_prefill_step(self, rids: list, lengths: list, tokens) -> torch.Tensor:
         """The prompts' forward pass once the cache holds their slots: index tensors built for
@@ -114,16 +128,25 @@ class Engine:
                     f"request {rid}: decoding past max_position_embeddings "
                     f"{self.spec.max_positions}"
                 )
-        if self.check_device_tokens or token_ids_on_host(token_ids):
-            check_token_range(tokens, self.spec.vocab_size, "decode")
+        vocab = self.spec.vocab_size
+        deferred = not (self.check_device_tokens or token_ids_on_host(token_ids))
+        if deferred:
+            self.token_check.start(tokens)
+            tokens = tokens.clamp(0, vocab - 1)
         else:
-            tokens = tokens.clamp(0, self.spec.vocab_size - 1)
+            check_token_range(tokens, vocab, "decode")
 
         positions = [self.lengths[r] for r in rids]
         for rid, p in zip(rids, positions):
             self.cache.extend(rid, p + 1)
             self.lengths[rid] = p + 1
-        return self.decode_step(rids, tokens, positions)
+        out = self.decode_step(rids, tokens, positions)
+        if deferred and (message := self.token_check.error(vocab, "decode")) is not None:
+            for rid, p in zip(rids, positions):  # the key written at p is past the length again
+                self.cache.truncate(rid, p)
+                self.lengths[rid] = p
+            raise ValueError(message)
+        return out
 
     def eager_decode_step(self, rids: list, tokens, positions: list) -> torch.Tensor:
         """One decode step with index tensors built for exactly this batch."""

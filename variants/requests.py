@@ -7,6 +7,8 @@ import operator
 
 import torch
 
+from variants.deferred_check import range_error
+
 
 def as_id_list(request_ids) -> list:
     if isinstance(request_ids, torch.Tensor):
@@ -28,6 +30,8 @@ def as_id_list(request_ids) -> list:
 def check_token_tensor(t, what: str, device) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         t = torch.as_tensor(t, dtype=torch.long)
+    if t.dtype == torch.long and t.device == device:  # the usual case: nothing to convert
+        return t
     if t.dtype.is_floating_point or t.dtype == torch.bool or t.is_complex():
         raise ValueError(f"{what}: token ids must be an integer tensor, got {t.dtype}")
     # non_blocking only towards the GPU: a GPU->CPU copy into pinned memory would not be waited on
@@ -35,12 +39,12 @@ def check_token_tensor(t, what: str, device) -> torch.Tensor:
 
 
 def check_token_range(tokens: torch.Tensor, vocab: int, what: str) -> None:
-    """One host read of min and max together; on CUDA it waits for the queue
-    (Engine.check_device_tokens)."""
+    """One host read of min and max together; on CUDA it waits for the queue (the engine
+    defers it instead where it can: variants/deferred_check.py)."""
     lo, hi = torch.stack(torch.aminmax(tokens)).tolist()
-    if lo < 0 or hi >= vocab:
-        bad = lo if lo < 0 else hi
-        raise ValueError(f"{what}: token id {bad} is outside the vocabulary [0, {vocab})")
+    message = range_error(lo, hi, vocab, what)
+    if message is not None:
+        raise ValueError(message)
 
 
 def token_ids_on_host(token_ids) -> bool:

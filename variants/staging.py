@@ -16,6 +16,14 @@ def host_tensor(values, dtype: torch.dtype, device: torch.device) -> torch.Tenso
     return t.to(device)
 
 
+def stream_index(device: torch.device) -> int | None:
+    """The CUDA device index to pass `torch.cuda.current_stream`: an int skips its slow lookup
+    of a device (about 20 us of host time a call, profiled on the H200's host); None off CUDA."""
+    if device.type != "cuda":
+        return None
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 class PinnedRing:
     """Persistent pinned int64 buffers used in turn: `copy(values, dst)` writes the values into
     the next buffer and copies them into the contiguous device tensor `dst` without a sync. A
@@ -28,7 +36,7 @@ class PinnedRing:
         self.buffers = [torch.empty(size, dtype=torch.long, pin_memory=cuda) for _ in range(slots)]
         self.events = [torch.cuda.Event() if cuda else None for _ in range(slots)]
         self.used = [False] * slots
-        self.device = device
+        self.index = stream_index(device)
         self.turn = 0
 
     def copy(self, values: list, dst: torch.Tensor) -> None:
@@ -44,5 +52,5 @@ class PinnedRing:
             self.buffers[i][:n].copy_(torch.frombuffer(array.array("q", values), dtype=torch.long))
         dst.copy_(self.buffers[i][:n].view(dst.shape), non_blocking=True)
         if self.events[i] is not None:  # a CPU copy is done when copy_ returns
-            self.events[i].record(torch.cuda.current_stream(self.device))
+            self.events[i].record(torch.cuda.current_stream(self.index))
             self.used[i] = True

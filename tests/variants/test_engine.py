@@ -5,6 +5,7 @@ head, and bad calls that raise by name and leave every request as it was."""
 import pytest
 import torch
 
+import variants.engine
 from evaluator.reference_model import ReferenceModel
 from variants import Variant, build_engine
 
@@ -319,15 +320,74 @@ def clean_runs(tiny_config, sharp_weights):
     return runs
 
 
+@pytest.mark.parametrize("check", ["first", "deferred"])
 @pytest.mark.parametrize("variant", BAD_CALL_LAYOUTS, ids=lambda v: v.cache)
 @pytest.mark.parametrize("name", BAD_CALLS)
-def test_bad_call_raises_and_changes_nothing(tiny_config, sharp_weights, clean_runs, variant, name):
+def test_bad_call_raises_and_changes_nothing(
+    tiny_config, sharp_weights, clean_runs, variant, name, check, monkeypatch
+):
+    """`deferred`: the token-range check as a CUDA engine runs it for ids on the GPU, read after
+    the forward pass, its state changes undone on a bad id."""
     call, error, message = BAD_CALLS[name]
     engine = build_engine(tiny_config, sharp_weights, "cpu", variant)
     set_up(engine)
+    if check == "deferred":
+        engine.check_device_tokens = False
+        monkeypatch.setattr(variants.engine, "token_ids_on_host", lambda ids: False)
     with pytest.raises(error, match=message):
         call(engine)
     state, logits = clean_runs[variant.cache]
     assert bookkeeping(engine) == state
     assert torch.equal(engine.decode([B, A], torch.tensor([5, 6])), logits)
     assert engine.lengths[E] == 512
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layers", ["torch", "fused"])
+def test_gpu_ids_on_the_device_are_checked_after_the_launch(tmp_path, layers):
+    """A CUDA engine reads the range of ids on the GPU after queueing the call (graphs here):
+    a bad id still raises by name, and the call's state changes are undone, so the next calls
+    give exactly what an engine that never saw the bad call gives."""
+    import json
+    from pathlib import Path
+
+    from evaluator.toy_weights import save_toy_weights
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    config = json.loads((Path(__file__).parents[2] / "target/model_config.json").read_text())
+    save_toy_weights(config, tmp_path / "model.pt")
+    vocab = config["vocab_size"]
+    variant = Variant(cache="paged", block_size=64, attention="triton", layers=layers,
+                      graphs="pow2", prefill_graphs="pow2")  # fmt: skip
+    hit, clean = (build_engine(config, str(tmp_path), "cuda", variant) for _ in range(2))
+    prompts = [torch.arange(n, device="cuda") * 7 % vocab for n in (63, 64, 5)]
+    for e in (hit, clean):
+        e.prefill([1, 2, 3], prompts)
+    blocks = sorted(hit.cache.free_blocks)
+    bad_prompt = torch.tensor([4, vocab, 9], device="cuda")
+    with pytest.raises(ValueError, match=f"prefill of \\[7, 8\\]: token id {vocab} is outside"):
+        hit.prefill([7, 8], [prompts[2], bad_prompt])
+    assert sorted(hit.lengths) == [1, 2, 3] and sorted(hit.cache.free_blocks) == blocks
+    with pytest.raises(ValueError, match="decode: token id -2 is outside"):
+        hit.decode([3, 1, 2], torch.tensor([5, -2, 6], device="cuda"))  # 2 crosses into a new block
+    assert hit.lengths == {1: 63, 2: 64, 3: 5}
+    for step in range(3):
+        tokens = torch.tensor([step, 11, 12], device="cuda")
+        assert torch.equal(hit.decode([3, 1, 2], tokens), clean.decode([3, 1, 2], tokens))
+    fresh = [torch.tensor([3, 1, 4], device="cuda")]
+    assert torch.equal(hit.prefill([7], fresh), clean.prefill([7], fresh))
+
+
+def test_a_refused_decode_across_a_block_gives_the_block_back(
+    tiny_config, sharp_weights, monkeypatch
+):
+    """The deferred check (as for ids on a GPU) refusing a decode that took a new block."""
+    engine = build_engine(tiny_config, sharp_weights, "cpu", Variant(cache="paged", block_size=16))
+    engine.check_device_tokens = False
+    monkeypatch.setattr(variants.engine, "token_ids_on_host", lambda ids: False)
+    engine.prefill([1, 2], [tok(16), tok(5)])
+    state = bookkeeping(engine)
+    with pytest.raises(ValueError, match="decode: token id 300 is outside"):
+        engine.decode([2, 1], torch.tensor([4, 300]))
+    assert bookkeeping(engine) == state

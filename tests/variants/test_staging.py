@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from variants.staging import PinnedRing, host_tensor
+from variants.staging import PinnedRing, host_tensor, stream_index
 
 
 def test_host_tensor_on_cpu():
@@ -43,3 +43,10 @@ def test_gpu_pinned_ring_never_overwrites_a_queued_copy():
         ring.copy([i * 100 + j for j in range(64)], out)
     torch.cuda.synchronize()
     assert [o.tolist() for o in outs] == [[i * 100 + j for j in range(64)] for i in range(12)]
+
+
+def test_stream_index_is_an_int_on_cuda_only():
+    assert stream_index(torch.device("cpu")) is None
+    if torch.cuda.is_available():
+        assert stream_index(torch.device("cuda")) == torch.cuda.current_device()
+        assert stream_index(torch.device("cuda", 0)) == 0

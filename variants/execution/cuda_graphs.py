@@ -5,6 +5,9 @@ static buffers filled by one pinned host-to-device copy; a batch pads to the nex
 rows that write only the cache's scratch slot; backends that read a gathered context also get
 context-length buckets. Captured in create_engine; needs CUDA and a slab or paged cache."""
 
+import contextlib
+import gc
+
 import torch
 
 from variants.cache.plans import CachePlan
@@ -39,6 +42,23 @@ def capture_stream(device: torch.device) -> torch.cuda.Stream:
     if device not in _CAPTURE_STREAMS:
         _CAPTURE_STREAMS[device] = torch.cuda.Stream(device)
     return _CAPTURE_STREAMS[device]
+
+
+@contextlib.contextmanager
+def no_collection():
+    """Collect dead reference cycles now, and none until the block ends. A dead engine (its
+    graphs point back at it) freed during a capture destroys graphs and events mid-capture,
+    which invalidates the capture ("operation not permitted when stream is capturing"; seen on
+    the H200 when a test built engines back to back). torch.cuda.graph no longer collects
+    before a capture in recent PyTorch."""
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def upload(graph: torch.cuda.CUDAGraph) -> None:
@@ -76,7 +96,7 @@ class DecodeGraphs:
         pool = torch.cuda.graph_pool_handle()
         stream = capture_stream(self.engine.device)
         stream.wait_stream(torch.cuda.current_stream(self.engine.device))
-        with torch.cuda.stream(stream):
+        with no_collection(), torch.cuda.stream(stream):
             for ctx in reversed(self.contexts):
                 for b in reversed(self.batches):
                     self._body(b, ctx)  # warm-up run: kernels chosen, workspaces allocated

@@ -12,7 +12,8 @@ import torch
 
 from variants.attention.padding import PrefillBatch
 from variants.cache.plans import CachePlan
-from variants.execution.cuda_graphs import capture_stream, upload
+from variants.execution.cuda_graphs import capture_stream, no_collection, upload
+from variants.kernels.device import device_capability
 from variants.kernels.prefill_attention import prefill_schedule, prefill_tiles
 from variants.staging import PinnedRing
 
@@ -31,7 +32,8 @@ class PrefillGraphs:
         spec, device = engine.spec, engine.device
         self.buckets = token_buckets(16, largest_tokens)
         self.prompts = most_prompts
-        self.block_m = prefill_tiles(spec.head_dim)[0]
+        # The schedule must be built for the q-block size the kernel launches with on this GPU.
+        self.block_m = prefill_tiles(spec.head_dim, device_capability(torch.device(device)))[0]
         # One long buffer; bucket T uses a prefix of it, laid out as positions [T], write
         # slots [T], last-token rows [P], prompt starts [P + 1], q-block table [2, Q(T)].
         self.meta = torch.zeros(self._meta_size(self.buckets[-1]), dtype=torch.long, device=device)
@@ -62,8 +64,9 @@ class PrefillGraphs:
         self.graphs.clear()
         self.pool = torch.cuda.graph_pool_handle()
         self.generation = self.cache.generation
-        for t in reversed(self.buckets):
-            self._capture(t)
+        with no_collection():
+            for t in reversed(self.buckets):
+                self._capture(t)
 
     def _capture(self, t: int) -> None:
         device = self.engine.device
@@ -118,7 +121,8 @@ class PrefillGraphs:
             self.graphs.clear()
             self.generation = self.cache.generation
         if t not in self.graphs:
-            self._capture(t)
+            with no_collection():
+                self._capture(t)
         self._fill(rids, lengths, t)
         self.tokens[:n].copy_(tokens)
         self.graphs[t].replay()

@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from variants.kernels.device import device_capability
+
 
 @triton.jit
 def _varlen_prefill_kernel(
@@ -72,17 +74,20 @@ def _varlen_prefill_kernel(
              o.to(o_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])  # fmt: skip
 
 
-def prefill_tiles(head_dim: int) -> tuple:
-    """(BLOCK_M, BLOCK_N, num_warps, BLOCK_D) for a head_dim. Tiles that compile for sm_86 with
-    Triton 3.0 without register spills (ptxas -v) and within the RTX 3090's 99 KB of shared
-    memory (49 KB at d=256). On the H200 larger tiles are much faster at head_dim 192 (128 x 64
-    over 8 warps: 4 x 2048 in 160 us against 554; docs/PERF.md, run 23), but they are not the
-    default yet: no engine-level GPU check has run with them (scripts/tune_prefill_attention.py
-    measured the kernel alone)."""
+def prefill_tiles(head_dim: int, capability: tuple = (0, 0)) -> tuple:
+    """(BLOCK_M, BLOCK_N, num_warps, BLOCK_D) for a head_dim on a GPU of that compute capability.
+    The default tiles compile for sm_86 with Triton 3.0 without register spills (ptxas -v) and
+    within the RTX 3090's 99 KB of shared memory (49 KB at d=256). Hopper (sm_90 and newer) has
+    228 KB a block and runs wider tiles much faster (docs/PERF.md, run 25): at d=192, 128 x 64
+    over 8 warps (4 x 2048 in 160 us against 554); at d=128, 64 x 64 over 4 warps (95 us against
+    179). The prefill graphs build their q-block schedule for the BLOCK_M returned here."""
     block_d = max(16, triton.next_power_of_2(head_dim))
-    if block_d <= 64:
+    hopper = tuple(capability) >= (9, 0)
+    if block_d <= 64 or (hopper and block_d <= 128):
         return 64, 64, 4, block_d
-    return (64, 32, 8, block_d) if block_d <= 128 else (32, 32, 8, block_d)
+    if block_d <= 128:
+        return 64, 32, 8, block_d
+    return (128, 64, 8, block_d) if hopper else (32, 32, 8, block_d)
 
 
 def prefill_schedule(lengths: list, block_m: int, size: int) -> list:
@@ -115,7 +120,7 @@ def varlen_prefill_attention(
     `schedule` ([2, S] from `prefill_schedule`, on the device) fixes the grid at S programs per
     head whatever the lengths, as a CUDA graph needs; max_seqlen is then unused. `tiles` =
     (BLOCK_M, BLOCK_N, warps, stages) overrides `prefill_tiles` (not with a schedule, which is
-    built for its BLOCK_M; scripts/tune_prefill_attention.py)."""
+    built for its BLOCK_M on this device; scripts/tune_prefill_attention.py)."""
     tokens, heads, d = q.shape
     kv_heads = k.shape[1]
     group = heads // kv_heads
@@ -123,7 +128,7 @@ def varlen_prefill_attention(
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     out = torch.empty(tokens, heads, d, device=q.device, dtype=q.dtype)
     assert tokens * max(q.stride(0), k.stride(0), v.stride(0)) < 2**31, "int32 row offsets"
-    block_m, block_n, warps, block_d = prefill_tiles(d)
+    block_m, block_n, warps, block_d = prefill_tiles(d, device_capability(q.device))
     stages = 2
     if tiles is not None:
         assert schedule is None, "a schedule is built for prefill_tiles' BLOCK_M"

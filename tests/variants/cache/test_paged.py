@@ -34,6 +34,18 @@ def test_extend_adds_a_block_only_at_the_boundary(tiny_spec):
     assert len(cache.table[1]) == 7
 
 
+def test_truncate_gives_back_the_blocks_past_a_length(tiny_spec):
+    cache = paged(tiny_spec, 4096, 16)
+    cache.allocate(1, 16)
+    before = (list(cache.table[1]), list(cache.free_blocks))
+    cache.extend(1, 17)  # a decode that crosses into a second block
+    cache.truncate(1, 16)  # ... refused
+    assert (cache.table[1], cache.free_blocks) == before
+    cache.extend(1, 40)
+    cache.truncate(1, 17)
+    assert len(cache.table[1]) == 2
+
+
 def test_token_slots_follow_the_block_table(tiny_spec):
     cache = paged(tiny_spec, 4096, 16)
     cache.allocate(1, 20)

@@ -1,12 +1,14 @@
 """Varlen causal prefill attention against per-prompt float32 causal softmax in torch."""
 
 import math
+import sys
 
 import pytest
 import torch
 
 pytest.importorskip("triton", reason="triton is not installed")
 
+from variants.kernels.device import device_capability  # noqa: E402
 from variants.kernels.prefill_attention import (  # noqa: E402
     prefill_schedule,
     prefill_tiles,
@@ -47,7 +49,8 @@ def run_case(lengths, heads, kv_heads, d, dtype=torch.float32, device=DEVICE, se
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     schedule = None
     if schedule_size:
-        table = prefill_schedule(lengths, prefill_tiles(d)[0], schedule_size)
+        block_m = prefill_tiles(d, device_capability(torch.device(device)))[0]
+        table = prefill_schedule(lengths, block_m, schedule_size)
         schedule = torch.tensor(table, device=device).view(2, schedule_size)
     got = varlen_prefill_attention(
         q, k, v, cu.to(device), max(lengths), 1 / math.sqrt(d), schedule, tiles=tiles
@@ -72,6 +75,24 @@ def test_tile_override(tiles):
 def test_tile_override_refuses_a_schedule():
     with pytest.raises(AssertionError, match="schedule"):
         run_case([5], 2, 2, 24, schedule_size=4, tiles=(16, 16, 4, 2))
+
+
+def test_tiles_follow_head_dim_and_capability():
+    assert prefill_tiles(48) == (64, 64, 4, 64)
+    assert prefill_tiles(128) == (64, 32, 8, 128)
+    assert prefill_tiles(128, (9, 0)) == (64, 64, 4, 128)
+    assert prefill_tiles(192) == prefill_tiles(192, (8, 6)) == (32, 32, 8, 256)
+    assert prefill_tiles(192, (9, 0)) == prefill_tiles(256, (10, 0)) == (128, 64, 8, 256)
+
+
+def test_hopper_tiles_run_the_schedule_built_for_them(monkeypatch):
+    """On sm_90 the launcher picks 128-row q-blocks at d > 128: a schedule built with the same
+    call covers every row (one built for 32-row blocks would leave rows 32-127 unwritten)."""
+    import variants.kernels.prefill_attention as module
+
+    monkeypatch.setattr(module, "device_capability", lambda device: (9, 0))
+    monkeypatch.setattr(sys.modules[__name__], "device_capability", lambda device: (9, 0))
+    run_case([1, 70, 5, 130], 2, 1, 160, padding=3, schedule_size=6)
 
 
 def test_single_prompt_gqa_group_3():
