@@ -32,6 +32,7 @@ def test_pinned_ring_refuses_more_values_than_a_buffer_holds():
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpu_pinned_ring_never_overwrites_a_queued_copy():
     """Two buffers, many queued copies behind a long kernel: each destination gets its values."""
     device = torch.device("cuda")
