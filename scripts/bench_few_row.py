@@ -5,9 +5,10 @@ public model's sizes, inside CUDA graphs (as a decode step runs them).
 Each measurement replays a graph of one call per weight copy, over enough copies (at least 12,
 as many layers, and 64 MiB of weights) that L2 holds none of them, as in a real step; the time
 per call is the median over replays divided by the copies. It also tries a short list of tiles
-(BLOCK_N, BLOCK_K, warps, stages) per kernel and reports the best beside the default.
+(BLOCK_N, BLOCK_K, warps, stages) per kernel, each with every split-K count of --splits
+(variants/kernels/split_k.py), and reports the best beside the default.
 
-    python scripts/bench_few_row.py [--rows 1,8,64] [--json PATH] [--no-tiles]
+    python scripts/bench_few_row.py [--rows 1,8,64] [--splits 1,2,4] [--json PATH] [--no-tiles]
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ TILES = [
     (16, 256, 4, 3), (16, 128, 4, 5), (32, 64, 4, 4), (32, 256, 8, 3), (16, 512, 8, 2),
     (16, 1024, 4, 1), (16, 1024, 8, 1), (32, 1024, 8, 1), (16, 1024, 16, 1),
 ]  # fmt: skip
+SPLIT_TILES = [(16, 256, 4, 3), (16, 128, 4, 4), (32, 128, 4, 3), (16, 64, 4, 4), (32, 64, 4, 4)]
 
 
 def graph_us(calls: list, repeats: int = 20) -> float:
@@ -83,9 +85,9 @@ def cases(rows: int, dtype) -> dict:
     q_dim = HEADS * HEAD_DIM
     cos, sin = rope.at(positions)  # once a step in both stacks, not once a layer
 
-    def qkv_ours(w, tiles):
+    def qkv_ours(w, tiles, split=None):
         return norm_qkv_rope(x, norm, w, EPS, HEAD_DIM, q_dim, cos, sin, k_pool, v_pool, slots,
-                             tiles=tiles)  # fmt: skip
+                             tiles=tiles, split_k=split)  # fmt: skip
 
     def qkv_theirs(w):
         _, h = add_rms_norm(x, None, norm, EPS)
@@ -104,22 +106,24 @@ def cases(rows: int, dtype) -> dict:
         "norm+qkv+rope+cache": ((3 * q_dim, HIDDEN), qkv_ours, qkv_theirs),
         "o+residual": (
             (HIDDEN, q_dim),
-            lambda w, t: few_row_linear(x, w, residual=x, tiles=t),
+            lambda w, t, s=None: few_row_linear(x, w, residual=x, tiles=t, split_k=s),
             lambda w: x + F.linear(x, w),
         ),
         "norm+gate_up+silu": (
             (2 * INTER, HIDDEN),
-            lambda w, t: norm_swiglu(x, norm, w, EPS, tiles=t),
+            lambda w, t, s=None: norm_swiglu(x, norm, w, EPS, tiles=t, split_k=s),
             gate_up_theirs,
         ),
         "down+residual": (
             (HIDDEN, INTER),
-            lambda w, t: few_row_linear(act, w, residual=x, tiles=t),
+            lambda w, t, s=None: few_row_linear(act, w, residual=x, tiles=t, split_k=s),
             lambda w: x + F.linear(act, w),
         ),
         "norm+head": (
             (VOCAB, HIDDEN),
-            lambda w, t: few_row_linear(x, w, norm=norm, eps=EPS, out_dtype=torch.float32, tiles=t),
+            lambda w, t, s=None: few_row_linear(
+                x, w, norm=norm, eps=EPS, out_dtype=torch.float32, tiles=t, split_k=s
+            ),
             head_theirs,
         ),
     }
@@ -129,7 +133,21 @@ def per_weight(fn, weights: list, *extra) -> list:
     return [lambda w=w: fn(w, *extra) for w in weights]
 
 
-def bench(rows: int, dtype, try_tiles: bool) -> list:
+def split_sweep(ours, weights: list, splits: list) -> list:
+    """[tiles, split, us] for the default tiles and SPLIT_TILES, each at every split count."""
+    found = []
+    for tiles in [None] + SPLIT_TILES:
+        for split in splits:
+            try:
+                us = graph_us(per_weight(ours, weights, tiles, split))
+            except Exception as err:  # noqa: BLE001 - a tile that does not compile
+                log.info("tiles %s split %d: %s", tiles, split, str(err).splitlines()[0][:100])
+                continue
+            found.append([tiles, split, round(us, 2)])
+    return sorted(found, key=lambda row: row[2])
+
+
+def bench(rows: int, dtype, try_tiles: bool, splits: list) -> list:
     found = []
     for name, (shape, ours, theirs) in cases(rows, dtype).items():
         weight_bytes = shape[0] * shape[1] * torch.finfo(dtype).bits // 8
@@ -154,6 +172,8 @@ def bench(rows: int, dtype, try_tiles: bool) -> list:
             "fused_tb_per_s": round(weight_bytes / base / 1e6, 2),
             "best_tiles": best, "best_us": round(best_us, 2),
         }  # fmt: skip
+        if splits:
+            row["splits"] = split_sweep(ours, weights, splits)
         log.info("%s", row)
         found.append(row)
         del weights
@@ -166,6 +186,7 @@ def main() -> int:
     p.add_argument("--dtype", default="float16")
     p.add_argument("--json", default=None)
     p.add_argument("--no-tiles", action="store_true")
+    p.add_argument("--splits", default="", help="split-K counts to sweep, e.g. 1,2,4")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if not torch.cuda.is_available():
@@ -174,7 +195,8 @@ def main() -> int:
     dtype = getattr(torch, args.dtype)
     found = []
     for rows in (int(r) for r in args.rows.split(",")):
-        found += bench(rows, dtype, not args.no_tiles)
+        splits = [int(n) for n in args.splits.split(",") if n]
+        found += bench(rows, dtype, not args.no_tiles, splits)
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
     text = json.dumps({"meta": meta, "results": found}, indent=1)
     if args.json:

@@ -1,7 +1,7 @@
 """Host cost of the CUDA-graph paths' per-call index staging (`_fill`), on any machine: the
 Python that builds positions, slots, tables and the prefill schedule, then one staging copy.
-Runs on a CPU engine (one layer, paged64 and slab caches); prints microseconds, the best of 5
-timings of 200 calls each.
+Runs on a CPU engine (one layer, paged64 and slab caches; decode at 8, 32 and 64 rows); prints
+microseconds, the best of 5 timings of 200 calls each.
 
     python scripts/bench_host_fill.py [--json PATH]
 """
@@ -34,15 +34,17 @@ def best_us(fn, calls: int = 200, rounds: int = 5) -> float:
 
 def fill_costs(config: dict, weights: str, cache: str) -> dict:
     engine = build_engine(config, weights, "cpu", Variant(cache=cache, block_size=64))
-    rids = list(range(8))
+    rids = list(range(64))
     for r in rids:
-        engine.cache.allocate(r, 150)
+        engine.cache.allocate(r, 300)
     prefill, decode = PrefillGraphs(engine), DecodeGraphs(engine, "pow2")
     return {
         "cache": cache,
         "prefill_4x128_us": best_us(lambda: prefill._fill(rids[:4], [128] * 4, 512)),
-        "prefill_8x32_us": best_us(lambda: prefill._fill(rids, [32] * 8, 256)),
-        "decode_b8_us": best_us(lambda: decode._fill(rids, [149] * 8, 8)),
+        "prefill_8x32_us": best_us(lambda: prefill._fill(rids[:8], [32] * 8, 256)),
+        "decode_b8_us": best_us(lambda: decode._fill(rids[:8], [149] * 8, 8)),
+        "decode_b32_us": best_us(lambda: decode._fill(rids[:32], [299] * 32, 32)),
+        "decode_b64_us": best_us(lambda: decode._fill(rids, [299] * 64, 64)),
     }
 
 

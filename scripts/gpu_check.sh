@@ -50,8 +50,9 @@ stage tests && timed gpu_tests "${TESTS_LIMIT:-300}" "$PY" -m pytest -q -m gpu -
     --ignore=tests/variants/test_soak.py tests  # the soak has a stage of its own
 stage kernels && timed bench_kernels "${KERNELS_LIMIT:-240}" "$PY" scripts/bench_kernels.py \
     --json "$OUT/kernels.json"
+# FEWROW_ARGS, e.g. "--rows 8 --splits 1,2,3,4 --no-tiles" (a split-K sweep)
 stage fewrow && timed bench_few_row "${FEWROW_LIMIT:-300}" "$PY" scripts/bench_few_row.py \
-    --json "$OUT/few_row.json"
+    --json "$OUT/few_row.json" ${FEWROW_ARGS:-}
 # TUNE_ARGS, e.g. "--graph --shape 64x2048:paged64 --tiles 32,4,2 --split-tokens 64,128"
 stage tune && timed tune "${TUNE_LIMIT:-200}" "$PY" scripts/tune_decode_attention.py \
     --json "$OUT/tune.json" ${TUNE_ARGS:-}

@@ -153,9 +153,7 @@ class Engine:
         kv_lens = [p + 1 for p in positions]
         plan = CachePlan(
             rids,
-            write_index=self._index(
-                [self.cache.token_slots(r, p, p + 1)[0] for r, p in zip(rids, positions)]
-            ),
+            write_index=self._index(self.cache.step_slots(rids, positions)),
             kv_lens=self._index(kv_lens),
             max_len=max(kv_lens),
             uniform=min(kv_lens) == max(kv_lens),

@@ -25,10 +25,11 @@ def stream_index(device: torch.device) -> int | None:
 
 
 class PinnedRing:
-    """Persistent pinned int64 buffers used in turn: `copy(values, dst)` writes the values into
-    the next buffer and copies them into the contiguous device tensor `dst` without a sync. A
-    buffer is written again only once the copy that last read it has run (an event each), so
-    the host never overwrites what a queued copy has yet to read."""
+    """Persistent pinned int64 buffers used in turn: `copy(values, dst)` writes the values (a
+    list of ints or an int64 `array.array`) into the next buffer and copies them into the
+    contiguous device tensor `dst` without a sync. A buffer is written again only once the copy
+    that last read it has run (an event each), so the host never overwrites what a queued copy
+    has yet to read."""
 
     def __init__(self, size: int, device: torch.device, slots: int = 4):
         device = torch.device(device)
@@ -39,7 +40,7 @@ class PinnedRing:
         self.index = stream_index(device)
         self.turn = 0
 
-    def copy(self, values: list, dst: torch.Tensor) -> None:
+    def copy(self, values, dst: torch.Tensor) -> None:
         n = len(values)
         assert dst.is_contiguous() and dst.numel() == n <= self.buffers[0].numel()
         i = self.turn
@@ -49,7 +50,9 @@ class PinnedRing:
         # array.array converts a list of ints about 6x faster than torch.tensor (and needs no
         # numpy, which the standalone engine does not import)
         if n:  # frombuffer refuses an empty buffer
-            self.buffers[i][:n].copy_(torch.frombuffer(array.array("q", values), dtype=torch.long))
+            if not isinstance(values, array.array):
+                values = array.array("q", values)
+            self.buffers[i][:n].copy_(torch.frombuffer(values, dtype=torch.long))
         dst.copy_(self.buffers[i][:n].view(dst.shape), non_blocking=True)
         if self.events[i] is not None:  # a CPU copy is done when copy_ returns
             self.events[i].record(torch.cuda.current_stream(self.index))

@@ -1,5 +1,7 @@
 """host_tensor: small index tensors built on the host and placed on the device."""
 
+import array
+
 import pytest
 import torch
 
@@ -18,7 +20,7 @@ def test_pinned_ring_copies_each_call_into_its_destination():
     ring = PinnedRing(6, torch.device("cpu"), slots=2)
     first, second, third = (torch.zeros(shape, dtype=torch.long) for shape in [(2, 3), 4, 1])
     ring.copy([1, 2, 3, 4, 5, 6], first)
-    ring.copy([7, 8, 9, 10], second)
+    ring.copy(array.array("q", [7, 8, 9, 10]), second)  # an int64 array as it is
     ring.copy([11], third)  # reuses the first buffer
     assert first.tolist() == [[1, 2, 3], [4, 5, 6]]
     assert second.tolist() == [7, 8, 9, 10] and third.tolist() == [11]

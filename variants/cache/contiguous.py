@@ -40,6 +40,9 @@ class ContiguousKVCache:
     def token_slots(self, rid: int, start: int, stop: int) -> range:
         return range(start, stop)  # positions inside the request's own tensor
 
+    def step_slots(self, rids: list, positions: list) -> list:
+        return list(positions)
+
     def read_rows(self, rids: list) -> list:
         return list(rids)
 

@@ -52,6 +52,11 @@ class SlabKVCache:
         base = self.slot_of[rid] * self.max_len
         return range(base + start, base + stop)
 
+    def step_slots(self, rids: list, positions: list) -> list:
+        """The slot of each request's token at its position (a decode step's writes)."""
+        slot_of, n = self.slot_of, self.max_len
+        return [slot_of[r] * n + p for r, p in zip(rids, positions)]
+
     def read_rows(self, rids: list):
         """A slice when the slots are consecutive (a view, no gather), else the slot list."""
         slots = [self.slot_of[r] for r in rids]

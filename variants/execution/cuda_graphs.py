@@ -5,6 +5,7 @@ static buffers filled by one pinned host-to-device copy; a batch pads to the nex
 rows that write only the cache's scratch slot; backends that read a gathered context also get
 context-length buckets. Captured in create_engine; needs CUDA and a slab or paged cache."""
 
+import array
 import contextlib
 import gc
 
@@ -136,12 +137,12 @@ class DecodeGraphs:
         scratch slot and attend to one token of it."""
         cache, pad, width = self.cache, bucket - len(rids), self.width
         scratch = cache.scratch_token()
-        write = [cache.token_slots(r, p, p + 1)[0] for r, p in zip(rids, positions)]
-        values = positions + [0] * pad + write + [scratch] * pad
-        values += [p + 1 for p in positions] + [1] * pad
-        for r in rids:
-            values += cache.table_row(r, width)
-        values += cache.table_row(None, width) * pad
+        write = cache.step_slots(rids, positions)
+        values = array.array("q", positions + [0] * pad + write + [scratch] * pad)
+        values.extend([p + 1 for p in positions] + [1] * pad)
+        for r in rids:  # a paged row is an array: extended by a copy, not element by element
+            values.extend(cache.table_row(r, width))
+        values.extend(cache.table_row(None, width) * pad)
         self.staging.copy(values, self.metas[bucket])
 
     def step(self, rids: list, tokens: torch.Tensor, positions: list) -> torch.Tensor:

@@ -54,6 +54,15 @@ def _decode_split_kernel(
     split = tl.program_id(2)
     num_heads = tl.num_programs(1) * GROUP
     kv_len = tl.load(lens_ptr + b).to(tl.int32)
+    # q does not depend on the length: its load is issued beside it, not after.
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    heads = kvh * GROUP + offs_g
+    g_mask = offs_g < GROUP
+    d_mask = offs_d < HEAD_DIM
+    q_ptrs = q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=g_mask[:, None] & d_mask[None, :], other=0.0)
     # Splits that work: one per split_tokens of live context, at least one, at most the grid's.
     live = tl.minimum(tl.maximum(tl.cdiv(kv_len, split_tokens), 1), NUM_SPLITS)
     if split < live:
@@ -61,14 +70,6 @@ def _decode_split_kernel(
         start = split * split_len
         end = tl.minimum(start + split_len, kv_len)
 
-        offs_g = tl.arange(0, BLOCK_G)
-        offs_n = tl.arange(0, BLOCK_N)
-        offs_d = tl.arange(0, BLOCK_D)
-        heads = kvh * GROUP + offs_g
-        g_mask = offs_g < GROUP
-        d_mask = offs_d < HEAD_DIM
-        q_ptrs = q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
-        q = tl.load(q_ptrs, mask=g_mask[:, None] & d_mask[None, :], other=0.0)
         q_row = tl.sum(q.to(tl.float32), axis=0)  # the query when GROUP == 1 (a sum over one row)
         # input_precision="ieee" only matters for float32 pools (no TF32); fp16/bf16 unaffected.
 

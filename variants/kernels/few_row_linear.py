@@ -4,37 +4,66 @@ after it in the same kernel: out = residual + norm(x) @ W.T, each part optional.
 cuBLAS at 8 rows spends ~4.5 us a GEMM on the H200 whatever the weight's size, and the norm and
 the add are launches of their own; here one launch does the three. Rounds like the reference:
 the product is cast to the compute dtype, the residual add runs in float32 and is cast once, and
-a float32 output (the logits) is the compute-dtype product widened. Needs Triton >= 3.0."""
+a float32 output (the logits) is the compute-dtype product widened. A long reduction over few
+column tiles (the down projection) is split over K (split_k.py). Needs Triton >= 3.0."""
 
 import torch
 import triton
 import triton.language as tl
 
 from variants.kernels.row_dot import few_row_tiles, rows_dot
+from variants.kernels.split_k import (
+    arrive_last,
+    counters_for,
+    host_cdiv,
+    reset_counter,
+    split_range,
+    split_workspace,
+    splits_for,
+    store_partial,
+    sum_partials,
+)
+
+
+@triton.jit
+def _epilogue(acc, r, out_ptr, offs_m, offs_n, mask, stride_om, dt, RESIDUAL: tl.constexpr):
+    y = acc.to(dt)
+    if RESIDUAL:
+        y = (r.to(tl.float32) + y.to(tl.float32)).to(dt)
+    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :],
+             y.to(out_ptr.dtype.element_ty), mask=mask)  # fmt: skip
 
 
 @triton.jit
 def _few_row_linear_kernel(
-    x_ptr, norm_ptr, w_ptr, res_ptr, out_ptr, M, N, K,
+    x_ptr, norm_ptr, w_ptr, res_ptr, out_ptr, ws_ptr, counter_ptr, M, N, K, split_len,
     stride_xm, stride_wn, stride_rm, stride_om, eps,
-    NORM: tl.constexpr, RESIDUAL: tl.constexpr,
+    NORM: tl.constexpr, RESIDUAL: tl.constexpr, SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask, n_mask = offs_m < M, offs_n < N
     mask = m_mask[:, None] & n_mask[None, :]
+    r = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     if RESIDUAL:  # issued first: its round trip overlaps the weight's
         r = tl.load(res_ptr + offs_m[:, None] * stride_rm + offs_n[None, :], mask=mask, other=0.0)
+    split = tl.program_id(2)
+    k_lo = split * split_len
     acc, _unused = rows_dot(
         x_ptr, stride_xm, offs_m, m_mask, norm_ptr, eps, w_ptr, stride_wn, offs_n, offs_n,
-        n_mask, K, NORM, False, BLOCK_M, BLOCK_N, BLOCK_K,
+        n_mask, K, k_lo, tl.minimum(k_lo + split_len, K), NORM, False, BLOCK_M, BLOCK_N, BLOCK_K,
     )  # fmt: skip
-    y = acc.to(w_ptr.dtype.element_ty)
-    if RESIDUAL:
-        y = (r.to(tl.float32) + y.to(tl.float32)).to(w_ptr.dtype.element_ty)
-    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :],
-             y.to(out_ptr.dtype.element_ty), mask=mask)  # fmt: skip
+    dt = w_ptr.dtype.element_ty
+    if SPLIT_K == 1:
+        _epilogue(acc, r, out_ptr, offs_m, offs_n, mask, stride_om, dt, RESIDUAL)
+    else:
+        store_partial(ws_ptr, split, offs_m, offs_n, mask, acc, M, N)
+        counter = counter_ptr + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+        if arrive_last(counter, SPLIT_K):
+            total = sum_partials(ws_ptr, offs_m, offs_n, mask, M, N, SPLIT_K)
+            _epilogue(total, r, out_ptr, offs_m, offs_n, mask, stride_om, dt, RESIDUAL)
+            reset_counter(counter)
 
 
 def few_row_linear(
@@ -46,10 +75,12 @@ def few_row_linear(
     out_dtype: torch.dtype | None = None,
     sm_count: int = 132,
     tiles: tuple | None = None,
+    split_k: int | None = None,
 ) -> torch.Tensor:
     """x [M, K] (unit column stride); weight [N, K] contiguous; norm [K] applies
     rms_norm(x) * norm first; residual [M, N] is added last. Returns a new [M, N] tensor in
-    out_dtype (default the weight's dtype). `tiles` = (BLOCK_N, BLOCK_K, warps, stages)."""
+    out_dtype (default the weight's dtype). `tiles` = (BLOCK_N, BLOCK_K, warps, stages);
+    `split_k` cuts the reduction into that many programs (default: `default_split_k`)."""
     rows, k = x.shape
     n = weight.shape[0]
     assert weight.shape[1] == k and weight.is_contiguous() and x.stride(-1) == 1
@@ -59,13 +90,16 @@ def few_row_linear(
         block_n, block_k, warps, stages = tiles
     if residual is not None:
         assert residual.shape == (rows, n) and residual.stride(-1) == 1
-    grid = (triton.cdiv(n, block_n), triton.cdiv(rows, block_m))
-    _few_row_linear_kernel[grid](
+    grid = (host_cdiv(n, block_n), host_cdiv(rows, block_m))
+    split_k = splits_for(split_k, grid[0] * grid[1], k, block_k, sm_count)
+    _few_row_linear_kernel[grid + (split_k,)](
         x, norm if norm is not None else weight, weight,
-        residual if residual is not None else out, out, rows, n, k,
+        residual if residual is not None else out, out,
+        split_workspace(split_k, rows, n, x.device), counters_for(x.device, grid[0] * grid[1]),
+        rows, n, k, split_range(k, block_k, split_k),
         x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0,
         out.stride(0), eps,
-        NORM=norm is not None, RESIDUAL=residual is not None,
+        NORM=norm is not None, RESIDUAL=residual is not None, SPLIT_K=split_k,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out

@@ -14,35 +14,25 @@ import triton.language as tl
 
 from variants.kernels.fused_rope import rotate_pairs
 from variants.kernels.row_dot import few_row_tiles, rows_dot
+from variants.kernels.split_k import (
+    arrive_last,
+    counters_for,
+    host_cdiv,
+    reset_counter,
+    split_range,
+    split_workspace,
+    splits_for,
+    store_partial,
+    sum_partials,
+)
 
 
 @triton.jit
-def _norm_qkv_rope_kernel(
-    x_ptr, norm_ptr, w_ptr, cos_ptr, sin_ptr, index_ptr, q_ptr, k_pool_ptr, v_pool_ptr,
-    M, K, stride_xm, stride_wn, stride_cos, stride_sin, stride_qm, stride_kpt, stride_kph,
-    stride_vpt, stride_vph, eps,
+def _rope_store(
+    even, odd, c, s, slot, offs_m, m_mask, col, p_mask, dim, q_ptr, k_pool_ptr, v_pool_ptr,
+    stride_qm, stride_kpt, stride_kph, stride_vpt, stride_vph, dt,
     Q_DIM: tl.constexpr, KV_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    pairs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_mask = offs_m < M
-    p_mask = pairs < (Q_DIM + 2 * KV_DIM) // 2
-    col = 2 * pairs  # the even column of each pair
-    dim = col % HEAD_DIM  # q, k and v spans are whole heads, so this is the dim within a head
-    # The epilogue's inputs first (addresses that need no load): their round trips overlap the
-    # weight's.
-    slot = tl.load(index_ptr + offs_m, mask=m_mask, other=0).to(tl.int64)
-    cs_mask = m_mask[:, None] & p_mask[None, :]
-    c = tl.load(cos_ptr + offs_m[:, None] * stride_cos + (dim // 2)[None, :], mask=cs_mask,
-                other=0.0)  # fmt: skip
-    s = tl.load(sin_ptr + offs_m[:, None] * stride_sin + (dim // 2)[None, :], mask=cs_mask,
-                other=0.0)  # fmt: skip
-    even, odd = rows_dot(
-        x_ptr, stride_xm, offs_m, m_mask, norm_ptr, eps, w_ptr, stride_wn, col, col + 1, p_mask,
-        K, True, True, BLOCK_M, BLOCK_N, BLOCK_K,
-    )  # fmt: skip
-    dt = w_ptr.dtype.element_ty
     x0, x1 = even.to(dt), odd.to(dt)
     r0, r1 = rotate_pairs(x0, x1, c.to(tl.float32), s.to(tl.float32))
 
@@ -66,6 +56,58 @@ def _norm_qkv_rope_kernel(
     tl.store(v_at + 1, x1.to(v_pool_ptr.dtype.element_ty), mask=v_store)
 
 
+@triton.jit
+def _norm_qkv_rope_kernel(
+    x_ptr, norm_ptr, w_ptr, cos_ptr, sin_ptr, index_ptr, q_ptr, k_pool_ptr, v_pool_ptr,
+    ws_ptr, counter_ptr, M, K, split_len, stride_xm, stride_wn, stride_cos, stride_sin,
+    stride_qm, stride_kpt, stride_kph, stride_vpt, stride_vph, eps,
+    Q_DIM: tl.constexpr, KV_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    pairs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_mask = offs_m < M
+    p_mask = pairs < (Q_DIM + 2 * KV_DIM) // 2
+    col = 2 * pairs  # the even column of each pair
+    dim = col % HEAD_DIM  # q, k and v spans are whole heads, so this is the dim within a head
+    # The epilogue's inputs first (addresses that need no load): their round trips overlap the
+    # weight's.
+    slot = tl.load(index_ptr + offs_m, mask=m_mask, other=0).to(tl.int64)
+    cs_mask = m_mask[:, None] & p_mask[None, :]
+    c = tl.load(cos_ptr + offs_m[:, None] * stride_cos + (dim // 2)[None, :], mask=cs_mask,
+                other=0.0)  # fmt: skip
+    s = tl.load(sin_ptr + offs_m[:, None] * stride_sin + (dim // 2)[None, :], mask=cs_mask,
+                other=0.0)  # fmt: skip
+    split = tl.program_id(2)
+    k_lo = split * split_len
+    even, odd = rows_dot(
+        x_ptr, stride_xm, offs_m, m_mask, norm_ptr, eps, w_ptr, stride_wn, col, col + 1, p_mask,
+        K, k_lo, tl.minimum(k_lo + split_len, K), True, True, BLOCK_M, BLOCK_N, BLOCK_K,
+    )  # fmt: skip
+    dt = w_ptr.dtype.element_ty
+    if SPLIT_K == 1:
+        _rope_store(
+            even, odd, c, s, slot, offs_m, m_mask, col, p_mask, dim, q_ptr, k_pool_ptr,
+            v_pool_ptr, stride_qm, stride_kpt, stride_kph, stride_vpt, stride_vph, dt,
+            Q_DIM, KV_DIM, HEAD_DIM,
+        )  # fmt: skip
+    else:  # partials [2, splits, M, pairs]: even columns, then odd
+        n_pairs = (Q_DIM + 2 * KV_DIM) // 2
+        odd_ws = ws_ptr + SPLIT_K * M * n_pairs
+        store_partial(ws_ptr, split, offs_m, pairs, cs_mask, even, M, n_pairs)
+        store_partial(odd_ws, split, offs_m, pairs, cs_mask, odd, M, n_pairs)
+        counter = counter_ptr + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+        if arrive_last(counter, SPLIT_K):
+            even = sum_partials(ws_ptr, offs_m, pairs, cs_mask, M, n_pairs, SPLIT_K)
+            odd = sum_partials(odd_ws, offs_m, pairs, cs_mask, M, n_pairs, SPLIT_K)
+            _rope_store(
+                even, odd, c, s, slot, offs_m, m_mask, col, p_mask, dim, q_ptr, k_pool_ptr,
+                v_pool_ptr, stride_qm, stride_kpt, stride_kph, stride_vpt, stride_vph, dt,
+                Q_DIM, KV_DIM, HEAD_DIM,
+            )  # fmt: skip
+            reset_counter(counter)
+
+
 def norm_qkv_rope(
     x: torch.Tensor,
     norm: torch.Tensor,
@@ -80,12 +122,14 @@ def norm_qkv_rope(
     write_index: torch.Tensor,
     sm_count: int = 132,
     tiles: tuple | None = None,
+    split_k: int | None = None,
 ) -> torch.Tensor:
     """x [M, K]; norm [K]; qkv [q_dim + 2 kv_dim, K] (q, k, v rows); cos/sin [M, head_dim/2]
     (each row's position, unit column stride); pools [slots, kv_heads, head_dim]; write_index
     [M] the cache slot of each row. Writes RoPE(k)
     and v into the pools and returns RoPE(q) as a new [M, q_dim]. `tiles` = (BLOCK_N pairs,
-    BLOCK_K, warps, stages)."""
+    BLOCK_K, warps, stages); `split_k` cuts the reduction into that many programs (default:
+    `default_split_k`)."""
     rows, k = x.shape
     kv_dim = (qkv.shape[0] - q_dim) // 2
     assert head_dim % 2 == 0 and q_dim % head_dim == 0 and kv_dim % head_dim == 0
@@ -97,12 +141,15 @@ def norm_qkv_rope(
     block_m, block_n, block_k, warps, stages = few_row_tiles(rows, pairs, sm_count, weight_tiles=2)
     if tiles is not None:
         block_n, block_k, warps, stages = tiles
-    grid = (triton.cdiv(pairs, block_n), triton.cdiv(rows, block_m))
-    _norm_qkv_rope_kernel[grid](
+    grid = (host_cdiv(pairs, block_n), host_cdiv(rows, block_m))
+    split_k = splits_for(split_k, grid[0] * grid[1], k, block_k, sm_count)
+    _norm_qkv_rope_kernel[grid + (split_k,)](
         x, norm, qkv, cos, sin, write_index, q, k_pool, v_pool,
-        rows, k, x.stride(0), qkv.stride(0), cos.stride(0), sin.stride(0),
+        split_workspace(split_k, rows, pairs, x.device, pairs=2),
+        counters_for(x.device, grid[0] * grid[1]), rows, k, split_range(k, block_k, split_k),
+        x.stride(0), qkv.stride(0), cos.stride(0), sin.stride(0),
         q.stride(0), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1), eps,
-        Q_DIM=q_dim, KV_DIM=kv_dim, HEAD_DIM=head_dim,
+        Q_DIM=q_dim, KV_DIM=kv_dim, HEAD_DIM=head_dim, SPLIT_K=split_k,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return q

@@ -10,26 +10,57 @@ import triton
 import triton.language as tl
 
 from variants.kernels.row_dot import few_row_tiles, rows_dot
+from variants.kernels.split_k import (
+    arrive_last,
+    counters_for,
+    host_cdiv,
+    reset_counter,
+    split_range,
+    split_workspace,
+    splits_for,
+    store_partial,
+    sum_partials,
+)
+
+
+@triton.jit
+def _swiglu_store(gate, up, out_ptr, offs_m, offs_j, mask, stride_om, dt):
+    g = gate.to(dt).to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(dt)
+    y = (act.to(tl.float32) * up.to(dt).to(tl.float32)).to(dt)
+    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_j[None, :], y, mask=mask)
 
 
 @triton.jit
 def _norm_swiglu_kernel(
-    x_ptr, norm_ptr, w_ptr, out_ptr, M, INTER, K, stride_xm, stride_wn, stride_om, eps,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr, norm_ptr, w_ptr, out_ptr, ws_ptr, counter_ptr, M, INTER, K, split_len,
+    stride_xm, stride_wn, stride_om, eps,
+    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_j = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask, j_mask = offs_m < M, offs_j < INTER
+    mask = m_mask[:, None] & j_mask[None, :]
+    split = tl.program_id(2)
+    k_lo = split * split_len
     gate, up = rows_dot(
         x_ptr, stride_xm, offs_m, m_mask, norm_ptr, eps, w_ptr, stride_wn, offs_j,
-        INTER + offs_j, j_mask, K, True, True, BLOCK_M, BLOCK_N, BLOCK_K,
+        INTER + offs_j, j_mask, K, k_lo, tl.minimum(k_lo + split_len, K), True, True,
+        BLOCK_M, BLOCK_N, BLOCK_K,
     )  # fmt: skip
     dt = w_ptr.dtype.element_ty
-    g = gate.to(dt).to(tl.float32)
-    act = (g / (1.0 + tl.exp(-g))).to(dt)
-    y = (act.to(tl.float32) * up.to(dt).to(tl.float32)).to(dt)
-    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_j[None, :], y,
-             mask=m_mask[:, None] & j_mask[None, :])  # fmt: skip
+    if SPLIT_K == 1:
+        _swiglu_store(gate, up, out_ptr, offs_m, offs_j, mask, stride_om, dt)
+    else:  # partials [2, splits, M, INTER]: gate, then up
+        up_ws = ws_ptr + SPLIT_K * M * INTER
+        store_partial(ws_ptr, split, offs_m, offs_j, mask, gate, M, INTER)
+        store_partial(up_ws, split, offs_m, offs_j, mask, up, M, INTER)
+        counter = counter_ptr + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+        if arrive_last(counter, SPLIT_K):
+            gate = sum_partials(ws_ptr, offs_m, offs_j, mask, M, INTER, SPLIT_K)
+            up = sum_partials(up_ws, offs_m, offs_j, mask, M, INTER, SPLIT_K)
+            _swiglu_store(gate, up, out_ptr, offs_m, offs_j, mask, stride_om, dt)
+            reset_counter(counter)
 
 
 def norm_swiglu(
@@ -39,9 +70,11 @@ def norm_swiglu(
     eps: float,
     sm_count: int = 132,
     tiles: tuple | None = None,
+    split_k: int | None = None,
 ) -> torch.Tensor:
     """x [M, K]; norm [K]; gate_up [2I, K] (gate rows, then up rows). Returns [M, I]
-    = silu(gate) * up of rms_norm(x) * norm. `tiles` = (BLOCK_N, BLOCK_K, warps, stages)."""
+    = silu(gate) * up of rms_norm(x) * norm. `tiles` = (BLOCK_N, BLOCK_K, warps, stages);
+    `split_k` cuts the reduction into that many programs (default: `default_split_k`)."""
     rows, k = x.shape
     inter = gate_up.shape[0] // 2
     assert gate_up.shape == (2 * inter, k) and gate_up.is_contiguous() and x.stride(-1) == 1
@@ -52,10 +85,13 @@ def norm_swiglu(
     )
     if tiles is not None:
         block_n, block_k, warps, stages = tiles
-    grid = (triton.cdiv(inter, block_n), triton.cdiv(rows, block_m))
-    _norm_swiglu_kernel[grid](
-        x, norm, gate_up, out, rows, inter, k, x.stride(0), gate_up.stride(0), out.stride(0), eps,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+    grid = (host_cdiv(inter, block_n), host_cdiv(rows, block_m))
+    split_k = splits_for(split_k, grid[0] * grid[1], k, block_k, sm_count)
+    _norm_swiglu_kernel[grid + (split_k,)](
+        x, norm, gate_up, out, split_workspace(split_k, rows, inter, x.device, pairs=2),
+        counters_for(x.device, grid[0] * grid[1]), rows, inter, k,
+        split_range(k, block_k, split_k), x.stride(0), gate_up.stride(0), out.stride(0), eps,
+        SPLIT_K=split_k, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out

@@ -12,6 +12,8 @@ H200 than 256-wide chunks over 3 pipeline stages (docs/PERF.md, run 9)."""
 import triton
 import triton.language as tl
 
+from variants.kernels.split_k import host_cdiv
+
 
 @triton.jit
 def _normed(x, norm_ptr, offs_k, k_mask, inv_rms, dt):
@@ -23,11 +25,12 @@ def _normed(x, norm_ptr, offs_k, k_mask, inv_rms, dt):
 @triton.jit
 def rows_dot(
     x_ptr, stride_xm, offs_m, m_mask, norm_ptr, eps, w_ptr, stride_wn, rows_a, rows_b, w_mask, K,
-    NORM: tl.constexpr, PAIRED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    k_lo, k_hi, NORM: tl.constexpr, PAIRED: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """(h @ W[rows_a].T, h @ W[rows_b].T) as float32 [BLOCK_M, BLOCK_N] each, where h is x or
-    rms_norm(x) * norm weight. Without PAIRED the second result is zeros and rows_b is unread."""
+    """(h @ W[rows_a].T, h @ W[rows_b].T) over columns k_lo..k_hi of K as float32 [BLOCK_M,
+    BLOCK_N] each, where h is x or rms_norm(x) * norm weight (statistics over all of K). Without
+    PAIRED the second result is zeros and rows_b is unread."""
     dt = w_ptr.dtype.element_ty
     acc_a = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_b = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
@@ -41,9 +44,9 @@ def rows_dot(
             xf = x.to(tl.float32)
             total += tl.sum(xf * xf, axis=1)
         inv_rms = tl.rsqrt(total / K + eps)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_mask = offs_k < K
+        k_mask = offs_k < k_hi
         wk_mask = w_mask[:, None] & k_mask[None, :]
         w_a = tl.load(w_ptr + rows_a[:, None] * stride_wn + offs_k[None, :], mask=wk_mask,
                       other=0.0)  # fmt: skip
@@ -73,7 +76,7 @@ def few_row_tiles(
     the staged tiles of x and of the `weight_tiles` weight tiles fit SHARED_MEMORY_BUDGET."""
     block_m = min(64, max(16, triton.next_power_of_2(rows)))
     block_n = 64
-    while block_n > 16 and triton.cdiv(cols, block_n) < sm_count:
+    while block_n > 16 and host_cdiv(cols, block_n) < sm_count:
         block_n //= 2
     block_k, warps, stages = 256, 4, 3
     if prefer is not None:

@@ -50,3 +50,10 @@ def test_extend_makes_room_for_the_total_length(tiny_spec):
     cache.allocate(1, 4)
     cache.extend(1, 100)
     assert cache.store[1][0].shape[1] >= 100
+
+
+def test_step_slots_are_the_positions(tiny_spec):
+    cache = contiguous(tiny_spec)
+    cache.allocate(1, 3)
+    cache.allocate(2, 9)
+    assert cache.step_slots([2, 1], [8, 2]) == [8, 2]

@@ -104,4 +104,34 @@ def test_read_rows_pads_tables_with_block_zero(tiny_spec):
     rows = cache.read_rows([2, 1])
     assert rows.shape == (2, 3)
     assert rows[0].tolist() == cache.table[2] + [0, 0]
-    assert cache.table_width(40) == 3 and cache.table_row(2, 3) == cache.table[2] + [0, 0]
+    assert cache.table_width(40) == 3 and list(cache.table_row(2, 3)) == cache.table[2] + [0, 0]
+
+
+def test_full_width_rows_follow_the_table_through_every_change(tiny_spec):
+    """The rows a CUDA-graph call stages: the blocks, then block 0 to max_positions."""
+    cache = paged(tiny_spec, 64, 16)  # 4 blocks + scratch: the pool grows on the way
+    width = cache.table_width(tiny_spec.max_positions)
+
+    def row(rid):
+        return list(cache.table_row(rid, width))
+
+    cache.allocate(1, 20)
+    cache.allocate(2, 1)
+    assert row(1) == cache.table[1] + [0] * (width - 2)
+    cache.extend(1, 70)  # past the pool: it grows
+    assert row(1) == cache.table[1] + [0] * (width - 5)
+    assert row(2) == cache.table[2] + [0] * (width - 1)
+    cache.truncate(1, 33)
+    assert row(1) == cache.table[1] + [0] * (width - 3)
+    cache.release(2)
+    cache.allocate(2, 17)  # a reused id starts from an empty row
+    assert row(2) == cache.table[2] + [0] * (width - 2)
+    assert row(None) == [0] * width and list(cache.table_row(1, 2)) == cache.table[1][:2]
+
+
+def test_step_slots_are_each_rows_token_slot(tiny_spec):
+    cache = paged(tiny_spec, 4096, 16)
+    cache.allocate(1, 40)
+    cache.allocate(2, 17)
+    got = cache.step_slots([2, 1], [16, 39])
+    assert got == [cache.token_slots(2, 16, 17)[0], cache.token_slots(1, 39, 40)[0]]

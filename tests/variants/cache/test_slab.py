@@ -34,6 +34,7 @@ def test_token_slots_are_flat_positions_in_the_slot(tiny_spec):
     cache.allocate(2, 3)
     assert list(cache.token_slots(2, 4, 7)) == [512 + 4, 512 + 5, 512 + 6]
     assert list(cache.token_slots(1, 0, 2)) == [0, 1]
+    assert cache.step_slots([2, 1], [6, 0]) == [512 + 6, 0]  # a decode step's writes
 
 
 def test_growth_doubles_and_keeps_contents(tiny_spec):

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 pytest.importorskip("triton", reason="triton is not installed")
 
 from variants.kernels.few_row_linear import few_row_linear  # noqa: E402
+from variants.kernels.split_k import arrival_counters  # noqa: E402
 from variants.layers.rmsnorm import rms_norm  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -54,17 +55,41 @@ def test_chunked_reduction_matches_the_one_shot():
     torch.testing.assert_close(chunked, want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("split_k", [2, 3, 5])
+def test_split_reduction_matches_torch_and_leaves_the_counters_zero(split_k):
+    """K = 300 in 64-wide chunks (5 of them) over 2, 3 or 5 programs a tile; the last to arrive
+    adds the residual. Twice, bit for bit: the partials are summed in split order."""
+    x, w, norm, res = _case(5, 100, 300, torch.float32, DEVICE, seed=split_k)
+    run = lambda: few_row_linear(  # noqa: E731
+        x, w, norm=norm, eps=1e-5, residual=res, tiles=(32, 64, 4, 2), split_k=split_k
+    )
+    got = run()
+    want = res + F.linear(rms_norm(x, norm, 1e-5), w)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert torch.equal(run(), got)
+    assert not arrival_counters(torch.device(DEVICE)).any()
+
+
+def test_more_splits_than_chunks_are_cut_to_the_chunks():
+    x, w, _, _ = _case(2, 40, 64, torch.float32, DEVICE)
+    got = few_row_linear(x, w, tiles=(16, 32, 4, 2), split_k=9)  # 2 chunks: 2 splits
+    torch.testing.assert_close(got, F.linear(x, w), atol=1e-5, rtol=1e-5)
+    assert not arrival_counters(torch.device(DEVICE)).any()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("rows", [1, 8, 64])
 @pytest.mark.parametrize("n,k", [(768, 768), (768, 3072), (4096, 768)])
-def test_gpu_half_matches_torch(rows, n, k):
+@pytest.mark.parametrize("split_k", [None, 1, 3])
+def test_gpu_half_matches_torch(rows, n, k, split_k):
     x, w, norm, res = _case(rows, n, k, torch.float16, "cuda", seed=rows)
     want = res + F.linear(rms_norm(x, norm, 1e-5), w)
-    got = few_row_linear(x, w, norm=norm, eps=1e-5, residual=res)
+    got = few_row_linear(x, w, norm=norm, eps=1e-5, residual=res, split_k=split_k)
     # the same products in another summation order: one or two units of the output's rounding
     scale = want.abs().max().item()
     torch.testing.assert_close(got, want, atol=4e-3 * scale, rtol=2e-3)
-    head = few_row_linear(x, w, norm=norm, eps=1e-5, out_dtype=torch.float32)
+    head = few_row_linear(x, w, norm=norm, eps=1e-5, out_dtype=torch.float32, split_k=split_k)
     want_head = F.linear(rms_norm(x, norm, 1e-5), w).float()
     torch.testing.assert_close(head, want_head, atol=4e-3 * want_head.abs().max().item(), rtol=2e-3)
+    assert not arrival_counters(x.device).any()

@@ -8,13 +8,14 @@ import torch.nn.functional as F
 pytest.importorskip("triton", reason="triton is not installed")
 
 from variants.kernels.norm_qkv_rope import norm_qkv_rope  # noqa: E402
+from variants.kernels.split_k import arrival_counters  # noqa: E402
 from variants.layers.rmsnorm import rms_norm  # noqa: E402
 from variants.layers.rope import RopeTable, apply_rope  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _case(rows, heads, kv_heads, d, k, dtype, device, slots=64, seed=0, tiles=None):
+def _case(rows, heads, kv_heads, d, k, dtype, device, slots=64, seed=0, tiles=None, split_k=None):
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, k, generator=gen).to(device, dtype)
     qkv = (torch.randn((heads + 2 * kv_heads) * d, k, generator=gen) / k**0.5).to(device, dtype)
@@ -27,7 +28,7 @@ def _case(rows, heads, kv_heads, d, k, dtype, device, slots=64, seed=0, tiles=No
     cos, sin = rope.at(positions)
     q = norm_qkv_rope(
         x, norm, qkv, 1e-5, d, heads * d, cos, sin, k_pool, v_pool, write_index, sm_count=4,
-        tiles=tiles,
+        tiles=tiles, split_k=split_k,
     )  # fmt: skip
 
     q_ref, k_ref, v_ref = F.linear(rms_norm(x, norm, 1e-5), qkv).split(
@@ -56,11 +57,24 @@ def test_tiles_straddling_heads():
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("split_k", [2, 3])
+def test_split_reduction_matches_torch_and_leaves_the_counters_zero(split_k):
+    """K = 100 in 32-wide chunks (4) over 2 or 3 programs a tile; the last to arrive rotates and
+    writes the cache."""
+    got, want = _case(5, 2, 1, 24, 100, torch.float32, DEVICE, tiles=(16, 32, 4, 2),
+                      split_k=split_k)  # fmt: skip
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+    assert not arrival_counters(torch.device(DEVICE)).any()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("rows", [1, 8, 64])
-def test_gpu_half_matches_torch(rows):
-    got, want = _case(rows, 4, 4, 192, 768, torch.float16, "cuda", slots=1024, seed=rows)
+@pytest.mark.parametrize("split_k", [None, 1, 3])
+def test_gpu_half_matches_torch(rows, split_k):
+    got, want = _case(rows, 4, 4, 192, 768, torch.float16, "cuda", slots=1024, seed=rows,
+                      split_k=split_k)  # fmt: skip
     for g, w in zip(got, want):
         scale = w.abs().max().item()
         torch.testing.assert_close(g, w, atol=4e-3 * scale, rtol=2e-3)

@@ -8,18 +8,20 @@ import torch.nn.functional as F
 pytest.importorskip("triton", reason="triton is not installed")
 
 from variants.kernels.norm_swiglu import norm_swiglu  # noqa: E402
+from variants.kernels.split_k import arrival_counters  # noqa: E402
 from variants.layers.rmsnorm import rms_norm  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _case(rows, inter, k, dtype, device, seed=0, tiles=None):
+def _case(rows, inter, k, dtype, device, seed=0, tiles=None, split_k=None):
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, k, generator=gen).to(device, dtype)
     gate_up = (torch.randn(2 * inter, k, generator=gen) / k**0.5).to(device, dtype)
     norm = (1 + 0.1 * torch.randn(k, generator=gen)).to(device, dtype)
     gate, up = F.linear(rms_norm(x, norm, 1e-5), gate_up).chunk(2, dim=-1)
-    return norm_swiglu(x, norm, gate_up, 1e-5, sm_count=4, tiles=tiles), F.silu(gate) * up
+    got = norm_swiglu(x, norm, gate_up, 1e-5, sm_count=4, tiles=tiles, split_k=split_k)
+    return got, F.silu(gate) * up
 
 
 @pytest.mark.parametrize("rows,inter,k", [(1, 96, 64), (7, 40, 24), (18, 130, 100)])
@@ -34,10 +36,19 @@ def test_chunked_reduction_matches_torch():
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("split_k", [2, 4])
+def test_split_reduction_matches_torch_and_leaves_the_counters_zero(split_k):
+    """K = 200 in 64-wide chunks (4) over 2 or 4 programs a tile, gate and up partials each."""
+    got, want = _case(6, 50, 200, torch.float32, DEVICE, tiles=(16, 64, 4, 2), split_k=split_k)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert not arrival_counters(torch.device(DEVICE)).any()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("rows", [1, 8, 64])
-def test_gpu_half_matches_torch(rows):
-    got, want = _case(rows, 3072, 768, torch.float16, "cuda", seed=rows)
+@pytest.mark.parametrize("split_k", [None, 1, 3])
+def test_gpu_half_matches_torch(rows, split_k):
+    got, want = _case(rows, 3072, 768, torch.float16, "cuda", seed=rows, split_k=split_k)
     scale = want.abs().max().item()
     torch.testing.assert_close(got, want, atol=4e-3 * scale, rtol=2e-3)
