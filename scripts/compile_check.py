@@ -1,0 +1,144 @@
+"""Compile our decode-step Triton kernels for a GPU this machine does not have, and report what
+ptxas says of each: registers a thread, spill bytes, shared memory. Needs no GPU, only a Triton
+with its NVIDIA backend (ptxas ships in the wheel), and TRITON_INTERPRET unset.
+
+The users' RTX 3090 (sm_86) with Triton 3.0 is the oldest stack the kernels claim. Run this
+under that Triton (`pip install triton==3.0.0` in a venv) to check that the kernels still
+compile there and do not spill, with the tiles the launchers pick at the public model's decode
+shapes (8 rows, head_dim 192, 4 kv heads) on a GPU that is not Hopper.
+
+    python scripts/compile_check.py [--arch 86] [--json PATH]
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from variants.kernels.decode_attention import _decode_split_kernel, default_tiles  # noqa: E402
+from variants.kernels.few_row_linear import _few_row_linear_kernel  # noqa: E402
+from variants.kernels.norm_qkv_rope import _norm_qkv_rope_kernel  # noqa: E402
+from variants.kernels.norm_swiglu import _norm_swiglu_kernel  # noqa: E402
+from variants.kernels.row_dot import few_row_tiles  # noqa: E402
+
+F16, F32, I32, I64 = "*fp16", "*fp32", "*i32", "*i64"
+
+
+def source(fn, types: dict, consts: dict) -> ASTSource:
+    """Triton 3.0/3.1 key the signature and constants by argument index; later ones by name."""
+    try:
+        return ASTSource(fn, {n: types.get(n, "constexpr") for n in fn.arg_names}, consts)
+    except (TypeError, AssertionError):
+        index = {n: i for i, n in enumerate(fn.arg_names)}
+        sig = {index[n]: types.get(n, "constexpr") for n in fn.arg_names}
+        return ASTSource(fn, sig, {index[n]: v for n, v in consts.items()})
+
+
+def ptxas_report(ptx: str) -> dict:
+    """ptxas -v on the kernel's PTX. A Triton may ship more than one ptxas (3.9: one for
+    Blackwell, which its newer PTX versions need): the first that accepts the PTX reports."""
+    tools = sorted((Path(triton.__file__).parent / "backends" / "nvidia" / "bin").glob("ptxas*"))
+    gpu = re.search(r"^\.target\s+(\w+)", ptx, re.MULTILINE).group(1)  # sm_86, sm_90a, ...
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.ptx")
+        Path(path).write_text(ptx)
+        for tool in tools:
+            out = subprocess.run([str(tool), "-v", f"--gpu-name={gpu}", path, "-o", os.devnull],
+                                 capture_output=True, text=True)  # fmt: skip
+            if out.returncode == 0:
+                break
+        else:
+            raise RuntimeError(f"no ptxas of {[t.name for t in tools]} took it: {out.stderr}")
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out.stderr)
+    return {
+        "registers": int(re.search(r"Used (\d+) registers", out.stderr).group(1)),
+        "spill_bytes": int(spills.group(1)) + int(spills.group(2)) if spills else 0,
+    }
+
+
+def check(name, fn, types, consts, warps, stages, arch) -> dict:
+    target = GPUTarget("cuda", arch, 32)
+    kernel = triton.compile(
+        source(fn, types, consts), target=target, options={"num_warps": warps, "num_stages": stages}
+    )
+    shared = kernel.metadata.shared
+    return {"kernel": name, **consts, "warps": warps, "stages": stages,
+            "shared_bytes": shared, **ptxas_report(kernel.asm["ptx"])}  # fmt: skip
+
+
+def cases(sms: int) -> list:
+    """(name, kernel, types, constexprs, warps, stages) at 8 rows of the public model, with the
+    tiles the launchers pick and each split count they can run."""
+    found = []
+    names = ("M", "N", "K", "INTER", "split_len", "block_size", "split_tokens")
+    scalars = dict.fromkeys(names, "i32")
+    strides = "i32"
+    linear = dict(x_ptr=F16, norm_ptr=F16, w_ptr=F16, res_ptr=F16, out_ptr=F16, ws_ptr=F32,
+                  counter_ptr=I32, eps="fp32", **scalars)  # fmt: skip
+    for n in ("stride_xm", "stride_wn", "stride_rm", "stride_om"):
+        linear[n] = strides
+    bm, bn, bk, warps, stages = few_row_tiles(8, 768, sms)
+    for split, norm, residual in ((1, False, True), (4, False, True), (1, True, False)):
+        consts = dict(NORM=norm, RESIDUAL=residual, SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn,
+                      BLOCK_K=bk)  # fmt: skip
+        found.append(("few_row_linear", _few_row_linear_kernel, linear, consts, warps, stages))
+    swiglu = dict(x_ptr=F16, norm_ptr=F16, w_ptr=F16, out_ptr=F16, ws_ptr=F32, counter_ptr=I32,
+                  stride_xm=strides, stride_wn=strides, stride_om=strides, eps="fp32",
+                  **scalars)  # fmt: skip
+    bm, bn, bk, warps, stages = few_row_tiles(8, 3072, sms, weight_tiles=2, prefer=(32, 64, 4, 4))
+    for split in (1, 2):
+        consts = dict(SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
+        found.append(("norm_swiglu", _norm_swiglu_kernel, swiglu, consts, warps, stages))
+    qkv = dict(x_ptr=F16, norm_ptr=F16, w_ptr=F16, cos_ptr=F16, sin_ptr=F16, index_ptr=I64,
+               q_ptr=F16, k_pool_ptr=F16, v_pool_ptr=F16, ws_ptr=F32, counter_ptr=I32,
+               eps="fp32", **scalars)  # fmt: skip
+    for n in _norm_qkv_rope_kernel.arg_names:
+        if n.startswith("stride_"):
+            qkv[n] = strides
+    bm, bn, bk, warps, stages = few_row_tiles(8, 1152, sms, weight_tiles=2)
+    for split in (1, 2):
+        consts = dict(Q_DIM=768, KV_DIM=768, HEAD_DIM=192, SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn,
+                      BLOCK_K=bk)  # fmt: skip
+        found.append(("norm_qkv_rope", _norm_qkv_rope_kernel, qkv, consts, warps, stages))
+    attention = dict(q_ptr=F16, k_ptr=F16, v_ptr=F16, table_ptr=I64, lens_ptr=I64, out_ptr=F16,
+                     m_ptr=F32, l_ptr=F32, acc_ptr=F32, arrivals_ptr=I32, qk_scale_log2="fp32",
+                     **scalars)  # fmt: skip
+    for n in _decode_split_kernel.arg_names:
+        if n.startswith("stride_"):
+            attention[n] = strides
+    block_n, warps, stages = default_tiles(8, 4, 256, sms)
+    consts = dict(GROUP=1, HEAD_DIM=192, NUM_SPLITS=16, BLOCK_S=16, BLOCK_G=1, BLOCK_N=block_n,
+                  BLOCK_D=256, USE_DOT=False)  # fmt: skip
+    found.append(("decode_attention", _decode_split_kernel, attention, consts, warps, stages))
+    return found
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--arch", type=int, default=86, help="compute capability, e.g. 86 or 90")
+    p.add_argument("--sms", type=int, default=82, help="SM count the launchers' tiles assume")
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    rows = [check(name, fn, types, consts, warps, stages, args.arch)
+            for name, fn, types, consts, warps, stages in cases(args.sms)]  # fmt: skip
+    for row in rows:
+        print(json.dumps(row), flush=True)
+    meta = {"triton": triton.__version__, "arch": args.arch, "sms": args.sms}
+    if args.json:
+        Path(args.json).write_text(json.dumps({"meta": meta, "results": rows}, indent=1))
+    return 1 if any(r["spill_bytes"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
