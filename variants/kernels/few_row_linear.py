@@ -22,6 +22,7 @@ from variants.kernels.split_k import (
     splits_for,
     store_partial,
     sum_partials,
+    tile_counter,
 )
 
 
@@ -59,7 +60,7 @@ def _few_row_linear_kernel(
         _epilogue(acc, r, out_ptr, offs_m, offs_n, mask, stride_om, dt, RESIDUAL)
     else:
         store_partial(ws_ptr, split, offs_m, offs_n, mask, acc, M, N)
-        counter = counter_ptr + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+        counter = tile_counter(counter_ptr)
         if arrive_last(counter, SPLIT_K):
             total = sum_partials(ws_ptr, offs_m, offs_n, mask, M, N, SPLIT_K)
             _epilogue(total, r, out_ptr, offs_m, offs_n, mask, stride_om, dt, RESIDUAL)

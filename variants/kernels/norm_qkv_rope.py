@@ -15,15 +15,14 @@ import triton.language as tl
 from variants.kernels.fused_rope import rotate_pairs
 from variants.kernels.row_dot import few_row_tiles, rows_dot
 from variants.kernels.split_k import (
-    arrive_last,
     counters_for,
     host_cdiv,
+    pair_partials,
     reset_counter,
     split_range,
     split_workspace,
     splits_for,
-    store_partial,
-    sum_partials,
+    tile_counter,
 )
 
 
@@ -91,15 +90,13 @@ def _norm_qkv_rope_kernel(
             v_pool_ptr, stride_qm, stride_kpt, stride_kph, stride_vpt, stride_vph, dt,
             Q_DIM, KV_DIM, HEAD_DIM,
         )  # fmt: skip
-    else:  # partials [2, splits, M, pairs]: even columns, then odd
-        n_pairs = (Q_DIM + 2 * KV_DIM) // 2
-        odd_ws = ws_ptr + SPLIT_K * M * n_pairs
-        store_partial(ws_ptr, split, offs_m, pairs, cs_mask, even, M, n_pairs)
-        store_partial(odd_ws, split, offs_m, pairs, cs_mask, odd, M, n_pairs)
-        counter = counter_ptr + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
-        if arrive_last(counter, SPLIT_K):
-            even = sum_partials(ws_ptr, offs_m, pairs, cs_mask, M, n_pairs, SPLIT_K)
-            odd = sum_partials(odd_ws, offs_m, pairs, cs_mask, M, n_pairs, SPLIT_K)
+    else:
+        counter = tile_counter(counter_ptr)
+        last, even, odd = pair_partials(
+            ws_ptr, counter, offs_m, pairs, cs_mask, even, odd, M, (Q_DIM + 2 * KV_DIM) // 2,
+            SPLIT_K,
+        )  # fmt: skip
+        if last:
             _rope_store(
                 even, odd, c, s, slot, offs_m, m_mask, col, p_mask, dim, q_ptr, k_pool_ptr,
                 v_pool_ptr, stride_qm, stride_kpt, stride_kph, stride_vpt, stride_vph, dt,

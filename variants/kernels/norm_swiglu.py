@@ -11,15 +11,14 @@ import triton.language as tl
 
 from variants.kernels.row_dot import few_row_tiles, rows_dot
 from variants.kernels.split_k import (
-    arrive_last,
     counters_for,
     host_cdiv,
+    pair_partials,
     reset_counter,
     split_range,
     split_workspace,
     splits_for,
-    store_partial,
-    sum_partials,
+    tile_counter,
 )
 
 
@@ -51,14 +50,12 @@ def _norm_swiglu_kernel(
     dt = w_ptr.dtype.element_ty
     if SPLIT_K == 1:
         _swiglu_store(gate, up, out_ptr, offs_m, offs_j, mask, stride_om, dt)
-    else:  # partials [2, splits, M, INTER]: gate, then up
-        up_ws = ws_ptr + SPLIT_K * M * INTER
-        store_partial(ws_ptr, split, offs_m, offs_j, mask, gate, M, INTER)
-        store_partial(up_ws, split, offs_m, offs_j, mask, up, M, INTER)
-        counter = counter_ptr + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
-        if arrive_last(counter, SPLIT_K):
-            gate = sum_partials(ws_ptr, offs_m, offs_j, mask, M, INTER, SPLIT_K)
-            up = sum_partials(up_ws, offs_m, offs_j, mask, M, INTER, SPLIT_K)
+    else:
+        counter = tile_counter(counter_ptr)
+        last, gate, up = pair_partials(
+            ws_ptr, counter, offs_m, offs_j, mask, gate, up, M, INTER, SPLIT_K
+        )
+        if last:
             _swiglu_store(gate, up, out_ptr, offs_m, offs_j, mask, stride_om, dt)
             reset_counter(counter)
 

@@ -75,6 +75,29 @@ def sum_partials(ws_ptr, offs_m, offs_n, mask, M, N, SPLIT_K: tl.constexpr):
 
 
 @triton.jit
+def tile_counter(counter_ptr):
+    """The arrival counter of this program's output tile (grid axes 0 and 1; axis 2 is the
+    split)."""
+    return counter_ptr + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+
+
+@triton.jit
+def pair_partials(ws_ptr, counter, offs_m, offs_n, mask, a, b, M, N, SPLIT_K: tl.constexpr):
+    """Store this split's partials of two results (partials [2, splits, M, N] at ws_ptr) and
+    arrive. Returns (last, a, b): in the last program of the tile to arrive, the sums over the
+    splits (it then runs the epilogue and resets the counter); elsewhere the inputs."""
+    split = tl.program_id(2)
+    b_ws = ws_ptr + SPLIT_K * M * N
+    store_partial(ws_ptr, split, offs_m, offs_n, mask, a, M, N)
+    store_partial(b_ws, split, offs_m, offs_n, mask, b, M, N)
+    last = arrive_last(counter, SPLIT_K)
+    if last:
+        a = sum_partials(ws_ptr, offs_m, offs_n, mask, M, N, SPLIT_K)
+        b = sum_partials(b_ws, offs_m, offs_n, mask, M, N, SPLIT_K)
+    return last, a, b
+
+
+@triton.jit
 def reset_counter(counter_ptr):
     tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")
 
