@@ -30,7 +30,7 @@ from variants.kernels.decode_attention import _decode_split_kernel, default_tile
 from variants.kernels.few_row_linear import _few_row_linear_kernel  # noqa: E402
 from variants.kernels.norm_qkv_rope import _norm_qkv_rope_kernel  # noqa: E402
 from variants.kernels.norm_swiglu import _norm_swiglu_kernel  # noqa: E402
-from variants.kernels.row_dot import few_row_tiles  # noqa: E402
+from variants.kernels.row_dot import few_row_tiles, norm_chunks  # noqa: E402
 
 F16, F32, I32, I64 = "*fp16", "*fp32", "*i32", "*i64"
 
@@ -90,15 +90,16 @@ def cases(sms: int) -> list:
         linear[n] = strides
     bm, bn, bk, warps, stages = few_row_tiles(8, 768, sms)
     for split, norm, residual in ((1, False, True), (4, False, True), (1, True, False)):
-        consts = dict(NORM=norm, RESIDUAL=residual, SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn,
-                      BLOCK_K=bk)  # fmt: skip
+        consts = dict(NORM_CHUNKS=norm_chunks(768, bk, norm), RESIDUAL=residual, SPLIT_K=split,
+                      BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)  # fmt: skip
         found.append(("few_row_linear", _few_row_linear_kernel, linear, consts, warps, stages))
     swiglu = dict(x_ptr=F16, norm_ptr=F16, w_ptr=F16, out_ptr=F16, ws_ptr=F32, counter_ptr=I32,
                   stride_xm=strides, stride_wn=strides, stride_om=strides, eps="fp32",
                   **scalars)  # fmt: skip
     bm, bn, bk, warps, stages = few_row_tiles(8, 3072, sms, weight_tiles=2, prefer=(32, 64, 4, 4))
     for split in (1, 2):
-        consts = dict(SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
+        consts = dict(NORM_CHUNKS=norm_chunks(768, bk), SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn,
+                      BLOCK_K=bk)  # fmt: skip
         found.append(("norm_swiglu", _norm_swiglu_kernel, swiglu, consts, warps, stages))
     qkv = dict(x_ptr=F16, norm_ptr=F16, w_ptr=F16, cos_ptr=F16, sin_ptr=F16, index_ptr=I64,
                q_ptr=F16, k_pool_ptr=F16, v_pool_ptr=F16, ws_ptr=F32, counter_ptr=I32,
@@ -108,8 +109,8 @@ def cases(sms: int) -> list:
             qkv[n] = strides
     bm, bn, bk, warps, stages = few_row_tiles(8, 1152, sms, weight_tiles=2)
     for split in (1, 2):
-        consts = dict(Q_DIM=768, KV_DIM=768, HEAD_DIM=192, SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn,
-                      BLOCK_K=bk)  # fmt: skip
+        consts = dict(Q_DIM=768, KV_DIM=768, HEAD_DIM=192, NORM_CHUNKS=norm_chunks(768, bk),
+                      SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)  # fmt: skip
         found.append(("norm_qkv_rope", _norm_qkv_rope_kernel, qkv, consts, warps, stages))
     attention = dict(q_ptr=F16, k_ptr=F16, v_ptr=F16, table_ptr=I64, lens_ptr=I64, out_ptr=F16,
                      m_ptr=F32, l_ptr=F32, acc_ptr=F32, arrivals_ptr=I32, qk_scale_log2="fp32",

@@ -41,12 +41,7 @@ def step_profile(config, weight_dir, fields: dict, batch: int, ctx: int, steps: 
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         engine.decode(ids, tokens[0])
         torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    by_name: dict = {}
-    for e in kernels:  # GPU time per kernel name, to see what the step spends it on
-        n, us = by_name.get(e.name, (0, 0.0))
-        by_name[e.name] = (n + 1, us + e.time_range.elapsed_us())
-    top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:12]
+    kernels, busy, top = kernel_table(prof)
     # host cost of one call: its wall time with the GPU idle at entry (launches are async)
     host = []
     for t in tokens[5:25]:
@@ -64,10 +59,23 @@ def step_profile(config, weight_dir, fields: dict, batch: int, ctx: int, steps: 
         "graph_replay_us": replay,
         "kernels_per_step": len(kernels),
         "host_call_ms_median": statistics.median(host),
-        "kernel_busy_us": round(sum(us for _, us in by_name.values()), 1),
-        "top_kernels": [{"name": k[:70], "count": n, "us": round(us, 1)} for k, (n, us) in top],
+        "kernel_busy_us": busy,
+        "top_kernels": top,
         "prefill": prefill_profile(engine, config, gen),
     }
+
+
+def kernel_table(prof, top: int = 12) -> tuple:
+    """The GPU activities of a profile, their summed time (us) and the `top` names by time."""
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    by_name: dict = {}
+    for e in kernels:  # GPU time per kernel name, to see what the call spends it on
+        n, us = by_name.get(e.name, (0, 0.0))
+        by_name[e.name] = (n + 1, us + e.time_range.elapsed_us())
+    ranked = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]
+    busy = round(sum(us for _, us in by_name.values()), 1)
+    return kernels, busy, [{"name": k[:70], "count": n, "us": round(us, 1)}
+                           for k, (n, us) in ranked]  # fmt: skip
 
 
 def graph_replay_us(engine, batch: int, longest: int, replays: int = 100) -> dict | None:
@@ -99,7 +107,7 @@ def graph_replay_us(engine, batch: int, longest: int, replays: int = 100) -> dic
 
 
 def prefill_profile(engine, config, gen, shapes=((4, 128), (1, 2048), (8, 512))) -> list:
-    """Median wall time of a prefill call (synchronised), and its kernel count."""
+    """Median wall time of a prefill call (synchronised), its kernels and their GPU time."""
     rows = []
     for batch, length in shapes:
         ids = [10_000 + i for i in range(batch)]
@@ -115,10 +123,11 @@ def prefill_profile(engine, config, gen, shapes=((4, 128), (1, 2048), (8, 512)))
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             engine.prefill(ids, prompts)
             torch.cuda.synchronize()
-        n = sum(e.device_type == torch.autograd.DeviceType.CUDA for e in prof.events())
+        kernels, busy, top = kernel_table(prof)
         ms = statistics.median(times[2:])
         rows.append({"shape": f"{batch}x{length}", "ms_median": round(ms, 3),
-                     "tokens_per_s": round(batch * length / ms * 1e3), "kernels": n})  # fmt: skip
+                     "tokens_per_s": round(batch * length / ms * 1e3), "kernels": len(kernels),
+                     "kernel_busy_us": busy, "top_kernels": top})  # fmt: skip
         engine.remove(ids)
     return rows
 

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from variants.kernels.row_dot import few_row_tiles, rows_dot
+from variants.kernels.row_dot import few_row_tiles, norm_chunks, rows_dot
 from variants.kernels.split_k import (
     arrive_last,
     counters_for,
@@ -39,7 +39,7 @@ def _epilogue(acc, r, out_ptr, offs_m, offs_n, mask, stride_om, dt, RESIDUAL: tl
 def _few_row_linear_kernel(
     x_ptr, norm_ptr, w_ptr, res_ptr, out_ptr, ws_ptr, counter_ptr, M, N, K, split_len,
     stride_xm, stride_wn, stride_rm, stride_om, eps,
-    NORM: tl.constexpr, RESIDUAL: tl.constexpr, SPLIT_K: tl.constexpr,
+    NORM_CHUNKS: tl.constexpr, RESIDUAL: tl.constexpr, SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -53,7 +53,8 @@ def _few_row_linear_kernel(
     k_lo = split * split_len
     acc, _unused = rows_dot(
         x_ptr, stride_xm, offs_m, m_mask, norm_ptr, eps, w_ptr, stride_wn, offs_n, offs_n,
-        n_mask, K, k_lo, tl.minimum(k_lo + split_len, K), NORM, False, BLOCK_M, BLOCK_N, BLOCK_K,
+        n_mask, K, k_lo, tl.minimum(k_lo + split_len, K), NORM_CHUNKS, False, BLOCK_M, BLOCK_N,
+        BLOCK_K,
     )  # fmt: skip
     dt = w_ptr.dtype.element_ty
     if SPLIT_K == 1:
@@ -100,7 +101,8 @@ def few_row_linear(
         rows, n, k, split_range(k, block_k, split_k),
         x.stride(0), weight.stride(0), residual.stride(0) if residual is not None else 0,
         out.stride(0), eps,
-        NORM=norm is not None, RESIDUAL=residual is not None, SPLIT_K=split_k,
+        NORM_CHUNKS=norm_chunks(k, block_k, norm is not None), RESIDUAL=residual is not None,
+        SPLIT_K=split_k,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out

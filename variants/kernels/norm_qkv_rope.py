@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from variants.kernels.fused_rope import rotate_pairs
-from variants.kernels.row_dot import few_row_tiles, rows_dot
+from variants.kernels.row_dot import few_row_tiles, norm_chunks, rows_dot
 from variants.kernels.split_k import (
     counters_for,
     host_cdiv,
@@ -60,8 +60,9 @@ def _norm_qkv_rope_kernel(
     x_ptr, norm_ptr, w_ptr, cos_ptr, sin_ptr, index_ptr, q_ptr, k_pool_ptr, v_pool_ptr,
     ws_ptr, counter_ptr, M, K, split_len, stride_xm, stride_wn, stride_cos, stride_sin,
     stride_qm, stride_kpt, stride_kph, stride_vpt, stride_vph, eps,
-    Q_DIM: tl.constexpr, KV_DIM: tl.constexpr, HEAD_DIM: tl.constexpr, SPLIT_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    Q_DIM: tl.constexpr, KV_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
+    NORM_CHUNKS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     pairs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -81,7 +82,7 @@ def _norm_qkv_rope_kernel(
     k_lo = split * split_len
     even, odd = rows_dot(
         x_ptr, stride_xm, offs_m, m_mask, norm_ptr, eps, w_ptr, stride_wn, col, col + 1, p_mask,
-        K, k_lo, tl.minimum(k_lo + split_len, K), True, True, BLOCK_M, BLOCK_N, BLOCK_K,
+        K, k_lo, tl.minimum(k_lo + split_len, K), NORM_CHUNKS, True, BLOCK_M, BLOCK_N, BLOCK_K,
     )  # fmt: skip
     dt = w_ptr.dtype.element_ty
     if SPLIT_K == 1:
@@ -146,7 +147,8 @@ def norm_qkv_rope(
         counters_for(x.device, grid[0] * grid[1]), rows, k, split_range(k, block_k, split_k),
         x.stride(0), qkv.stride(0), cos.stride(0), sin.stride(0),
         q.stride(0), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1), eps,
-        Q_DIM=q_dim, KV_DIM=kv_dim, HEAD_DIM=head_dim, SPLIT_K=split_k,
+        Q_DIM=q_dim, KV_DIM=kv_dim, HEAD_DIM=head_dim, NORM_CHUNKS=norm_chunks(k, block_k),
+        SPLIT_K=split_k,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return q

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from variants.kernels.row_dot import few_row_tiles, rows_dot
+from variants.kernels.row_dot import few_row_tiles, norm_chunks, rows_dot
 from variants.kernels.split_k import (
     counters_for,
     host_cdiv,
@@ -34,7 +34,8 @@ def _swiglu_store(gate, up, out_ptr, offs_m, offs_j, mask, stride_om, dt):
 def _norm_swiglu_kernel(
     x_ptr, norm_ptr, w_ptr, out_ptr, ws_ptr, counter_ptr, M, INTER, K, split_len,
     stride_xm, stride_wn, stride_om, eps,
-    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    NORM_CHUNKS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_j = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -44,7 +45,7 @@ def _norm_swiglu_kernel(
     k_lo = split * split_len
     gate, up = rows_dot(
         x_ptr, stride_xm, offs_m, m_mask, norm_ptr, eps, w_ptr, stride_wn, offs_j,
-        INTER + offs_j, j_mask, K, k_lo, tl.minimum(k_lo + split_len, K), True, True,
+        INTER + offs_j, j_mask, K, k_lo, tl.minimum(k_lo + split_len, K), NORM_CHUNKS, True,
         BLOCK_M, BLOCK_N, BLOCK_K,
     )  # fmt: skip
     dt = w_ptr.dtype.element_ty
@@ -88,7 +89,7 @@ def norm_swiglu(
         x, norm, gate_up, out, split_workspace(split_k, rows, inter, x.device, pairs=2),
         counters_for(x.device, grid[0] * grid[1]), rows, inter, k,
         split_range(k, block_k, split_k), x.stride(0), gate_up.stride(0), out.stride(0), eps,
-        SPLIT_K=split_k, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=warps, num_stages=stages,
+        NORM_CHUNKS=norm_chunks(k, block_k), SPLIT_K=split_k, BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_K=block_k, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out

@@ -25,25 +25,28 @@ def _normed(x, norm_ptr, offs_k, k_mask, inv_rms, dt):
 @triton.jit
 def rows_dot(
     x_ptr, stride_xm, offs_m, m_mask, norm_ptr, eps, w_ptr, stride_wn, rows_a, rows_b, w_mask, K,
-    k_lo, k_hi, NORM: tl.constexpr, PAIRED: tl.constexpr, BLOCK_M: tl.constexpr,
+    k_lo, k_hi, NORM_CHUNKS: tl.constexpr, PAIRED: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     """(h @ W[rows_a].T, h @ W[rows_b].T) over columns k_lo..k_hi of K as float32 [BLOCK_M,
-    BLOCK_N] each, where h is x or rms_norm(x) * norm weight (statistics over all of K). Without
-    PAIRED the second result is zeros and rows_b is unread."""
+    BLOCK_N] each, where h is x (NORM_CHUNKS == 0) or rms_norm(x) * norm weight, its statistics
+    over all of K = NORM_CHUNKS chunks of BLOCK_K (`norm_chunks`). Without PAIRED the second
+    result is zeros and rows_b is unread."""
     dt = w_ptr.dtype.element_ty
     acc_a = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     acc_b = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     inv_rms = tl.zeros([BLOCK_M], tl.float32)
-    if NORM:  # a statistics pass first (x is a few rows, read from L2)
-        total = tl.zeros([BLOCK_M], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
+    if NORM_CHUNKS > 0:  # a statistics pass first (x is a few rows, read from L2)
+        # Unrolled, squares summed per lane and reduced once: every chunk's load is in flight at
+        # once (one round trip, not one a chunk, and no block barrier between them).
+        squares = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
+        for c in tl.static_range(NORM_CHUNKS):
+            offs_k = c * BLOCK_K + tl.arange(0, BLOCK_K)
             x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
                         mask=m_mask[:, None] & (offs_k < K)[None, :], other=0.0)  # fmt: skip
             xf = x.to(tl.float32)
-            total += tl.sum(xf * xf, axis=1)
-        inv_rms = tl.rsqrt(total / K + eps)
+            squares += xf * xf
+        inv_rms = tl.rsqrt(tl.sum(squares, axis=1) / K + eps)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < k_hi
@@ -52,7 +55,7 @@ def rows_dot(
                       other=0.0)  # fmt: skip
         h = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
                     mask=m_mask[:, None] & k_mask[None, :], other=0.0)  # fmt: skip
-        if NORM:
+        if NORM_CHUNKS > 0:
             h = _normed(h, norm_ptr, offs_k, k_mask, inv_rms, dt)
         h = h.to(dt)
         acc_a = tl.dot(h, tl.trans(w_a), acc_a, input_precision="ieee")
@@ -61,6 +64,11 @@ def rows_dot(
                           other=0.0)  # fmt: skip
             acc_b = tl.dot(h, tl.trans(w_b), acc_b, input_precision="ieee")
     return acc_a, acc_b
+
+
+def norm_chunks(k: int, block_k: int, norm: bool = True) -> int:
+    """rows_dot's NORM_CHUNKS: the BLOCK_K chunks of the statistics pass over K, 0 for no norm."""
+    return host_cdiv(k, block_k) if norm else 0
 
 
 SHARED_MEMORY_BUDGET = 96 * 1024  # an RTX 3090 (sm_86) block gets 99 KiB; the H200 227 KiB

@@ -4,7 +4,7 @@ import pytest
 
 pytest.importorskip("triton", reason="triton is not installed")
 
-from variants.kernels.row_dot import SHARED_MEMORY_BUDGET, few_row_tiles  # noqa: E402
+from variants.kernels.row_dot import SHARED_MEMORY_BUDGET, few_row_tiles, norm_chunks  # noqa: E402
 
 
 def _staged(tiles, weight_tiles):
@@ -33,3 +33,10 @@ def test_staged_tiles_fit_an_rtx_3090(rows, cols, sms, weights, prefer):
         assert tiles == (16, 32, 64, 4, 4)  # fits as preferred: unchanged
     if prefer == (32, 256, 8, 3):
         assert tiles == (64, 32, 128, 8, 2)  # two stages, then 128-wide chunks
+
+
+def test_norm_chunks_cover_the_reduction_or_are_zero_without_a_norm():
+    assert norm_chunks(768, 256) == 3
+    assert norm_chunks(768, 64) == 12
+    assert norm_chunks(770, 256) == 4  # a ragged last chunk is masked in the kernel
+    assert norm_chunks(768, 256, norm=False) == 0
