@@ -133,6 +133,18 @@ def test_live_splits_follow_each_rows_length(split_tokens):
     check(paged_case([1, 16, 17, 64, 100], 4, 2, 24, 16), 16, 4, split_tokens=split_tokens)
 
 
+@pytest.mark.parametrize("num_splits", [1, 2, 3])
+def test_splits_of_several_tiles(num_splits):
+    """32-token tiles: rows of 150 and 300 tokens over 1-3 splits give each split several tiles
+    (the online softmax across tiles, then the combine); rows of 7 and 40 one or two."""
+    q, k_pool, v_pool, table, lens = paged_case([150, 300, 7, 40], 2, 2, 24, 16)
+    got = paged_decode_attention(
+        q, k_pool, v_pool, table, lens, 16, 24**-0.5, num_splits, tiles=(32, 4, 2),
+        split_tokens=32,
+    )  # fmt: skip
+    torch.testing.assert_close(got, reference_decode(q, k_pool, v_pool, table, lens, 16))
+
+
 def test_arrival_counters_end_at_zero_and_serve_the_next_call():
     q, k_pool, v_pool, table, lens = paged_case([40, 9, 33], 4, 2, 24, 16)
     arrivals = torch.zeros(16, dtype=torch.int32, device=q.device)
