@@ -31,6 +31,7 @@ from variants.kernels.few_row_linear import _few_row_linear_kernel  # noqa: E402
 from variants.kernels.norm_qkv_rope import _norm_qkv_rope_kernel  # noqa: E402
 from variants.kernels.norm_swiglu import _norm_swiglu_kernel  # noqa: E402
 from variants.kernels.row_dot import few_row_tiles, norm_chunks  # noqa: E402
+from variants.kernels.split_k import LONG_K_TILES, default_split_k, host_cdiv  # noqa: E402
 
 F16, F32, I32, I64 = "*fp16", "*fp32", "*i32", "*i64"
 
@@ -88,8 +89,13 @@ def cases(sms: int) -> list:
                   counter_ptr=I32, eps="fp32", **scalars)  # fmt: skip
     for n in ("stride_xm", "stride_wn", "stride_rm", "stride_om"):
         linear[n] = strides
-    bm, bn, bk, warps, stages = few_row_tiles(8, 768, sms)
-    for split, norm, residual in ((1, False, True), (4, False, True), (1, True, False)):
+    short = few_row_tiles(8, 768, sms)
+    down = few_row_tiles(8, 768, sms, prefer=LONG_K_TILES)  # K = 3072, split
+    down_split = default_split_k(host_cdiv(768, down[1]), 3072, down[2], sms)
+    for tiles, split, norm, residual in (
+        (short, 1, False, True), (down, down_split, False, True), (short, 1, True, False)
+    ):  # fmt: skip
+        bm, bn, bk, warps, stages = tiles
         consts = dict(NORM_CHUNKS=norm_chunks(768, bk, norm), RESIDUAL=residual, SPLIT_K=split,
                       BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)  # fmt: skip
         found.append(("few_row_linear", _few_row_linear_kernel, linear, consts, warps, stages))

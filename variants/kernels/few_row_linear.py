@@ -13,6 +13,8 @@ import triton.language as tl
 
 from variants.kernels.row_dot import few_row_tiles, norm_chunks, rows_dot
 from variants.kernels.split_k import (
+    LONG_K,
+    LONG_K_TILES,
     arrive_last,
     counters_for,
     host_cdiv,
@@ -87,7 +89,8 @@ def few_row_linear(
     n = weight.shape[0]
     assert weight.shape[1] == k and weight.is_contiguous() and x.stride(-1) == 1
     out = torch.empty(rows, n, device=x.device, dtype=out_dtype or weight.dtype)
-    block_m, block_n, block_k, warps, stages = few_row_tiles(rows, n, sm_count)
+    long_k = LONG_K_TILES if k >= LONG_K else None  # the tiles a split reduction runs best
+    block_m, block_n, block_k, warps, stages = few_row_tiles(rows, n, sm_count, prefer=long_k)
     if tiles is not None:
         block_n, block_k, warps, stages = tiles
     if residual is not None:

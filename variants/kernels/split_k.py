@@ -103,19 +103,25 @@ def reset_counter(counter_ptr):
 
 
 LONG_K = 2048  # reductions at least this long split when the tiles leave SMs idle
+# Their tiles: 32 columns, 128-wide chunks. The down projection at 8 rows (K = 3072, H200,
+# scripts/bench_few_row.py, run 42): 5.82 us in 8 splits, against 6.23 with the 16 x 256 tiles
+# in 4 splits, the best of those.
+LONG_K_TILES = (32, 128, 4, 3)
 
 
 def default_split_k(tiles: int, k: int, block_k: int, sm_count: int) -> int:
     """Splits for a launch of `tiles` output tiles over a K-long reduction in BLOCK_K chunks.
-    Measured on the H200 at 8 rows (docs/PERF.md, run 31): the down projection (48 tiles, K =
-    3072) went from 8.3 to 6.2 us with 4 splits; every shorter reduction (K = 768: QKV, the
-    output projection, gate-up, the head) lost 0.5-5 us to any split, the partials' round trip
-    costing more than the shorter weight loop saves. So: only long reductions over fewer tiles
-    than SMs split, into about 768-long ranges, up to two programs an SM."""
+    Measured on the H200 at 8 rows (docs/PERF.md, runs 31 and 42): the down projection (K =
+    3072) went from 8.3 to 6.2 us with 4 splits of 16 x 256 tiles, and to 5.8 with 8 splits of
+    32 x 128 ones; every shorter reduction (K = 768: QKV, the output projection, gate-up, the
+    head) lost 0.5-5 us to any split, the partials' round trip costing more than the shorter
+    weight loop saves. So: only long reductions over fewer tiles than SMs split, into ranges
+    of three chunks (the pipeline's stages) up to 768 long, up to two programs an SM."""
     if k < LONG_K or tiles >= sm_count:
         return 1
     chunks = host_cdiv(k, block_k)
-    return max(1, min(host_cdiv(k, 768), host_cdiv(2 * sm_count, tiles), chunks))
+    span = min(768, 3 * block_k)
+    return max(1, min(host_cdiv(k, span), host_cdiv(2 * sm_count, tiles), chunks))
 
 
 def splits_for(asked: int | None, tiles: int, k: int, block_k: int, sm_count: int) -> int:

@@ -70,6 +70,14 @@ def test_split_reduction_matches_torch_and_leaves_the_counters_zero(split_k):
     assert not arrival_counters(torch.device(DEVICE)).any()
 
 
+def test_a_long_reduction_runs_its_own_tiles_split_by_default():
+    """K = 2048 (LONG_K): 32 x 128 tiles, split by the default rule (4 programs a tile here)."""
+    x, w, _, res = _case(3, 64, 2048, torch.float32, DEVICE, seed=7)
+    got = few_row_linear(x, w, residual=res, sm_count=4)
+    torch.testing.assert_close(got, res + F.linear(x, w), atol=1e-4, rtol=1e-5)
+    assert not arrival_counters(torch.device(DEVICE)).any()
+
+
 def test_more_splits_than_chunks_are_cut_to_the_chunks():
     x, w, _, _ = _case(2, 40, 64, torch.float32, DEVICE)
     got = few_row_linear(x, w, tiles=(16, 32, 4, 2), split_k=9)  # 2 chunks: 2 splits

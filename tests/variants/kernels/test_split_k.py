@@ -33,3 +33,9 @@ def test_a_launch_runs_the_asked_splits_or_the_default_within_its_chunks():
     assert splits_for(9, 48, 512, 256, 132) == 2  # two chunks
     assert splits_for(0, 48, 3072, 256, 132) == 1
     assert splits_for(3, 256, 768, 256, 132) == 3  # asked beats the rule
+
+
+def test_narrow_chunks_split_three_a_range():
+    """32 x 128 tiles (LONG_K_TILES) on the down projection: 24 tiles, 384-long ranges."""
+    assert default_split_k(24, 3072, 128, 132) == 8
+    assert default_split_k(24, 3072, 128, 82) == 7  # two programs an SM on an RTX 3090
