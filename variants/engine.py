@@ -73,9 +73,8 @@ class Engine:
         what, vocab = f"prefill of {rids}", self.spec.vocab_size
         # A re-prefill replaces state that an undo could not bring back: checked first.
         deferred = not self.check_device_tokens and not any(r in self.lengths for r in rids)
-        if deferred:
+        if deferred:  # the step clamps the ids it runs with (in_vocab)
             self.token_check.start(tokens)
-            tokens = tokens.clamp(0, vocab - 1)
         else:
             check_token_range(tokens, vocab, what)
 
@@ -106,7 +105,7 @@ class Engine:
         )
         batch = self._prefill_batch(lengths)
         positions = self._index([p for n in lengths for p in range(n)])
-        x = self._layers(tokens, positions, plan, batch=batch)
+        x = self._layers(self.in_vocab(tokens), positions, plan, batch=batch)
         return self._logits(x.index_select(0, batch.last_index))
 
     @torch.no_grad()
@@ -130,9 +129,8 @@ class Engine:
                 )
         vocab = self.spec.vocab_size
         deferred = not (self.check_device_tokens or token_ids_on_host(token_ids))
-        if deferred:
+        if deferred:  # the step clamps the ids it runs with (in_vocab)
             self.token_check.start(tokens)
-            tokens = tokens.clamp(0, vocab - 1)
         else:
             check_token_range(tokens, vocab, "decode")
 
@@ -164,7 +162,7 @@ class Engine:
             width = self.cache.table_width(plan.max_len)
             table = [self.cache.table_row(r, width) for r in rids]
             plan.table = host_tensor(table, torch.int32, self.device)
-        x = self._layers(tokens, self._index(positions), plan, batch=None)
+        x = self._layers(self.in_vocab(tokens), self._index(positions), plan, batch=None)
         return self._logits(x)
 
     def remove(self, request_ids) -> None:
@@ -177,6 +175,13 @@ class Engine:
             del self.lengths[rid]
 
     # ----------------------------------------------------------------- the model
+    def in_vocab(self, tokens, out=None) -> torch.Tensor:
+        """The ids a step runs with, clamped into the vocabulary (into `out`, a graph's static
+        buffer, when given: the clamp is then also the copy). Ids on the GPU are range-checked
+        after the step is queued (DeferredRangeCheck); a bad one must not reach the embedding
+        as an out-of-bounds read or a device-side assert first. In-range ids pass unchanged."""
+        return torch.clamp(tokens, 0, self.spec.vocab_size - 1, out=out)
+
     def _layers(self, tokens, positions, plan, batch):
         return self.stack(self, tokens, positions, plan, batch)
 

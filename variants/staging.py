@@ -5,8 +5,25 @@ On CUDA a copy from pageable memory synchronises the stream; a copy from pinned 
 `PinnedRing` keeps a few pinned buffers for the CUDA-graph paths, which stage every call."""
 
 import array
+import ctypes
 
 import torch
+
+_RUN = array.array("q")  # 0, 1, 2, ... grown on demand: int_range slices it
+
+
+def int_range(start: int, stop: int) -> array.array:
+    """array('q', range(start, stop)) as a slice of one cached run: a C copy, about 100x
+    cheaper than building it from the range (0.5 against 53 us for 512 ints on this CPU)."""
+    global _RUN
+    if stop > len(_RUN):
+        _RUN = array.array("q", range(max(stop, 2 * len(_RUN), 4096)))
+    return _RUN[start:stop]
+
+
+def int_fill(value: int, count: int) -> array.array:
+    """`count` copies of `value` as an int64 array."""
+    return array.array("q", (value,)) * count
 
 
 def host_tensor(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -48,12 +65,14 @@ class PinnedRing:
         if self.used[i]:
             self.events[i].synchronize()
         # array.array converts a list of ints about 6x faster than torch.tensor (and needs no
-        # numpy, which the standalone engine does not import)
-        if n:  # frombuffer refuses an empty buffer
-            if not isinstance(values, array.array):
-                values = array.array("q", values)
-            self.buffers[i][:n].copy_(torch.frombuffer(values, dtype=torch.long))
-        dst.copy_(self.buffers[i][:n].view(dst.shape), non_blocking=True)
+        # numpy, which the standalone engine does not import); a memmove then writes it into
+        # the host buffer without a torch op (frombuffer + copy_ cost ~10 us of host time)
+        if not isinstance(values, array.array) or values.typecode != "q":
+            values = array.array("q", values)
+        buffer = self.buffers[i][:n]
+        if n:
+            ctypes.memmove(buffer.data_ptr(), values.buffer_info()[0], 8 * n)
+        dst.copy_(buffer if dst.dim() == 1 else buffer.view(dst.shape), non_blocking=True)
         if self.events[i] is not None:  # a CPU copy is done when copy_ returns
             self.events[i].record(torch.cuda.current_stream(self.index))
             self.used[i] = True

@@ -5,7 +5,7 @@ import array
 import pytest
 import torch
 
-from variants.staging import PinnedRing, host_tensor, stream_index
+from variants.staging import PinnedRing, host_tensor, int_fill, int_range, stream_index
 
 
 def test_host_tensor_on_cpu():
@@ -53,3 +53,16 @@ def test_stream_index_is_an_int_on_cuda_only():
     if torch.cuda.is_available():
         assert stream_index(torch.device("cuda")) == torch.cuda.current_device()
         assert stream_index(torch.device("cuda", 0)) == 0
+
+
+def test_int_range_slices_a_run_that_grows_on_demand():
+    assert int_range(3, 7).tolist() == [3, 4, 5, 6] and int_range(5, 5).tolist() == []
+    far = int_range(100_000, 100_003)  # past the cached run: it grows
+    assert far.typecode == "q" and far.tolist() == [100_000, 100_001, 100_002]
+    grown = int_range(0, 10)
+    grown[0] = -1  # a slice is a copy: the cached run is untouched
+    assert int_range(0, 2).tolist() == [0, 1]
+
+
+def test_int_fill_repeats_a_value():
+    assert int_fill(-1, 3).tolist() == [-1, -1, -1] and len(int_fill(9, 0)) == 0

@@ -10,7 +10,7 @@ import array
 import torch
 
 from variants.cache.pool import grow_pools
-from variants.staging import host_tensor
+from variants.staging import host_tensor, int_range
 
 
 class PagedKVCache:
@@ -70,19 +70,17 @@ class PagedKVCache:
         del self.rows[rid]
         self.free_blocks.extend(reversed(self.table.pop(rid)))
 
-    def token_slots(self, rid: int, start: int, stop: int) -> list:
-        """The slots of positions [start, stop): one run of consecutive slots per block (a
-        per-position loop cost ~27 us of host time for 128 tokens)."""
+    def token_slots(self, rid: int, start: int, stop: int) -> array.array:
+        """The slots of positions [start, stop) as an int64 array: one run of consecutive slots
+        per block, each a slice of a cached run (int_range), not a loop over positions."""
         blocks, bs = self.table[rid], self.block_size
-        if stop == start + 1:  # a decode step's one token
-            return [blocks[start // bs] * bs + start % bs]
-        slots: list = []
+        slots = array.array("q")
         p = start
         while p < stop:
             block, offset = divmod(p, bs)
             run = min(stop - p, bs - offset)
             first = blocks[block] * bs + offset
-            slots.extend(range(first, first + run))
+            slots += int_range(first, first + run)
             p += run
         return slots
 

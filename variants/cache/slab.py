@@ -4,10 +4,12 @@ Wins when requests are few and long: a decode batch on consecutive slots reads a
 no gather. Costs slots x max_positions of memory up front; the slab doubles its slots when full.
 One extra slot at the end is scratch: padding rows of a CUDA-graph batch write there."""
 
+import array
+
 import torch
 
 from variants.cache.pool import grow_pools
-from variants.staging import host_tensor
+from variants.staging import host_tensor, int_range
 
 
 class SlabKVCache:
@@ -48,9 +50,10 @@ class SlabKVCache:
         self.free_slots.append(self.slot_of.pop(rid))
         self.free_slots.sort(reverse=True)  # lowest slot first keeps batches consecutive
 
-    def token_slots(self, rid: int, start: int, stop: int) -> range:
+    def token_slots(self, rid: int, start: int, stop: int) -> array.array:
+        """The slots of positions [start, stop) as an int64 array (one run in the slot)."""
         base = self.slot_of[rid] * self.max_len
-        return range(base + start, base + stop)
+        return int_range(base + start, base + stop)
 
     def step_slots(self, rids: list, positions: list) -> list:
         """The slot of each request's token at its position (a decode step's writes)."""

@@ -155,7 +155,7 @@ class DecodeGraphs:
         if self.generation != self.cache.generation:  # the pool moved: old graphs point at it
             self.capture()
         self._fill(rids, positions, bucket)
-        self.tokens[:b].copy_(tokens)
+        self.engine.in_vocab(tokens, out=self.tokens[:b])
         self.graphs[bucket, ctx].replay()
         return self.out[:b].clone()
 

@@ -8,6 +8,8 @@ Padding tokens write the cache's scratch slot, belong to no prompt and reach no 
 Calls beyond the largest bucket or with more prompts than the table holds run eagerly.
 Needs CUDA, a slab or paged pool and our Triton attention."""
 
+import array
+
 import torch
 
 from variants.attention.padding import PrefillBatch
@@ -15,7 +17,7 @@ from variants.cache.plans import CachePlan
 from variants.execution.cuda_graphs import capture_stream, no_collection, upload
 from variants.kernels.device import device_capability
 from variants.kernels.prefill_attention import prefill_schedule, prefill_tiles
-from variants.staging import PinnedRing
+from variants.staging import PinnedRing, int_fill, int_range
 
 
 def token_buckets(smallest: int, largest: int) -> list:
@@ -95,20 +97,22 @@ class PrefillGraphs:
         self.out.copy_(e.output_logits(x.index_select(0, last), e.weights.norm, e.weights.head))
 
     def _fill(self, rids: list, lengths: list, t: int) -> None:
-        """One pinned host->device copy of everything bucket t's graph reads but the tokens."""
+        """One pinned host->device copy of everything bucket t's graph reads but the tokens,
+        built as an int64 array from slices and repeats (C copies: a list of ~1,300 ints and
+        its conversion cost 80-130 us a call, scripts/bench_host_fill.py)."""
         cache, n, pad = self.cache, sum(lengths), self.prompts - len(lengths)
         starts = [0]
         for length in lengths:
             starts.append(starts[-1] + length)
-        values: list = []  # list extends: this runs on every prefill call
+        values = array.array("q")
         for length in lengths:
-            values += range(length)
-        values += [0] * (t - n)
+            values += int_range(0, length)
+        values += int_fill(0, t - n)
         for r, length in zip(rids, lengths):
             values += cache.token_slots(r, 0, length)
-        values += [cache.scratch_token()] * (t - n)
-        values += [s - 1 for s in starts[1:]] + [0] * pad
-        values += starts + [n] * pad
+        values += int_fill(cache.scratch_token(), t - n)
+        values += array.array("q", [s - 1 for s in starts[1:]]) + int_fill(0, pad)
+        values += array.array("q", starts) + int_fill(n, pad)
         values += prefill_schedule(lengths, self.block_m, self._blocks(t))
         self.staging.copy(values, self.meta[: len(values)])
 
@@ -124,7 +128,7 @@ class PrefillGraphs:
             with no_collection():
                 self._capture(t)
         self._fill(rids, lengths, t)
-        self.tokens[:n].copy_(tokens)
+        self.engine.in_vocab(tokens, out=self.tokens[:n])
         self.graphs[t].replay()
         return self.out[: len(rids)].clone()
 

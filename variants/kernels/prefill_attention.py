@@ -4,6 +4,7 @@ Wins over padded SDPA on ragged prompt batches (no pad/unpad copies, no work on 
 where SDPA's flash kernel lacks the head_dim. Needs Triton >= 3.0 and an even head_dim <= 256
 (padded to a power of two with masks); GQA by index, K/V are never expanded."""
 
+import array
 import math
 
 import torch
@@ -11,6 +12,7 @@ import triton
 import triton.language as tl
 
 from variants.kernels.device import device_capability
+from variants.staging import int_fill, int_range
 
 
 @triton.jit
@@ -90,19 +92,18 @@ def prefill_tiles(head_dim: int, capability: tuple = (0, 0)) -> tuple:
     return (128, 64, 8, block_d) if hopper else (32, 32, 8, block_d)
 
 
-def prefill_schedule(lengths: list, block_m: int, size: int) -> list:
-    """The [2, size] table of a scheduled launch, flattened: row 0 the prompt of each q-block
-    (-1 past the last), row 1 the block's index within its prompt."""
-    prompts: list = []
-    blocks: list = []
-    for b, n in enumerate(lengths):  # plain Python: this runs on the host every prefill call
+def prefill_schedule(lengths: list, block_m: int, size: int) -> array.array:
+    """The [2, size] table of a scheduled launch, flattened into an int64 array: row 0 the
+    prompt of each q-block (-1 past the last), row 1 the block's index within its prompt."""
+    prompts, blocks = array.array("q"), array.array("q")
+    for b, n in enumerate(lengths):  # array slices and repeats: this runs every prefill call
         count = -(-n // block_m)  # (triton.cdiv goes through the JIT's call path: ~7 us)
-        prompts += [b] * count
-        blocks += range(count)
+        prompts += int_fill(b, count)
+        blocks += int_range(0, count)
     if len(prompts) > size:
         raise ValueError(f"{len(prompts)} q-blocks exceed the schedule's {size}")
     pad = size - len(prompts)
-    return prompts + [-1] * pad + blocks + [0] * pad
+    return prompts + int_fill(-1, pad) + blocks + int_fill(0, pad)
 
 
 def varlen_prefill_attention(
