@@ -4,7 +4,8 @@ in one, and the down projection with the residual add in one (about 6 launches a
 ~10 for the Triton stack and ~35 for torch ops). The head is norm + projection in one kernel.
 On the H200 at batch 8 x 150 a step took 0.61 ms and 83 kernels against 0.68 ms and 152
 (docs/PERF.md, runs 13-14); with the one-launch attention, 0.57-0.62 ms and 69 (run 22); its
-graph alone 372 us of GPU time with the down projection split over K (run 34).
+graph alone 372 us of GPU time with the down projection split over K (run 34), 355 us with the
+norm statistics in one round trip and the down projection's own tiles (run 43).
 
 Past one 16-row tile the fused layers lose to cuBLAS, which reuses each weight tile better (at
 64 rows on the H200: 14.2 us against 8.0 for norm + QKV + RoPE, 14.6 against 8.0 for the MLP's
