@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check, run on the device machine (H200) over a copy of the tree:
 #   bash scripts/gpu_check.sh [STAGE...]   stages: env tests kernels fewrow tune tuneprefill profile
-#   anatomy hostprofile sweep flex table study soak
+#   anatomy hostprofile graphlaunch sweep flex table study soak
 # (default: all). Writes logs and JSON under $OUT (or workspace/gpu_check) and a summary.txt.
 # Optuna is not installed there: wheels in .whl/ (carried) are installed into /tmp/site first.
 set -uo pipefail
@@ -10,7 +10,7 @@ OUT=${OUT:-workspace/gpu_check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PYTHON:-python3}
-STAGES=${*:-env tests kernels fewrow tune tuneprefill profile anatomy hostprofile sweep flex table study soak}
+STAGES=${*:-env tests kernels fewrow tune tuneprefill profile anatomy hostprofile graphlaunch sweep flex table study soak}
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 note() { echo "$*" | tee -a "$SUMMARY"; }
@@ -77,6 +77,8 @@ if stage hostprofile; then  # the host time of a call, function by function
             --variant "$ANATOMY_VARIANT" --trace decode --kind $kind --json "$OUT/host_$kind.json"
     done
 fi
+stage graphlaunch && timed graph_launch "${GRAPHLAUNCH_LIMIT:-120}" "$PY" scripts/graph_launch.py \
+    --variant "$ANATOMY_VARIANT" --json "$OUT/graph_launch.json"  # host time of a replay
 if stage sweep; then  # shards in parallel: each check is mostly host-bound
     SHARDS=${SWEEP_SHARDS:-6}
     for k in $(seq 0 $((SHARDS - 1))); do
