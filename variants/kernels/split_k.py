@@ -113,10 +113,12 @@ def default_split_k(tiles: int, k: int, block_k: int, sm_count: int) -> int:
     """Splits for a launch of `tiles` output tiles over a K-long reduction in BLOCK_K chunks.
     Measured on the H200 at 8 rows (docs/PERF.md, runs 31 and 42): the down projection (K =
     3072) went from 8.3 to 6.2 us with 4 splits of 16 x 256 tiles, and to 5.8 with 8 splits of
-    32 x 128 ones; every shorter reduction (K = 768: QKV, the output projection, gate-up, the
-    head) lost 0.5-5 us to any split, the partials' round trip costing more than the shorter
-    weight loop saves. So: only long reductions over fewer tiles than SMs split, into ranges
-    of three chunks (the pipeline's stages) up to 768 long, up to two programs an SM."""
+    32 x 128 ones; in run 31 every shorter reduction (K = 768: QKV, the output projection,
+    gate-up, the head) lost 0.5-5 us to any split, the partials' round trip costing more than
+    the shorter weight loop saves (run 42 saw gate-up gain 0.4 us in 4 splits instead, one
+    sample against run 31's loss: not acted on). So: only long reductions over fewer tiles
+    than SMs split, into ranges of three chunks (the pipeline's stages) up to 768 long, up to
+    two programs an SM."""
     if k < LONG_K or tiles >= sm_count:
         return 1
     chunks = host_cdiv(k, block_k)
