@@ -42,17 +42,16 @@ def _combine_head(
 
 
 @triton.jit
-def _decode_split_kernel(
-    q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, arrivals_ptr,
-    stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_tb,
-    stride_ob, stride_oh, block_size, split_tokens, qk_scale_log2,
+def attend_split(
+    b, kvh, split, kv_heads, q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
+    acc_ptr, arrivals_ptr, stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_tb, stride_ob, stride_oh, block_size, split_tokens, qk_scale_log2,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, USE_DOT: tl.constexpr,
 ):  # fmt: skip
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
-    split = tl.program_id(2)
-    num_heads = tl.num_programs(1) * GROUP
+    """Split `split` of row b's kv head `kvh` (of `kv_heads`): its partial, and the combine
+    when it is the last live split of that (row, kv head) to finish."""
+    num_heads = kv_heads * GROUP
     kv_len = tl.load(lens_ptr + b).to(tl.int32)
     # q does not depend on the length: its load is issued beside it, not after.
     offs_g = tl.arange(0, BLOCK_G)
@@ -117,7 +116,7 @@ def _decode_split_kernel(
             # Every thread's stores land before the arrival (a block barrier, then a release at
             # GPU scope); the last to arrive acquires them all, combines and resets the counter.
             tl.debug_barrier()
-            counter = arrivals_ptr + b * tl.num_programs(1) + kvh
+            counter = arrivals_ptr + b * kv_heads + kvh
             if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == live - 1:
                 tl.debug_barrier()
                 for g in tl.static_range(GROUP):
@@ -127,6 +126,23 @@ def _decode_split_kernel(
                         (b * num_heads + head) * NUM_SPLITS, live, HEAD_DIM, BLOCK_S, BLOCK_D,
                     )  # fmt: skip
                 tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, arrivals_ptr,
+    stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_tb,
+    stride_ob, stride_oh, block_size, split_tokens, qk_scale_log2,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, USE_DOT: tl.constexpr,
+):  # fmt: skip
+    attend_split(
+        tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(1), q_ptr, k_ptr,
+        v_ptr, table_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, arrivals_ptr, stride_qb,
+        stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_tb, stride_ob, stride_oh,
+        block_size, split_tokens, qk_scale_log2, GROUP, HEAD_DIM, NUM_SPLITS, BLOCK_S, BLOCK_G,
+        BLOCK_N, BLOCK_D, USE_DOT,
+    )  # fmt: skip
 
 
 def choose_num_splits(max_kv_len: int, batch: int, kv_heads: int, sm_count: int) -> int:

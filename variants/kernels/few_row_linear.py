@@ -38,20 +38,21 @@ def _epilogue(acc, r, out_ptr, offs_m, offs_n, mask, stride_om, dt, RESIDUAL: tl
 
 
 @triton.jit
-def _few_row_linear_kernel(
-    x_ptr, norm_ptr, w_ptr, res_ptr, out_ptr, ws_ptr, counter_ptr, M, N, K, split_len,
-    stride_xm, stride_wn, stride_rm, stride_om, eps,
+def linear_tile(
+    m_tile, n_tile, split, counter, x_ptr, norm_ptr, w_ptr, res_ptr, out_ptr, ws_ptr, M, N, K,
+    split_len, stride_xm, stride_wn, stride_rm, stride_om, eps,
     NORM_CHUNKS: tl.constexpr, RESIDUAL: tl.constexpr, SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    """Row tile m_tile's columns tile n_tile, reduction split `split` of SPLIT_K (`counter`:
+    the tile's arrival counter when SPLIT_K > 1)."""
+    offs_m = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask, n_mask = offs_m < M, offs_n < N
     mask = m_mask[:, None] & n_mask[None, :]
     r = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     if RESIDUAL:  # issued first: its round trip overlaps the weight's
         r = tl.load(res_ptr + offs_m[:, None] * stride_rm + offs_n[None, :], mask=mask, other=0.0)
-    split = tl.program_id(2)
     k_lo = split * split_len
     acc, _unused = rows_dot(
         x_ptr, stride_xm, offs_m, m_mask, norm_ptr, eps, w_ptr, stride_wn, offs_n, offs_n,
@@ -63,11 +64,24 @@ def _few_row_linear_kernel(
         _epilogue(acc, r, out_ptr, offs_m, offs_n, mask, stride_om, dt, RESIDUAL)
     else:
         store_partial(ws_ptr, split, offs_m, offs_n, mask, acc, M, N)
-        counter = tile_counter(counter_ptr)
         if arrive_last(counter, SPLIT_K):
             total = sum_partials(ws_ptr, offs_m, offs_n, mask, M, N, SPLIT_K)
             _epilogue(total, r, out_ptr, offs_m, offs_n, mask, stride_om, dt, RESIDUAL)
             reset_counter(counter)
+
+
+@triton.jit
+def _few_row_linear_kernel(
+    x_ptr, norm_ptr, w_ptr, res_ptr, out_ptr, ws_ptr, counter_ptr, M, N, K, split_len,
+    stride_xm, stride_wn, stride_rm, stride_om, eps,
+    NORM_CHUNKS: tl.constexpr, RESIDUAL: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    linear_tile(
+        tl.program_id(1), tl.program_id(0), tl.program_id(2), tile_counter(counter_ptr), x_ptr,
+        norm_ptr, w_ptr, res_ptr, out_ptr, ws_ptr, M, N, K, split_len, stride_xm, stride_wn,
+        stride_rm, stride_om, eps, NORM_CHUNKS, RESIDUAL, SPLIT_K, BLOCK_M, BLOCK_N, BLOCK_K,
+    )  # fmt: skip
 
 
 def few_row_linear(

@@ -56,16 +56,18 @@ def _rope_store(
 
 
 @triton.jit
-def _norm_qkv_rope_kernel(
-    x_ptr, norm_ptr, w_ptr, cos_ptr, sin_ptr, index_ptr, q_ptr, k_pool_ptr, v_pool_ptr,
-    ws_ptr, counter_ptr, M, K, split_len, stride_xm, stride_wn, stride_cos, stride_sin,
-    stride_qm, stride_kpt, stride_kph, stride_vpt, stride_vph, eps,
+def qkv_tile(
+    m_tile, p_tile, split, counter, x_ptr, norm_ptr, w_ptr, cos_ptr, sin_ptr, index_ptr, q_ptr,
+    k_pool_ptr, v_pool_ptr, ws_ptr, M, K, split_len, stride_xm, stride_wn, stride_cos,
+    stride_sin, stride_qm, stride_kpt, stride_kph, stride_vpt, stride_vph, eps,
     Q_DIM: tl.constexpr, KV_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
     NORM_CHUNKS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    pairs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    """Row tile m_tile's pairs tile p_tile, reduction split `split` of SPLIT_K (`counter`: the
+    tile's arrival counter when SPLIT_K > 1)."""
+    offs_m = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    pairs = p_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask = offs_m < M
     p_mask = pairs < (Q_DIM + 2 * KV_DIM) // 2
     col = 2 * pairs  # the even column of each pair
@@ -78,7 +80,6 @@ def _norm_qkv_rope_kernel(
                 other=0.0)  # fmt: skip
     s = tl.load(sin_ptr + offs_m[:, None] * stride_sin + (dim // 2)[None, :], mask=cs_mask,
                 other=0.0)  # fmt: skip
-    split = tl.program_id(2)
     k_lo = split * split_len
     even, odd = rows_dot(
         x_ptr, stride_xm, offs_m, m_mask, norm_ptr, eps, w_ptr, stride_wn, col, col + 1, p_mask,
@@ -92,10 +93,9 @@ def _norm_qkv_rope_kernel(
             Q_DIM, KV_DIM, HEAD_DIM,
         )  # fmt: skip
     else:
-        counter = tile_counter(counter_ptr)
         last, even, odd = pair_partials(
-            ws_ptr, counter, offs_m, pairs, cs_mask, even, odd, M, (Q_DIM + 2 * KV_DIM) // 2,
-            SPLIT_K,
+            ws_ptr, split, counter, offs_m, pairs, cs_mask, even, odd, M,
+            (Q_DIM + 2 * KV_DIM) // 2, SPLIT_K,
         )  # fmt: skip
         if last:
             _rope_store(
@@ -104,6 +104,24 @@ def _norm_qkv_rope_kernel(
                 Q_DIM, KV_DIM, HEAD_DIM,
             )  # fmt: skip
             reset_counter(counter)
+
+
+@triton.jit
+def _norm_qkv_rope_kernel(
+    x_ptr, norm_ptr, w_ptr, cos_ptr, sin_ptr, index_ptr, q_ptr, k_pool_ptr, v_pool_ptr,
+    ws_ptr, counter_ptr, M, K, split_len, stride_xm, stride_wn, stride_cos, stride_sin,
+    stride_qm, stride_kpt, stride_kph, stride_vpt, stride_vph, eps,
+    Q_DIM: tl.constexpr, KV_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
+    NORM_CHUNKS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    qkv_tile(
+        tl.program_id(1), tl.program_id(0), tl.program_id(2), tile_counter(counter_ptr), x_ptr,
+        norm_ptr, w_ptr, cos_ptr, sin_ptr, index_ptr, q_ptr, k_pool_ptr, v_pool_ptr, ws_ptr, M,
+        K, split_len, stride_xm, stride_wn, stride_cos, stride_sin, stride_qm, stride_kpt,
+        stride_kph, stride_vpt, stride_vph, eps, Q_DIM, KV_DIM, HEAD_DIM, NORM_CHUNKS, SPLIT_K,
+        BLOCK_M, BLOCK_N, BLOCK_K,
+    )  # fmt: skip
 
 
 def norm_qkv_rope(

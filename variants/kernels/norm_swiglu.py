@@ -31,17 +31,18 @@ def _swiglu_store(gate, up, out_ptr, offs_m, offs_j, mask, stride_om, dt):
 
 
 @triton.jit
-def _norm_swiglu_kernel(
-    x_ptr, norm_ptr, w_ptr, out_ptr, ws_ptr, counter_ptr, M, INTER, K, split_len,
-    stride_xm, stride_wn, stride_om, eps,
+def swiglu_tile(
+    m_tile, j_tile, split, counter, x_ptr, norm_ptr, w_ptr, out_ptr, ws_ptr, M, INTER, K,
+    split_len, stride_xm, stride_wn, stride_om, eps,
     NORM_CHUNKS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_j = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    """Row tile m_tile's columns tile j_tile, reduction split `split` of SPLIT_K (`counter`:
+    the tile's arrival counter when SPLIT_K > 1)."""
+    offs_m = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_j = j_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask, j_mask = offs_m < M, offs_j < INTER
     mask = m_mask[:, None] & j_mask[None, :]
-    split = tl.program_id(2)
     k_lo = split * split_len
     gate, up = rows_dot(
         x_ptr, stride_xm, offs_m, m_mask, norm_ptr, eps, w_ptr, stride_wn, offs_j,
@@ -52,13 +53,26 @@ def _norm_swiglu_kernel(
     if SPLIT_K == 1:
         _swiglu_store(gate, up, out_ptr, offs_m, offs_j, mask, stride_om, dt)
     else:
-        counter = tile_counter(counter_ptr)
         last, gate, up = pair_partials(
-            ws_ptr, counter, offs_m, offs_j, mask, gate, up, M, INTER, SPLIT_K
+            ws_ptr, split, counter, offs_m, offs_j, mask, gate, up, M, INTER, SPLIT_K
         )
         if last:
             _swiglu_store(gate, up, out_ptr, offs_m, offs_j, mask, stride_om, dt)
             reset_counter(counter)
+
+
+@triton.jit
+def _norm_swiglu_kernel(
+    x_ptr, norm_ptr, w_ptr, out_ptr, ws_ptr, counter_ptr, M, INTER, K, split_len,
+    stride_xm, stride_wn, stride_om, eps,
+    NORM_CHUNKS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    swiglu_tile(
+        tl.program_id(1), tl.program_id(0), tl.program_id(2), tile_counter(counter_ptr), x_ptr,
+        norm_ptr, w_ptr, out_ptr, ws_ptr, M, INTER, K, split_len, stride_xm, stride_wn,
+        stride_om, eps, NORM_CHUNKS, SPLIT_K, BLOCK_M, BLOCK_N, BLOCK_K,
+    )  # fmt: skip
 
 
 def norm_swiglu(

@@ -82,11 +82,12 @@ def tile_counter(counter_ptr):
 
 
 @triton.jit
-def pair_partials(ws_ptr, counter, offs_m, offs_n, mask, a, b, M, N, SPLIT_K: tl.constexpr):
-    """Store this split's partials of two results (partials [2, splits, M, N] at ws_ptr) and
+def pair_partials(
+    ws_ptr, split, counter, offs_m, offs_n, mask, a, b, M, N, SPLIT_K: tl.constexpr
+):  # fmt: skip
+    """Store split `split`'s partials of two results (partials [2, splits, M, N] at ws_ptr) and
     arrive. Returns (last, a, b): in the last program of the tile to arrive, the sums over the
     splits (it then runs the epilogue and resets the counter); elsewhere the inputs."""
-    split = tl.program_id(2)
     b_ws = ws_ptr + SPLIT_K * M * N
     store_partial(ws_ptr, split, offs_m, offs_n, mask, a, M, N)
     store_partial(b_ws, split, offs_m, offs_n, mask, b, M, N)
