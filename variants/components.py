@@ -37,8 +37,12 @@ STACKS = {
     "torch": "variants.layers.torch_stack:run_torch_stack",
     "triton": "variants.layers.triton_stack:run_triton_stack",
     "fused": "variants.layers.fused_stack:run_fused_stack",
+    "persistent": "variants.layers.persistent_stack:run_persistent_stack",
 }
-HEADS = {"fused": "variants.layers.fused_stack:fused_head"}
+HEADS = {
+    "fused": "variants.layers.fused_stack:fused_head",
+    "persistent": "variants.layers.fused_stack:fused_head",
+}
 GRAPHS = {
     "pow2": "variants.execution.cuda_graphs:use_cuda_graphs",
     "every8": "variants.execution.cuda_graphs:use_cuda_graphs",

@@ -81,10 +81,17 @@ def _triton_layers(caps, partial) -> str | None:
     return None if reason is None else reason.replace("decode kernel", "RoPE + cache kernel")
 
 
+def _persistent_layers(caps, partial) -> str | None:
+    reason = _triton_layers(caps, partial)
+    if reason is None and partial.get("attention") != "triton":
+        return "the persistent layer runs our Triton decode attention as one of its phases"
+    return reason
+
+
 def _not_with_fused_layers(axis: str) -> Requirement:
     def requires(caps, partial) -> str | None:
-        if partial.get("layers") == "fused":
-            return f"the fused layers read the fused {axis} weight"
+        if partial.get("layers") in ("fused", "persistent"):
+            return f"the {partial['layers']} layers read the fused {axis} weight"
         return None
 
     return requires
@@ -170,7 +177,12 @@ AXES: tuple[Axis, ...] = (
     ),
     Axis(
         "layers",
-        (Choice("torch"), Choice("triton", _triton_layers), Choice("fused", _triton_layers)),
+        (
+            Choice("torch"),
+            Choice("triton", _triton_layers),
+            Choice("fused", _triton_layers),
+            Choice("persistent", _persistent_layers),
+        ),
     ),
     Axis("graphs", (Choice("off"), Choice("pow2", _graphs), Choice("every8", _graphs))),
     Axis("prefill_graphs", (Choice("off"), Choice("pow2", _prefill_graphs))),

@@ -25,7 +25,7 @@ def test_decode_kernels_compile_for_sm86_without_spills(tmp_path):
     assert out.exists(), run.stderr[-2000:]
     rows = json.loads(out.read_text())["results"]
     assert {r["kernel"] for r in rows} == {
-        "few_row_linear", "norm_swiglu", "norm_qkv_rope", "decode_attention"
+        "few_row_linear", "norm_swiglu", "norm_qkv_rope", "decode_attention", "decode_layer"
     }  # fmt: skip
     assert [r for r in rows if r["spill_bytes"]] == []
     assert all(0 < r["registers"] <= 255 and r["shared_bytes"] <= RTX_3090_SHARED for r in rows)

@@ -65,7 +65,9 @@ def test_every_choice_the_probe_can_offer_has_a_component(fake_cuda_caps):
     for execution in caps.choices("execution", {}):
         assert execution in EXECUTION
     partial = {"cache": "slab", "attention": "triton", "execution": "eager"}
-    assert set(caps.choices("layers", partial)) == set(STACKS) == {"torch", "triton", "fused"}
+    assert set(caps.choices("layers", partial)) == set(STACKS)
+    assert set(STACKS) == {"torch", "triton", "fused", "persistent"}
+    assert "persistent" not in caps.choices("layers", {**partial, "attention": "sdpa"})
 
 
 def test_component_paths_follow_the_variant():

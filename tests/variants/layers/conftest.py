@@ -60,3 +60,45 @@ def reference_gap(tiny_config, sharp_weights):
         return worst
 
     return scenario
+
+
+def _graphed_engine_gap(layers: str, cache: str, tmp_path) -> None:
+    """The public config in float16 with real CUDA graphs, `layers` for the decoder stack:
+    65 requests (one of 1500 tokens, the rest 5-197), decode at batches 1, 8, 16, 64 and 65
+    (past the largest bucket: eager), up to 8 rows a step checked against the reference."""
+    import json
+    from pathlib import Path
+
+    from evaluator.toy_weights import save_toy_weights
+    from variants import build_engine
+    from variants.variant import Variant
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    config = json.loads((Path(__file__).parents[3] / "target/model_config.json").read_text())
+    save_toy_weights(config, tmp_path / "model.pt")
+    variant = Variant(cache=cache, block_size=64, attention="triton", layers=layers,
+                      graphs="pow2", prefill_graphs="pow2")  # fmt: skip
+    engine = build_engine(config, str(tmp_path), "cuda", variant)
+    ref = ReferenceModel(config, str(tmp_path), "cuda")
+    gen = torch.Generator().manual_seed(0)
+    history = {}
+    for rid in range(65):
+        length = 1500 if rid == 0 else 5 + 3 * rid
+        prompt = torch.randint(0, config["vocab_size"], (length,), generator=gen)
+        engine.prefill([rid], [prompt.cuda()])
+        history[rid] = prompt.tolist()
+    for batch in (1, 8, 16, 64, 65):
+        ids = list(range(batch))
+        tokens = torch.randint(0, config["vocab_size"], (batch,), generator=gen)
+        out = engine.decode(ids, tokens.cuda())
+        for rid in ids:
+            history[rid].append(int(tokens[rid]))
+        for rid in ids[:: max(1, batch // 8)]:  # up to 8 rows checked a step
+            want = ref.forward(torch.tensor(history[rid], device="cuda")[None])[0, -1].float()
+            torch.testing.assert_close(out[rid], want, atol=1e-2, rtol=1e-2)
+
+
+@pytest.fixture
+def graphed_engine_gap():
+    return _graphed_engine_gap

@@ -73,39 +73,8 @@ def test_routes_by_rows(tiny_config, sharp_weights, reference_gap, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("cache", ["slab", "paged"])
-def test_gpu_graphed_fused_engine_matches_the_reference(cache, tmp_path):
+def test_gpu_graphed_fused_engine_matches_the_reference(cache, tmp_path, graphed_engine_gap):
     """The public config in float16 with real CUDA graphs: decode at batches 1 and 8 (the fused
     layers inside the graphs), 64 (the Triton stack and the fused head inside the graphs) and
     65 (past the largest bucket: eager, the Triton stack and the torch head)."""
-    import json
-    from pathlib import Path
-
-    import torch
-
-    from evaluator.reference_model import ReferenceModel
-    from evaluator.toy_weights import save_toy_weights
-    from variants import build_engine
-
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    config = json.loads((Path(__file__).parents[3] / "target/model_config.json").read_text())
-    save_toy_weights(config, tmp_path / "model.pt")
-    variant = Variant(cache=cache, block_size=64, attention="triton", layers="fused",
-                      graphs="pow2", prefill_graphs="pow2")  # fmt: skip
-    engine = build_engine(config, str(tmp_path), "cuda", variant)
-    ref = ReferenceModel(config, str(tmp_path), "cuda")
-    gen = torch.Generator().manual_seed(0)
-    history = {}
-    for rid in range(65):
-        prompt = torch.randint(0, config["vocab_size"], (5 + 3 * rid,), generator=gen)
-        engine.prefill([rid], [prompt.cuda()])
-        history[rid] = prompt.tolist()
-    for batch in (1, 8, 64, 65):
-        ids = list(range(batch))
-        tokens = torch.randint(0, config["vocab_size"], (batch,), generator=gen)
-        out = engine.decode(ids, tokens.cuda())
-        for rid in ids:
-            history[rid].append(int(tokens[rid]))
-        for rid in ids[:: max(1, batch // 8)]:  # up to 8 rows checked a step
-            want = ref.forward(torch.tensor(history[rid], device="cuda")[None])[0, -1].float()
-            torch.testing.assert_close(out[rid], want, atol=1e-2, rtol=1e-2)
+    graphed_engine_gap("fused", cache, tmp_path)
