@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check, run on the device machine (H200) over a copy of the tree:
-#   bash scripts/gpu_check.sh [STAGE...]   stages: env tests kernels fewrow tune tuneprefill profile
-#   anatomy hostprofile graphlaunch sweep flex table study soak
+#   bash scripts/gpu_check.sh [STAGE...]   stages: env tests kernels fewrow decodelayer tune tuneprefill
+#   profile anatomy hostprofile graphlaunch sweep flex table study soak
 # (default: all). Writes logs and JSON under $OUT (or workspace/gpu_check) and a summary.txt.
 # Optuna is not installed there: wheels in .whl/ (carried) are installed into /tmp/site first.
 set -uo pipefail
@@ -10,7 +10,7 @@ OUT=${OUT:-workspace/gpu_check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PYTHON:-python3}
-STAGES=${*:-env tests kernels fewrow tune tuneprefill profile anatomy hostprofile graphlaunch sweep flex table study soak}
+STAGES=${*:-env tests kernels fewrow decodelayer tune tuneprefill profile anatomy hostprofile graphlaunch sweep flex table study soak}
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 note() { echo "$*" | tee -a "$SUMMARY"; }
@@ -54,6 +54,8 @@ stage kernels && timed bench_kernels "${KERNELS_LIMIT:-240}" "$PY" scripts/bench
 stage fewrow && timed bench_few_row "${FEWROW_LIMIT:-300}" "$PY" scripts/bench_few_row.py \
     --json "$OUT/few_row.json" ${FEWROW_ARGS:-}
 # TUNE_ARGS, e.g. "--graph --shape 64x2048:paged64 --tiles 32,4,2 --split-tokens 64,128"
+stage decodelayer && timed bench_decode_layer "${DECODELAYER_LIMIT:-200}" "$PY" \
+    scripts/bench_decode_layer.py --json "$OUT/decode_layer.json" ${DECODELAYER_ARGS:-}
 stage tune && timed tune "${TUNE_LIMIT:-200}" "$PY" scripts/tune_decode_attention.py \
     --json "$OUT/tune.json" ${TUNE_ARGS:-}
 stage tuneprefill && timed tune_prefill "${TUNE_PREFILL_LIMIT:-150}" "$PY" \
