@@ -4,14 +4,22 @@ projection with the residual add, norm + gate-up + SiLU-mul, the down projection
 residual add) run one after another by one program an SM, with a grid barrier between phases.
 
 At 8 rows a phase reads 1-9 MB of weights, a few microseconds of HBM traffic, yet each was a
-kernel of its own costing 3.5 us or more (docs/PERF.md, runs 40-43): most of that is the
-launch, the ramp and the drain. Here a barrier replaces each kernel boundary. Each phase's
-programs walk the phase's work items (output tiles, attention splits) in strides of the grid,
-and the tile code is the fused kernels' own (`qkv_tile`, `attend_split`, `linear_tile`,
-`swiglu_tile`), so rounding is theirs. The residual goes x -> xb (after the attention) -> x
-(after the MLP): no phase reads a buffer that another program of the same launch rewrote after
-this program had read it. Under Triton's interpreter, which runs programs one after another and
-so cannot wait at a barrier, the launcher runs one phase a launch instead (FIRST == LAST)."""
+kernel of its own costing 3.5 us or more (docs/PERF.md, runs 40-43). Here a barrier replaces
+each kernel boundary. Each phase's programs walk the phase's work items (output tiles,
+attention splits) in strides of the grid, and the tile code is the fused kernels' own
+(`qkv_tile`, `attend_split`, `linear_tile`, `swiglu_tile`), so rounding is theirs. After the
+first phase the programs prefetch the later phases' weights and the next kernel's first into L2
+(prefetch.py), where L2 holds a layer.
+
+Measured on the H200 (docs/PERF.md, runs 45-52), it ties with the fused layers' five kernels:
+30.4-31.3 us a layer against 31.6-32.0 in a graph of 12 layers, but 367-372 us a decode step
+against 354-358 in the engine. A barrier costs about what a kernel boundary does (1 us), and one
+program an SM hides less latency than the separate kernels do.
+
+The residual goes x -> xb (after the attention) -> x (after the MLP): no phase reads a buffer
+that another program of the same launch rewrote after this program had read it. Under Triton's
+interpreter, which runs programs one after another and so cannot wait at a barrier, the
+launcher runs one phase a launch instead (FIRST == LAST)."""
 
 import functools
 import math
@@ -123,7 +131,7 @@ def _barrier_counters(device: torch.device) -> torch.Tensor:
 
 class DecodeLayers:
     """What every layer's launch of one decode step shares: the scratch buffers, the tiles, the
-    work split and the grid. `decoded.run(x, ...)` updates the residual x [M, H] in place.
+    work split and the grid. `run(x, ...)` updates the residual x [M, H] in place.
     On the CPU (Triton's interpreter) each layer runs as five launches, one a phase."""
 
     def __init__(

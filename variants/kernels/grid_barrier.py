@@ -2,10 +2,13 @@
 (each reading what all programs wrote in the one before) in one launch.
 
 Every program must be resident at once: launch at most one program an SM, each small enough to
-fit. Two int32 counters a launch, zero before it and left zero after it: `arrived` counts
-arrivals over the launch's barriers (barrier n of a launch of P programs waits for n * P), and
-`left` counts programs that reached the end; the last to leave zeroes both, when no program can
-still be waiting. A program's stores land before its arrival (a block barrier, then a release at
+fit (a program that cannot start would leave the others waiting for good; a GPU shared under
+MPS with an SM limit is such a case).
+
+Two int32 counters a launch, zero before it and left zero after it: `arrived` counts arrivals
+over the launch's barriers (barrier n of a launch of P programs waits for n * P), and `left`
+counts programs that reached the end; the last to leave zeroes both, when no program can still
+be waiting. A program's stores land before its arrival (a block barrier, then a release at
 GPU scope) and the waiting side acquires, so what others stored before the barrier is visible
 after it. Spinning needs programs that run side by side: the Triton interpreter runs them one
 after another, so kernels there run one phase a launch instead."""
