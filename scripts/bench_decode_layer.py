@@ -6,6 +6,11 @@ phase, no barrier), and a kernel of nothing but four grid barriers, to split the
 into work and waiting.
 
     python scripts/bench_decode_layer.py [--rows 8] [--ctx 150] [--grid N,...] [--splits N,...]
+        [--warps N,...] [--json PATH]
+
+--grid beyond one program an SM hangs unless that many fit on the GPU side by side (the
+persistent layer's programs wait for each other): check the registers and shared memory it
+prints first.
 """
 
 from __future__ import annotations
