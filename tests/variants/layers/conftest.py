@@ -102,3 +102,23 @@ def _graphed_engine_gap(layers: str, cache: str, tmp_path) -> None:
 @pytest.fixture
 def graphed_engine_gap():
     return _graphed_engine_gap
+
+
+@pytest.fixture
+def count_calls(monkeypatch):
+    """count_calls(module, names) -> a dict of call counts, each name in `module` wrapped so
+    that a call through the module adds one to its count."""
+
+    def wrap(module, names) -> dict:
+        calls = dict.fromkeys(names, 0)
+        for name in names:
+            real = getattr(module, name)
+
+            def count(*args, _name=name, _real=real, **kwargs):
+                calls[_name] += 1
+                return _real(*args, **kwargs)
+
+            monkeypatch.setattr(module, name, count)
+        return calls
+
+    return wrap

@@ -43,23 +43,11 @@ def test_matches_the_reference(name, cache_cls, attention_cls, variant, graphs, 
     assert worst < 1e-4, worst
 
 
-def test_routes_by_rows(tiny_config, sharp_weights, reference_gap, monkeypatch):
+def test_routes_by_rows(tiny_config, sharp_weights, reference_gap, monkeypatch, count_calls):
     """With the layer limit lowered to 3 rows, the scenario's decode steps of 3, 4, 1 and 4 rows
     take both stacks (the head stays fused up to 64 rows), still exact."""
-    calls = {"run_triton_stack": 0, "few_row_linear": 0, "norm_qkv_rope": 0}
-
-    def counting(name):
-        real = getattr(fused_stack, name)
-
-        def count(*args, **kwargs):
-            calls[name] += 1
-            return real(*args, **kwargs)
-
-        return count
-
     monkeypatch.setattr(fused_stack, "FUSED_MAX_ROWS", 3)
-    for name in list(calls):
-        monkeypatch.setattr(fused_stack, name, counting(name))
+    calls = count_calls(fused_stack, ["run_triton_stack", "few_row_linear", "norm_qkv_rope"])
     _, cache_cls, attention_cls, variant = CASES[0]
     engine = _engine(tiny_config, sharp_weights, cache_cls, attention_cls, variant)
     calls.update(dict.fromkeys(calls, 0))  # the warm-up ran every path

@@ -73,25 +73,13 @@ def test_gpu_graphed_persistent_engine_matches_the_reference(cache, tmp_path, gr
     graphed_engine_gap("persistent", cache, tmp_path)
 
 
-def test_routes_by_rows(tiny_config, sharp_weights, reference_gap, monkeypatch):
+def test_routes_by_rows(tiny_config, sharp_weights, reference_gap, monkeypatch, count_calls):
     """With the limit lowered to 3 rows, the scenario's decode steps of 3, 4, 1 and 4 rows take
     both stacks, still exact: the persistent layers at 3 and 1 rows, the Triton stack at 4."""
     from variants.layers import persistent_stack
 
-    calls = {"run_triton_stack": 0, "DecodeLayers": 0}
-
-    def counting(name):
-        real = getattr(persistent_stack, name)
-
-        def count(*args, **kwargs):
-            calls[name] += 1
-            return real(*args, **kwargs)
-
-        return count
-
     monkeypatch.setattr(persistent_stack, "MAX_ROWS", 3)
-    for name in list(calls):
-        monkeypatch.setattr(persistent_stack, name, counting(name))
+    calls = count_calls(persistent_stack, ["run_triton_stack", "DecodeLayers"])
     engine = _engine(tiny_config, sharp_weights, *CASES[0][1:])
     calls.update(dict.fromkeys(calls, 0))  # the warm-up ran every path
     assert reference_gap(engine) < 1e-4
