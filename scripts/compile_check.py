@@ -81,9 +81,10 @@ def check(name, fn, types, consts, warps, stages, arch) -> dict:
             "shared_bytes": shared, **ptxas_report(kernel.asm["ptx"])}  # fmt: skip
 
 
-def cases(sms: int) -> list:
+def cases(sms: int, pdl: bool = False) -> list:
     """(name, kernel, types, constexprs, warps, stages) at 8 rows of the public model, with the
-    tiles the launchers pick and each split count they can run."""
+    tiles the launchers pick and each split count they can run; `pdl`: the programmatic
+    dependent launch build (the wait, and the weight prefetch before it)."""
     found = []
     names = ("M", "N", "K", "INTER", "split_len", "block_size", "split_tokens")
     scalars = dict.fromkeys(names, "i32")
@@ -100,7 +101,8 @@ def cases(sms: int) -> list:
     ):  # fmt: skip
         bm, bn, bk, warps, stages = tiles
         consts = dict(NORM_CHUNKS=norm_chunks(768, bk, norm), RESIDUAL=residual, SPLIT_K=split,
-                      BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)  # fmt: skip
+                      BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl, PREFETCH=pdl,
+                      LANES=32 * warps)  # fmt: skip
         found.append(("few_row_linear", _few_row_linear_kernel, linear, consts, warps, stages))
     swiglu = dict(x_ptr=F16, norm_ptr=F16, w_ptr=F16, out_ptr=F16, ws_ptr=F32, counter_ptr=I32,
                   stride_xm=strides, stride_wn=strides, stride_om=strides, eps="fp32",
@@ -108,7 +110,7 @@ def cases(sms: int) -> list:
     bm, bn, bk, warps, stages = few_row_tiles(8, 3072, sms, weight_tiles=2, prefer=(32, 64, 4, 4))
     for split in (1, 2):
         consts = dict(NORM_CHUNKS=norm_chunks(768, bk), SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn,
-                      BLOCK_K=bk)  # fmt: skip
+                      BLOCK_K=bk, PDL=pdl, PREFETCH=pdl, LANES=32 * warps)  # fmt: skip
         found.append(("norm_swiglu", _norm_swiglu_kernel, swiglu, consts, warps, stages))
     qkv = dict(x_ptr=F16, norm_ptr=F16, w_ptr=F16, cos_ptr=F16, sin_ptr=F16, index_ptr=I64,
                q_ptr=F16, k_pool_ptr=F16, v_pool_ptr=F16, ws_ptr=F32, counter_ptr=I32,
@@ -119,7 +121,8 @@ def cases(sms: int) -> list:
     bm, bn, bk, warps, stages = few_row_tiles(8, 1152, sms, weight_tiles=2)
     for split in (1, 2):
         consts = dict(Q_DIM=768, KV_DIM=768, HEAD_DIM=192, NORM_CHUNKS=norm_chunks(768, bk),
-                      SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)  # fmt: skip
+                      SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl, PREFETCH=pdl,
+                      LANES=32 * warps)  # fmt: skip
         found.append(("norm_qkv_rope", _norm_qkv_rope_kernel, qkv, consts, warps, stages))
     attention = dict(q_ptr=F16, k_ptr=F16, v_ptr=F16, table_ptr=I64, lens_ptr=I64, out_ptr=F16,
                      m_ptr=F32, l_ptr=F32, acc_ptr=F32, arrivals_ptr=I32, qk_scale_log2="fp32",
@@ -129,7 +132,7 @@ def cases(sms: int) -> list:
             attention[n] = strides
     block_n, warps, stages = default_tiles(8, 4, 256, sms)
     consts = dict(GROUP=1, HEAD_DIM=192, NUM_SPLITS=16, BLOCK_S=16, BLOCK_G=1, BLOCK_N=block_n,
-                  BLOCK_D=256, USE_DOT=False)  # fmt: skip
+                  BLOCK_D=256, USE_DOT=False, PDL=pdl, PREFETCH=pdl)  # fmt: skip
     found.append(("decode_attention", _decode_split_kernel, attention, consts, warps, stages))
     spec = ModelSpec.from_config(json.loads(Path("target/model_config.json").read_text()))
     runner = DecodeLayers(spec, 8, spec.max_positions, "cpu", torch.float16, sms)
@@ -148,13 +151,18 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--arch", type=int, default=86, help="compute capability, e.g. 86 or 90")
     p.add_argument("--sms", type=int, default=82, help="SM count the launchers' tiles assume")
+    p.add_argument(
+        "--pdl",
+        action="store_true",
+        help="the programmatic dependent launch build (sm_90+, Triton 3.3+)",
+    )
     p.add_argument("--json", default=None)
     args = p.parse_args()
     rows = [check(name, fn, types, consts, warps, stages, args.arch)
-            for name, fn, types, consts, warps, stages in cases(args.sms)]  # fmt: skip
+            for name, fn, types, consts, warps, stages in cases(args.sms, args.pdl)]  # fmt: skip
     for row in rows:
         print(json.dumps(row), flush=True)
-    meta = {"triton": triton.__version__, "arch": args.arch, "sms": args.sms}
+    meta = {"triton": triton.__version__, "arch": args.arch, "sms": args.sms, "pdl": args.pdl}
     if args.json:
         Path(args.json).write_text(json.dumps({"meta": meta, "results": rows}, indent=1))
     return 1 if any(r["spill_bytes"] for r in rows) else 0

@@ -37,10 +37,12 @@ STACKS = {
     "torch": "variants.layers.torch_stack:run_torch_stack",
     "triton": "variants.layers.triton_stack:run_triton_stack",
     "fused": "variants.layers.fused_stack:run_fused_stack",
+    "fused-pdl": "variants.layers.fused_stack:run_fused_pdl_stack",
     "persistent": "variants.layers.persistent_stack:run_persistent_stack",
 }
 HEADS = {
     "fused": "variants.layers.fused_stack:fused_head",
+    "fused-pdl": "variants.layers.fused_stack:fused_pdl_head",
     "persistent": "variants.layers.fused_stack:fused_head",
 }
 GRAPHS = {

@@ -30,6 +30,16 @@ def _triton_version() -> tuple[int, int] | None:
         return None
 
 
+def _has_pdl(dev: torch.device) -> bool:
+    if dev.type != "cuda" or _triton_version() is None:
+        return False
+    try:
+        from variants.kernels.pdl import pdl_supported
+    except Exception:  # a Triton too old or broken to import our kernels
+        return False
+    return pdl_supported(dev)
+
+
 def _sdpa_backends(device_type: str, capability: tuple[int, int] | None) -> tuple[str, ...]:
     backends = ["auto", "math"]
     if device_type == "cuda":
@@ -72,6 +82,7 @@ class Capabilities:
     can_compile: bool
     head_dim: int
     config_dtype: str
+    has_pdl: bool = False  # programmatic dependent launch of our Triton kernels (kernels/pdl.py)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -147,4 +158,5 @@ def probe_capabilities(device: str, config: dict | None = None) -> Capabilities:
         can_compile=_can_compile(dev.type),
         head_dim=head_dim,
         config_dtype=_canonical_dtype(config),
+        has_pdl=_has_pdl(dev),
     )

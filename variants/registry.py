@@ -88,9 +88,20 @@ def _persistent_layers(caps, partial) -> str | None:
     return reason
 
 
+def _pdl_layers(caps, partial) -> str | None:
+    reason = _triton_layers(caps, partial)
+    if reason is not None:
+        return reason
+    if partial.get("attention") != "triton":
+        return "the PDL layers launch our Triton decode attention between their projections"
+    if not caps.has_pdl:
+        return "programmatic dependent launch needs compute capability >= 9.0 and triton >= 3.3"
+    return None
+
+
 def _not_with_fused_layers(axis: str) -> Requirement:
     def requires(caps, partial) -> str | None:
-        if partial.get("layers") in ("fused", "persistent"):
+        if partial.get("layers") in ("fused", "fused-pdl", "persistent"):
             return f"the {partial['layers']} layers read the fused {axis} weight"
         return None
 
@@ -181,6 +192,7 @@ AXES: tuple[Axis, ...] = (
             Choice("torch"),
             Choice("triton", _triton_layers),
             Choice("fused", _triton_layers),
+            Choice("fused-pdl", _pdl_layers),
             Choice("persistent", _persistent_layers),
         ),
     ),

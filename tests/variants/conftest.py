@@ -89,6 +89,7 @@ def fake_cuda_caps(cpu_caps):
             can_compile=True,
             head_dim=192,
             config_dtype="float16",
+            has_pdl=True,
         )
         return dataclasses.replace(base, **changes)
 

@@ -66,8 +66,28 @@ def test_every_choice_the_probe_can_offer_has_a_component(fake_cuda_caps):
         assert execution in EXECUTION
     partial = {"cache": "slab", "attention": "triton", "execution": "eager"}
     assert set(caps.choices("layers", partial)) == set(STACKS)
-    assert set(STACKS) == {"torch", "triton", "fused", "persistent"}
+    assert set(STACKS) == {"torch", "triton", "fused", "fused-pdl", "persistent"}
     assert "persistent" not in caps.choices("layers", {**partial, "attention": "sdpa"})
+    assert "fused-pdl" not in caps.choices("layers", {**partial, "attention": "sdpa"})
+
+
+@pytest.mark.parametrize(
+    "changes, reason",
+    [
+        ({}, None),
+        ({"has_pdl": False}, "compute capability >= 9.0"),  # an RTX 3090, or an older Triton
+        ({"device_type": "cpu"}, "CUDA only"),
+    ],
+)
+def test_pdl_layers_are_offered_only_where_the_gpu_and_triton_have_it(
+    fake_cuda_caps, changes, reason
+):
+    caps = fake_cuda_caps(**changes)
+    got = caps.why_invalid(Variant(cache="slab", attention="triton", layers="fused-pdl"))
+    if reason is None:
+        assert got is None
+    else:
+        assert reason in got
 
 
 def test_component_paths_follow_the_variant():

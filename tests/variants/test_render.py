@@ -254,6 +254,7 @@ def test_header_is_kept_and_source_is_deterministic(tmp_path):
         Variant(cache="slab", attention="triton", layers="triton", graphs="pow2"),
         Variant(cache="paged", block_size=64, attention="sdpa", graphs="every8"),
         Variant(cache="paged", block_size=64, attention="triton", layers="fused", graphs="pow2"),
+        Variant(cache="slab", attention="triton", layers="fused-pdl", graphs="pow2"),
     ],
     ids=lambda v: v.name,
 )
@@ -269,7 +270,9 @@ def test_gpu_variants_render_with_only_their_components(variant):
     names = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
     assert "DecodeGraphs" in names and "use_cuda_graphs" in names
     assert ("run_triton_stack" in names) == (variant.layers != "torch")  # fused runs it at prefill
-    assert ("run_fused_stack" in names) == (variant.layers == "fused")
+    assert ("run_fused_stack" in names) == (variant.layers in ("fused", "fused-pdl"))
     assert ("head=fused_head" in text) == (variant.layers == "fused")
+    assert ("head=fused_pdl_head" in text) == (variant.layers == "fused-pdl")
+    assert ("wait_previous" in names) == uses_triton
     assert ("paged_decode_attention" in names) == (variant.attention == "triton")
     assert "capture=use_cuda_graphs" in text

@@ -39,12 +39,13 @@ class TritonAttention:
         )
         return out.flatten(1)
 
-    def decode_from_cache(self, q, cache, layer: int, plan):
+    def decode_from_cache(self, q, cache, layer: int, plan, pdl: bool = False):
+        """`pdl`: launch with programmatic dependent launch (the fused layers on Hopper)."""
         sms = device_sm_count(q.device)
         splits = choose_num_splits(plan.max_len, q.shape[0], self.kv_heads, sms)
         out = paged_decode_attention(
             q, cache.k[layer], cache.v[layer], plan.table, plan.kv_lens,
             cache.kernel_block_size, self.scale, splits,
-            arrivals=self._arrivals(q.shape[0], q.device),
+            arrivals=self._arrivals(q.shape[0], q.device), pdl=pdl,
         )  # fmt: skip
         return out.flatten(1)

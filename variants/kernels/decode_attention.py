@@ -16,6 +16,8 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from variants.kernels.device import device_capability, device_sm_count
+from variants.kernels.pdl import launch_options, wait_previous
+from variants.kernels.prefetch import prefetch_at
 
 
 @triton.jit
@@ -128,6 +130,39 @@ def attend_split(
                 tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
 
 
+PREFETCH_TILES = tl.constexpr(2)
+
+
+@triton.jit
+def _prefetch_split(
+    b, kvh, split, k_ptr, v_ptr, table_ptr, lens_ptr, stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_tb, block_size, split_tokens, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Prefetch into L2 the keys and values of the first PREFETCH_TILES tiles split `split` of
+    row b's kv head will read, before the PDL wait (at 8 x 150 a split is one tile; the cap
+    keeps long contexts from asking for more than L2 holds). The lengths and the block table
+    are staged before the step's first kernel, so they are complete here (pdl.py); the newest
+    key may still be being written, which a prefetch, a hint, cannot get wrong."""
+    kv_len = tl.load(lens_ptr + b).to(tl.int32)
+    live = tl.minimum(tl.maximum(tl.cdiv(kv_len, split_tokens), 1), NUM_SPLITS)
+    if split < live:
+        split_len = tl.cdiv(tl.cdiv(kv_len, live), BLOCK_N) * BLOCK_N
+        start = split * split_len
+        end = tl.minimum(start + split_len, kv_len)
+        lines: tl.constexpr = triton.next_power_of_2(
+            triton.cdiv(HEAD_DIM * k_ptr.dtype.element_ty.primitive_bitwidth, 1024)
+        )
+        per_line: tl.constexpr = 1024 // k_ptr.dtype.element_ty.primitive_bitwidth
+        offs_d = tl.minimum(tl.arange(0, lines) * per_line, HEAD_DIM - 1)  # a row's lines
+        for n0 in range(start, tl.minimum(end, start + PREFETCH_TILES * BLOCK_N), BLOCK_N):
+            pos = tl.minimum(n0 + tl.arange(0, BLOCK_N), end - 1)
+            block = tl.load(table_ptr + b * stride_tb + pos // block_size)
+            slot = block.to(tl.int64) * block_size + pos % block_size
+            prefetch_at(k_ptr + slot[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :])
+            prefetch_at(v_ptr + slot[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :])
+
+
 @triton.jit
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, arrivals_ptr,
@@ -135,7 +170,15 @@ def _decode_split_kernel(
     stride_ob, stride_oh, block_size, split_tokens, qk_scale_log2,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, USE_DOT: tl.constexpr,
+    PDL: tl.constexpr, PREFETCH: tl.constexpr,
 ):  # fmt: skip
+    if PREFETCH:
+        _prefetch_split(
+            tl.program_id(0), tl.program_id(1), tl.program_id(2), k_ptr, v_ptr, table_ptr,
+            lens_ptr, stride_kt, stride_kh, stride_vt, stride_vh, stride_tb, block_size,
+            split_tokens, HEAD_DIM, NUM_SPLITS, BLOCK_N,
+        )  # fmt: skip
+    wait_previous(PDL)  # q (and this step's key) come from the kernel before
     attend_split(
         tl.program_id(0), tl.program_id(1), tl.program_id(2), tl.num_programs(1), q_ptr, k_ptr,
         v_ptr, table_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, arrivals_ptr, stride_qb,
@@ -175,6 +218,8 @@ def paged_decode_attention(
     tiles: tuple | None = None,
     arrivals: torch.Tensor | None = None,
     split_tokens: int = SPLIT_TOKENS,
+    pdl: bool = False,
+    prefetch: bool = True,
 ) -> torch.Tensor:
     """q [B, heads, d]; pools [slots, kv_heads, d]; block_table [B, W] (int32 or int64; slab:
     W=1 and block_size=max_positions); kv_lens [B] (a row of length 0 gets zeros). Returns
@@ -182,7 +227,9 @@ def paged_decode_attention(
     gets; each live split gets at least `split_tokens` tokens. `arrivals`: int32 zeros, at least
     B x kv_heads, that the kernel leaves zero (a CUDA graph keeps one; allocated when None).
     `tiles` = (BLOCK_N, num_warps, num_stages) overrides the defaults
-    (scripts/tune_decode_attention.py)."""
+    (scripts/tune_decode_attention.py). `pdl`: launched with programmatic dependent launch
+    (pdl.py), each split's keys and values prefetched into L2 before the wait unless `prefetch`
+    is False."""
     batch, heads, d = q.shape
     kv_heads = k_pool.shape[1]
     group = heads // kv_heads
@@ -221,7 +268,8 @@ def paged_decode_attention(
     )  # fmt: skip
     meta = dict(
         GROUP=group, HEAD_DIM=d, NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
-        BLOCK_G=block_g, BLOCK_D=block_d, USE_DOT=use_dot,
+        BLOCK_G=block_g, BLOCK_D=block_d, USE_DOT=use_dot, PDL=pdl, PREFETCH=pdl and prefetch,
+        **launch_options(pdl, q.device),
     )  # fmt: skip
     key = (q.device, tiles, block_d, block_g)
     if key in _TOO_BIG:  # this GPU refused the tile before: the small one, without retrying

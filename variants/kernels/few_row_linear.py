@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+from variants.kernels.pdl import launch_options, wait_previous
+from variants.kernels.prefetch import prefetch_rows
 from variants.kernels.row_dot import few_row_tiles, norm_chunks, rows_dot
 from variants.kernels.split_k import (
     LONG_K,
@@ -75,8 +77,16 @@ def _few_row_linear_kernel(
     x_ptr, norm_ptr, w_ptr, res_ptr, out_ptr, ws_ptr, counter_ptr, M, N, K, split_len,
     stride_xm, stride_wn, stride_rm, stride_om, eps,
     NORM_CHUNKS: tl.constexpr, RESIDUAL: tl.constexpr, SPLIT_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    PREFETCH: tl.constexpr, LANES: tl.constexpr,
 ):  # fmt: skip
+    if PREFETCH:  # this column tile's weight rows, shared out over its row tiles and splits
+        n0 = tl.program_id(0) * BLOCK_N
+        prefetch_rows(
+            w_ptr, n0, tl.minimum(BLOCK_N, N - n0), stride_wn,
+            tl.program_id(1) * SPLIT_K + tl.program_id(2), tl.num_programs(1) * SPLIT_K, LANES,
+        )  # fmt: skip
+    wait_previous(PDL)
     linear_tile(
         tl.program_id(1), tl.program_id(0), tl.program_id(2), tile_counter(counter_ptr), x_ptr,
         norm_ptr, w_ptr, res_ptr, out_ptr, ws_ptr, M, N, K, split_len, stride_xm, stride_wn,
@@ -94,11 +104,15 @@ def few_row_linear(
     sm_count: int = 132,
     tiles: tuple | None = None,
     split_k: int | None = None,
+    pdl: bool = False,
+    prefetch: bool = True,
 ) -> torch.Tensor:
     """x [M, K] (unit column stride); weight [N, K] contiguous; norm [K] applies
     rms_norm(x) * norm first; residual [M, N] is added last. Returns a new [M, N] tensor in
     out_dtype (default the weight's dtype). `tiles` = (BLOCK_N, BLOCK_K, warps, stages);
-    `split_k` cuts the reduction into that many programs (default: `default_split_k`)."""
+    `split_k` cuts the reduction into that many programs (default: `default_split_k`). `pdl`
+    launches it with programmatic dependent launch (pdl.py), the weight prefetched into L2
+    before the wait unless `prefetch` is False."""
     rows, k = x.shape
     n = weight.shape[0]
     assert weight.shape[1] == k and weight.is_contiguous() and x.stride(-1) == 1
@@ -120,6 +134,7 @@ def few_row_linear(
         out.stride(0), eps,
         NORM_CHUNKS=norm_chunks(k, block_k, norm is not None), RESIDUAL=residual is not None,
         SPLIT_K=split_k,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PDL=pdl, PREFETCH=pdl and prefetch,
+        LANES=32 * warps, num_warps=warps, num_stages=stages, **launch_options(pdl, x.device),
     )  # fmt: skip
     return out

@@ -13,6 +13,8 @@ import triton
 import triton.language as tl
 
 from variants.kernels.fused_rope import rotate_pairs
+from variants.kernels.pdl import launch_options, wait_previous
+from variants.kernels.prefetch import prefetch_rows
 from variants.kernels.row_dot import few_row_tiles, norm_chunks, rows_dot
 from variants.kernels.split_k import (
     counters_for,
@@ -113,8 +115,16 @@ def _norm_qkv_rope_kernel(
     stride_qm, stride_kpt, stride_kph, stride_vpt, stride_vph, eps,
     Q_DIM: tl.constexpr, KV_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
     NORM_CHUNKS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
+    LANES: tl.constexpr,
 ):  # fmt: skip
+    if PREFETCH:  # the weight rows of this tile's pairs, shared out over row tiles and splits
+        c0 = 2 * tl.program_id(0) * BLOCK_N
+        prefetch_rows(
+            w_ptr, c0, tl.minimum(2 * BLOCK_N, Q_DIM + 2 * KV_DIM - c0), stride_wn,
+            tl.program_id(1) * SPLIT_K + tl.program_id(2), tl.num_programs(1) * SPLIT_K, LANES,
+        )  # fmt: skip
+    wait_previous(PDL)
     qkv_tile(
         tl.program_id(1), tl.program_id(0), tl.program_id(2), tile_counter(counter_ptr), x_ptr,
         norm_ptr, w_ptr, cos_ptr, sin_ptr, index_ptr, q_ptr, k_pool_ptr, v_pool_ptr, ws_ptr, M,
@@ -139,13 +149,15 @@ def norm_qkv_rope(
     sm_count: int = 132,
     tiles: tuple | None = None,
     split_k: int | None = None,
+    pdl: bool = False,
+    prefetch: bool = True,
 ) -> torch.Tensor:
     """x [M, K]; norm [K]; qkv [q_dim + 2 kv_dim, K] (q, k, v rows); cos/sin [M, head_dim/2]
     (each row's position, unit column stride); pools [slots, kv_heads, head_dim]; write_index
     [M] the cache slot of each row. Writes RoPE(k)
     and v into the pools and returns RoPE(q) as a new [M, q_dim]. `tiles` = (BLOCK_N pairs,
     BLOCK_K, warps, stages); `split_k` cuts the reduction into that many programs (default:
-    `default_split_k`)."""
+    `default_split_k`); `pdl` and `prefetch` as in `few_row_linear`."""
     rows, k = x.shape
     kv_dim = (qkv.shape[0] - q_dim) // 2
     assert head_dim % 2 == 0 and q_dim % head_dim == 0 and kv_dim % head_dim == 0
@@ -167,6 +179,7 @@ def norm_qkv_rope(
         q.stride(0), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1), eps,
         Q_DIM=q_dim, KV_DIM=kv_dim, HEAD_DIM=head_dim, NORM_CHUNKS=norm_chunks(k, block_k),
         SPLIT_K=split_k,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PDL=pdl, PREFETCH=pdl and prefetch,
+        LANES=32 * warps, num_warps=warps, num_stages=stages, **launch_options(pdl, x.device),
     )  # fmt: skip
     return q

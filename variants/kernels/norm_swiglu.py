@@ -9,6 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+from variants.kernels.pdl import launch_options, wait_previous
+from variants.kernels.prefetch import prefetch_rows
 from variants.kernels.row_dot import few_row_tiles, norm_chunks, rows_dot
 from variants.kernels.split_k import (
     counters_for,
@@ -66,8 +68,17 @@ def _norm_swiglu_kernel(
     x_ptr, norm_ptr, w_ptr, out_ptr, ws_ptr, counter_ptr, M, INTER, K, split_len,
     stride_xm, stride_wn, stride_om, eps,
     NORM_CHUNKS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
+    LANES: tl.constexpr,
 ):  # fmt: skip
+    if PREFETCH:  # this tile's gate rows and up rows, shared out over its row tiles and splits
+        j0 = tl.program_id(0) * BLOCK_N
+        rows = tl.minimum(BLOCK_N, INTER - j0)
+        part = tl.program_id(1) * SPLIT_K + tl.program_id(2)
+        parts = tl.num_programs(1) * SPLIT_K
+        prefetch_rows(w_ptr, j0, rows, stride_wn, part, parts, LANES)
+        prefetch_rows(w_ptr, INTER + j0, rows, stride_wn, part, parts, LANES)
+    wait_previous(PDL)
     swiglu_tile(
         tl.program_id(1), tl.program_id(0), tl.program_id(2), tile_counter(counter_ptr), x_ptr,
         norm_ptr, w_ptr, out_ptr, ws_ptr, M, INTER, K, split_len, stride_xm, stride_wn,
@@ -83,10 +94,13 @@ def norm_swiglu(
     sm_count: int = 132,
     tiles: tuple | None = None,
     split_k: int | None = None,
+    pdl: bool = False,
+    prefetch: bool = True,
 ) -> torch.Tensor:
     """x [M, K]; norm [K]; gate_up [2I, K] (gate rows, then up rows). Returns [M, I]
     = silu(gate) * up of rms_norm(x) * norm. `tiles` = (BLOCK_N, BLOCK_K, warps, stages);
-    `split_k` cuts the reduction into that many programs (default: `default_split_k`)."""
+    `split_k` cuts the reduction into that many programs (default: `default_split_k`); `pdl`
+    and `prefetch` as in `few_row_linear`."""
     rows, k = x.shape
     inter = gate_up.shape[0] // 2
     assert gate_up.shape == (2 * inter, k) and gate_up.is_contiguous() and x.stride(-1) == 1
@@ -104,6 +118,7 @@ def norm_swiglu(
         counters_for(x.device, grid[0] * grid[1]), rows, inter, k,
         split_range(k, block_k, split_k), x.stride(0), gate_up.stride(0), out.stride(0), eps,
         NORM_CHUNKS=norm_chunks(k, block_k), SPLIT_K=split_k, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k, num_warps=warps, num_stages=stages,
+        BLOCK_K=block_k, PDL=pdl, PREFETCH=pdl and prefetch, LANES=32 * warps, num_warps=warps,
+        num_stages=stages, **launch_options(pdl, x.device),
     )  # fmt: skip
     return out

@@ -26,10 +26,16 @@ def prefetch_l2(ptr, nbytes, part, parts, LANES: tl.constexpr):
     base = ptr.to(tl.pointer_type(tl.int8))
     for l0 in range(lo, hi, LANES):
         line = tl.minimum(l0 + tl.arange(0, LANES), hi - 1)  # past the end: the last line again
-        tl.inline_asm_elementwise(
-            "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [base + line.to(tl.int64) * LINE],
-            dtype=tl.int32, is_pure=False, pack=1,
-        )  # fmt: skip
+        prefetch_at(base + line.to(tl.int64) * LINE)
+
+
+@triton.jit
+def prefetch_at(ptrs):
+    """Prefetch the line of each pointer of a tensor of pointers into L2."""
+    tl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False,
+        pack=1,
+    )  # fmt: skip
 
 
 @functools.cache
@@ -44,3 +50,11 @@ def l2_holds(device, nbytes: int) -> bool:
     report the L2 size."""
     device = torch.device(device)
     return device.type == "cuda" and _l2_bytes(device) >= 2 * nbytes
+
+
+@triton.jit
+def prefetch_rows(w_ptr, first_row, rows, stride_wn, part, parts, LANES: tl.constexpr):
+    """Prefetch part `part` of `parts` of the weight rows [first_row, first_row + rows) into L2
+    (whole rows of stride_wn elements, one after another in memory)."""
+    elem: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
+    prefetch_l2(w_ptr + first_row * stride_wn, rows * stride_wn * elem, part, parts, LANES)

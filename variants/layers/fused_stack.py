@@ -24,7 +24,7 @@ FUSED_MAX_ROWS = 16  # decode steps up to one 16-row tile run the fused layers
 HEAD_MAX_ROWS = 64  # the fused head wins up to 64 rows (11.9 us against 21.6 at 64, H200)
 
 
-def run_fused_stack(engine, tokens, positions, plan, batch):
+def run_fused_stack(engine, tokens, positions, plan, batch, pdl: bool = False):
     if batch is not None or tokens.shape[0] > FUSED_MAX_ROWS:
         return run_triton_stack(engine, tokens, positions, plan, batch)
     spec, cache = engine.spec, engine.cache
@@ -36,25 +36,42 @@ def run_fused_stack(engine, tokens, positions, plan, batch):
         (qkv,), (gate_up,) = w.qkv, w.gate_up  # the fused weights (the registry requires them)
         q = norm_qkv_rope(
             x, w.input_norm, qkv, eps, d, heads * d, cos, sin, cache.k[n], cache.v[n],
-            plan.write_index, sm_count=sms,
+            plan.write_index, sm_count=sms, pdl=pdl,
         )  # fmt: skip
-        o = engine.attention.decode_from_cache(q.view(-1, heads, d), cache, n, plan)
-        x = few_row_linear(o, w.o, residual=x, sm_count=sms)
-        act = norm_swiglu(x, w.post_norm, gate_up, eps, sm_count=sms)
-        x = few_row_linear(act, w.down, residual=x, sm_count=sms)
+        at = (q.view(-1, heads, d), cache, n, plan)
+        o = engine.attention.decode_from_cache(*at, pdl=True) if pdl else (
+            engine.attention.decode_from_cache(*at)
+        )  # fmt: skip
+        x = few_row_linear(o, w.o, residual=x, sm_count=sms, pdl=pdl)
+        act = norm_swiglu(x, w.post_norm, gate_up, eps, sm_count=sms, pdl=pdl)
+        x = few_row_linear(act, w.down, residual=x, sm_count=sms, pdl=pdl)
     return x
 
 
-def fused_head(spec, fallback):
+def run_fused_pdl_stack(engine, tokens, positions, plan, batch):
+    """The fused layers, each kernel launched with programmatic dependent launch: it starts
+    while the kernel before runs and prefetches its weights into L2 (kernels/pdl.py). Hopper
+    and newer, with the Triton attention."""
+    return run_fused_stack(engine, tokens, positions, plan, batch, pdl=True)
+
+
+def fused_head(spec, fallback, pdl: bool = False):
     """output_logits(x, norm_w, head_w) as one kernel for up to 64 rows (float32 out, rounded
-    through the compute dtype like the reference); more rows go to `fallback`."""
+    through the compute dtype like the reference); more rows go to `fallback`. `pdl`: launched
+    with programmatic dependent launch."""
 
     def output_logits(x, norm_w, head_w):
         if x.shape[0] > HEAD_MAX_ROWS:
             return fallback(x, norm_w, head_w)
         sms = device_sm_count(x.device)
         return few_row_linear(
-            x, head_w, norm=norm_w, eps=spec.rms_norm_eps, out_dtype=torch.float32, sm_count=sms
-        )
+            x, head_w, norm=norm_w, eps=spec.rms_norm_eps, out_dtype=torch.float32, sm_count=sms,
+            pdl=pdl,
+        )  # fmt: skip
 
     return output_logits
+
+
+def fused_pdl_head(spec, fallback):
+    """fused_head launched with programmatic dependent launch."""
+    return fused_head(spec, fallback, pdl=True)

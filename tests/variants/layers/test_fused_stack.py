@@ -3,6 +3,7 @@ interpreter in float32, against the reference: ragged prefill (the Triton stack)
 decode (the fused kernels), eager and through the CUDA-graph body; and the routing by rows."""
 
 import pytest
+import torch
 
 pytest.importorskip("triton")
 
@@ -60,9 +61,49 @@ def test_routes_by_rows(tiny_config, sharp_weights, reference_gap, monkeypatch, 
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("layers", ["fused", "fused-pdl"])
 @pytest.mark.parametrize("cache", ["slab", "paged"])
-def test_gpu_graphed_fused_engine_matches_the_reference(cache, tmp_path, graphed_engine_gap):
+def test_gpu_graphed_fused_engine_matches_the_reference(layers, cache, tmp_path,
+                                                        graphed_engine_gap):  # fmt: skip
     """The public config in float16 with real CUDA graphs: decode at batches 1 and 8 (the fused
     layers inside the graphs), 64 (the Triton stack and the fused head inside the graphs) and
-    65 (past the largest bucket: eager, the Triton stack and the torch head)."""
-    graphed_engine_gap("fused", cache, tmp_path)
+    65 (past the largest bucket: eager, the Triton stack and the torch head). fused-pdl: every
+    fused kernel launched with programmatic dependent launch (Hopper only)."""
+    if layers == "fused-pdl":
+        from variants.kernels.pdl import pdl_supported
+
+        if not (torch.cuda.is_available() and pdl_supported("cuda")):
+            pytest.skip("needs compute capability >= 9.0 and a Triton with launch_pdl")
+    graphed_engine_gap(layers, cache, tmp_path)
+
+
+def test_pdl_stack_asks_every_fused_kernel_for_pdl(tiny_config, sharp_weights, reference_gap,
+                                                   monkeypatch):  # fmt: skip
+    """fused-pdl's step and head launch each fused kernel with pdl=True (here each is run
+    plain: the CPU has no PDL), and the engine still matches the reference."""
+    from variants.attention import triton_attention
+
+    asked = []
+
+    def plain(module, name):
+        real = getattr(module, name)
+
+        def launch(*args, pdl=False, **kwargs):
+            asked.append((name, pdl))
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, launch)
+
+    for name in ("few_row_linear", "norm_qkv_rope", "norm_swiglu"):
+        plain(fused_stack, name)
+    plain(triton_attention, "paged_decode_attention")
+    engine = assemble_engine(
+        tiny_config, sharp_weights, "cpu", Variant(cache="slab", attention="triton"),
+        SlabKVCache, TritonAttention, run_eager, fused_stack.run_fused_pdl_stack,
+        head=fused_stack.fused_pdl_head,
+    )  # fmt: skip
+    asked.clear()
+    assert reference_gap(engine) < 1e-4
+    kernels = {name for name, _ in asked}
+    assert kernels == {"few_row_linear", "norm_qkv_rope", "norm_swiglu", "paged_decode_attention"}
+    assert {on for _, on in asked} == {True}
