@@ -77,8 +77,27 @@ def check(name, fn, types, consts, warps, stages, arch) -> dict:
         source(fn, types, consts), target=target, options={"num_warps": warps, "num_stages": stages}
     )
     shared = kernel.metadata.shared
-    return {"kernel": name, **consts, "warps": warps, "stages": stages,
-            "shared_bytes": shared, **ptxas_report(kernel.asm["ptx"])}  # fmt: skip
+    ptx = kernel.asm["ptx"]
+    row = {"kernel": name, **consts, "warps": warps, "stages": stages,
+           "shared_bytes": shared, **ptxas_report(ptx)}  # fmt: skip
+    if consts.get("PDL"):
+        row.update(pdl_order(ptx))
+    return row
+
+
+def pdl_order(ptx: str) -> dict:
+    """Where the PDL wait sits: whether the kernel has one, and how many global loads (plain or
+    cp.async) and stores or atomics its PTX has before it. Before the wait a kernel may write
+    nothing and read only what the step staged before its first kernel (pdl.py): the
+    projections read nothing there, the attention a row's length and block table."""
+    at = ptx.find("griddepcontrol.wait")
+    before = ptx[:at].splitlines() if at >= 0 else []
+
+    def count(pattern: str) -> int:
+        return sum(1 for line in before if re.search(pattern, line))
+
+    return {"pdl_wait": at >= 0, "loads_before_wait": count(r"\bld\.global|cp\.async"),
+            "stores_before_wait": count(r"\bst\.global|\batom\.|\bred\.")}  # fmt: skip
 
 
 def cases(sms: int, pdl: bool = False) -> list:

@@ -32,3 +32,25 @@ def test_decode_kernels_compile_for_sm86_without_spills(tmp_path):
     # the down projection on 82 SMs: 24 tiles of 32 columns, 7 splits (two programs an SM)
     assert {r["SPLIT_K"] for r in rows if r["kernel"] == "few_row_linear"} == {1, 7}
     assert run.returncode == 0
+
+
+def test_the_pdl_build_waits_before_it_reads_an_earlier_kernel(tmp_path):
+    """Hopper's PDL build (sm_90, the installed Triton): every kernel waits; before the wait
+    nothing is stored, the projections load nothing, and the attention loads two things: the
+    row's length and its block table, both staged before the step's first kernel."""
+    from variants.kernels.pdl import triton_has_pdl
+
+    if not triton_has_pdl():
+        pytest.skip("this Triton cannot launch with PDL")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = tmp_path / "check.json"
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), "--arch", "90", "--sms", "132", "--pdl", "--json", str(out)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.exists(), run.stderr[-2000:]
+    rows = [r for r in json.loads(out.read_text())["results"] if r["kernel"] != "decode_layer"]
+    assert len(rows) == 8 and all(r["pdl_wait"] and r["stores_before_wait"] == 0 for r in rows)
+    loads = {r["kernel"]: r["loads_before_wait"] for r in rows}
+    assert loads == {"few_row_linear": 0, "norm_swiglu": 0, "norm_qkv_rope": 0,
+                     "decode_attention": 2}  # fmt: skip
