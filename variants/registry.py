@@ -81,22 +81,31 @@ def _triton_layers(caps, partial) -> str | None:
     return None if reason is None else reason.replace("decode kernel", "RoPE + cache kernel")
 
 
-def _persistent_layers(caps, partial) -> str | None:
-    reason = _triton_layers(caps, partial)
-    if reason is None and partial.get("attention") != "triton":
-        return "the persistent layer runs our Triton decode attention as one of its phases"
-    return reason
+def _layers_on_triton_attention(why: str) -> Requirement:
+    """Triton layers that call our Triton decode attention themselves (`why` says how)."""
+
+    def requires(caps, partial) -> str | None:
+        reason = _triton_layers(caps, partial)
+        if reason is None and partial.get("attention") != "triton":
+            return why
+        return reason
+
+    return requires
+
+
+_persistent_layers = _layers_on_triton_attention(
+    "the persistent layer runs our Triton decode attention as one of its phases"
+)
+_fused_layers_on_triton = _layers_on_triton_attention(
+    "the PDL layers launch our Triton decode attention between their projections"
+)
 
 
 def _pdl_layers(caps, partial) -> str | None:
-    reason = _triton_layers(caps, partial)
-    if reason is not None:
-        return reason
-    if partial.get("attention") != "triton":
-        return "the PDL layers launch our Triton decode attention between their projections"
-    if not caps.has_pdl:
+    reason = _fused_layers_on_triton(caps, partial)
+    if reason is None and not caps.has_pdl:
         return "programmatic dependent launch needs compute capability >= 9.0 and triton >= 3.3"
-    return None
+    return reason
 
 
 def _not_with_fused_layers(axis: str) -> Requirement:
