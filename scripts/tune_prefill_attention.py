@@ -59,7 +59,7 @@ def sweep_shape(prompts: int, length: int, tiles: list, head_dim: int) -> dict:
     cu = torch.arange(0, tokens + 1, length, device="cuda", dtype=torch.int32)
     scale = 1 / math.sqrt(head_dim)
     want = reference(q, k, v, lengths)
-    default = prefill_tiles(head_dim, device_capability(q.device))
+    default = prefill_tiles(head_dim, device_capability(q.device), tokens)
     rows = []
     for tile in [(default[0], default[1], default[2], 2)] + tiles:
         try:

@@ -1,4 +1,5 @@
-"""CUDA-graph prefill: the whole prefill pass (all layers and the head) captured per token bucket.
+"""CUDA-graph prefill: the layers of a prefill pass captured per token bucket; the head runs
+after the replay on the last token of each of the call's prompts.
 
 An eager prefill of a few hundred tokens is launch-bound like a decode step (about 5.6 ms for
 4 x 128 prompts on the H200, against a floor of 0.15 ms). Here a call's prompts are packed into
@@ -34,21 +35,27 @@ class PrefillGraphs:
         spec, device = engine.spec, engine.device
         self.buckets = token_buckets(16, largest_tokens)
         self.prompts = most_prompts
-        # The schedule must be built for the q-block size the kernel launches with on this GPU.
-        self.block_m = prefill_tiles(spec.head_dim, device_capability(torch.device(device)))[0]
+        # Each bucket's schedule must be built for the q-block size the kernel launches with on
+        # this GPU for that many tokens.
+        capability = device_capability(torch.device(device))
+        self.block_m = {t: prefill_tiles(spec.head_dim, capability, t)[0] for t in self.buckets}
         # One long buffer; bucket T uses a prefix of it, laid out as positions [T], write
         # slots [T], last-token rows [P], prompt starts [P + 1], q-block table [2, Q(T)].
-        self.meta = torch.zeros(self._meta_size(self.buckets[-1]), dtype=torch.long, device=device)
+        size = max(self._meta_size(t) for t in self.buckets)
+        self.meta = torch.zeros(size, dtype=torch.long, device=device)
         self.staging = PinnedRing(self.meta.numel(), device)
         self.tokens = torch.zeros(self.buckets[-1], dtype=torch.long, device=device)
-        self.out = torch.zeros(most_prompts, spec.vocab_size, dtype=torch.float32, device=device)
+        # The last token's hidden state of each prompt: the head runs after the replay on the
+        # call's prompts only. A head inside the graph ran all P rows (11.5 us on the H200);
+        # this took 6 us off a 4 x 128 prefill's GPU time (docs/PERF.md, run 65).
+        self.hidden = torch.zeros(most_prompts, spec.hidden_size, dtype=engine.dtype, device=device)
         self.graphs: dict = {}
         self.pool = None
         self.generation = None
 
     def _blocks(self, tokens: int) -> int:
         """Q(T): the most q-blocks a call of up to T tokens in up to P prompts can have."""
-        return -(-tokens // self.block_m) + self.prompts
+        return -(-tokens // self.block_m[tokens]) + self.prompts
 
     def _meta_size(self, tokens: int) -> int:
         return 2 * tokens + 2 * self.prompts + 1 + 2 * self._blocks(tokens)
@@ -69,6 +76,10 @@ class PrefillGraphs:
         with no_collection():
             for t in reversed(self.buckets):
                 self._capture(t)
+        # The head at every prompt count once: Triton specializes a kernel on its row count
+        # (1, multiples of 16, others), and no timed call may compile one.
+        for n in range(1, self.prompts + 1):
+            self.engine._logits(self.hidden[:n])
 
     def _capture(self, t: int) -> None:
         device = self.engine.device
@@ -94,7 +105,7 @@ class PrefillGraphs:
         )  # fmt: skip
         e = self.engine
         x = e._layers(self.tokens[:t], positions, plan, batch=batch)
-        self.out.copy_(e.output_logits(x.index_select(0, last), e.weights.norm, e.weights.head))
+        torch.index_select(x, 0, last, out=self.hidden)
 
     def _fill(self, rids: list, lengths: list, t: int) -> None:
         """One pinned host->device copy of everything bucket t's graph reads but the tokens,
@@ -113,7 +124,7 @@ class PrefillGraphs:
         values += int_fill(cache.scratch_token(), t - n)
         values += array.array("q", [s - 1 for s in starts[1:]]) + int_fill(0, pad)
         values += array.array("q", starts) + int_fill(n, pad)
-        values += prefill_schedule(lengths, self.block_m, self._blocks(t))
+        values += prefill_schedule(lengths, self.block_m[t], self._blocks(t))
         self.staging.copy(values, self.meta[: len(values)])
 
     def step(self, rids: list, lengths: list, tokens: torch.Tensor) -> torch.Tensor:
@@ -130,7 +141,7 @@ class PrefillGraphs:
         self._fill(rids, lengths, t)
         self.engine.in_vocab(tokens, out=self.tokens[:n])
         self.graphs[t].replay()
-        return self.out[: len(rids)].clone()
+        return self.engine._logits(self.hidden[: len(rids)])  # a fresh tensor
 
 
 def use_prefill_graphs(engine, variant) -> None:

@@ -16,6 +16,39 @@ from variants.staging import int_fill, int_range
 
 
 @triton.jit
+def scheduled_block(cu_ptr, sched_ptr, n_sched, SCHEDULED: tl.constexpr):
+    """This program's (prompt start, prompt length, q-block index). A fixed grid (CUDA graphs)
+    reads (prompt, q-block) from its table; a program beyond the call's q-blocks gets length 0.
+    Otherwise the grid is (q-blocks of the longest prompt, prompts, heads)."""
+    if SCHEDULED:
+        b = tl.load(sched_ptr + tl.program_id(0)).to(tl.int32)
+        m_block = tl.load(sched_ptr + n_sched + tl.program_id(0)).to(tl.int32)
+    else:
+        m_block = tl.program_id(0)
+        b = tl.program_id(1)
+    live = b >= 0
+    b = tl.maximum(b, 0)
+    seq_start = tl.load(cu_ptr + b).to(tl.int32)
+    seq_len = tl.where(live, tl.load(cu_ptr + b + 1).to(tl.int32) - seq_start, 0)
+    return seq_start, seq_len, m_block
+
+
+@triton.jit
+def online_softmax_step(s, pos, offs_m, n_mask, v, m_i, l_i, acc):
+    """One key tile of flash attention: causal mask, running max and sum, rescaled output.
+    `s` holds scores times log2(e) / sqrt(d), in float32."""
+    # Key 0 is visible to every row, so no row is all -inf and the update never sees NaN.
+    visible = (pos[None, :] <= offs_m[:, None]) & n_mask[None, :]
+    s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _varlen_prefill_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, sched_ptr, n_sched,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
@@ -24,16 +57,7 @@ def _varlen_prefill_kernel(
     BLOCK_D: tl.constexpr, SCHEDULED: tl.constexpr,
 ):  # fmt: skip
     h = tl.program_id(2)
-    if SCHEDULED:  # a fixed grid (CUDA graphs): program i takes (prompt, q-block) from a table
-        b = tl.load(sched_ptr + tl.program_id(0)).to(tl.int32)
-        if b < 0:  # beyond this call's q-blocks
-            return
-        m_block = tl.load(sched_ptr + n_sched + tl.program_id(0)).to(tl.int32)
-    else:
-        m_block = tl.program_id(0)
-        b = tl.program_id(1)
-    seq_start = tl.load(cu_ptr + b).to(tl.int32)
-    seq_len = tl.load(cu_ptr + b + 1).to(tl.int32) - seq_start
+    seq_start, seq_len, m_block = scheduled_block(cu_ptr, sched_ptr, n_sched, SCHEDULED)
     if m_block * BLOCK_M >= seq_len:  # the grid covers the longest prompt
         return
     kvh = h // GROUP
@@ -61,35 +85,40 @@ def _varlen_prefill_kernel(
         v = tl.load(v_ptr + keys[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
                     mask=kv_mask, other=0.0)  # fmt: skip
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale_log2
-        # Key 0 is visible to every row, so no row is all -inf and the update never sees NaN.
-        visible = (pos[None, :] <= offs_m[:, None]) & n_mask[None, :]
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_step(s, pos, offs_m, n_mask, v, m_i, l_i, acc)
 
     o = acc / l_i[:, None]
     tl.store(o_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
              o.to(o_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])  # fmt: skip
 
 
-def prefill_tiles(head_dim: int, capability: tuple = (0, 0)) -> tuple:
-    """(BLOCK_M, BLOCK_N, num_warps, BLOCK_D) for a head_dim on a GPU of that compute capability.
-    The default tiles compile for sm_86 with Triton 3.0 without register spills (ptxas -v) and
-    within the RTX 3090's 99 KB of shared memory (49 KB at d=256). Hopper (sm_90 and newer) has
-    228 KB a block and runs wider tiles much faster (docs/PERF.md, run 25): at d=192, 128 x 64
-    over 8 warps (4 x 2048 in 160 us against 554); at d=128, 64 x 64 over 4 warps (95 us against
-    179). The prefill graphs build their q-block schedule for the BLOCK_M returned here."""
+SHORT_TOKENS = 512  # up to this many packed tokens, 16-row q-blocks (Hopper; runs 60-61)
+WIDE_TOKENS = 4096  # past this many, 128-row q-blocks at head_dim > 128 (Hopper; run 61)
+
+
+def prefill_tiles(head_dim: int, capability: tuple = (0, 0), tokens: int | None = None) -> tuple:
+    """(BLOCK_M, BLOCK_N, num_warps, BLOCK_D) for a head_dim on a GPU of that compute
+    capability, for a call of `tokens` packed tokens (None: a long call).
+    The pre-Hopper tiles compile for sm_86 with Triton 3.0 without register spills (ptxas -v)
+    and within the RTX 3090's 99 KB of shared memory (49 KB at d=256); nothing else was
+    measured there. Hopper (sm_90 and newer, 228 KB a block) picks by the call's size, from
+    CUDA-graph sweeps on the H200 (docs/PERF.md, runs 60-62): a short call has too few q-blocks
+    to fill the GPU, and 16-row blocks are fastest (4 x 128 at d=192: 5.6 us against 10.2 for
+    128-row blocks); up to 4096 tokens 64 x 64 over 4 warps (1 x 2048: 62 us against 87); past
+    that, at d > 128, 128 x 64 over 8 warps (4 x 2048: 157 us against 186). The prefill graphs
+    build each bucket's q-block schedule with this call for the bucket's token count."""
     block_d = max(16, triton.next_power_of_2(head_dim))
-    hopper = tuple(capability) >= (9, 0)
-    if block_d <= 64 or (hopper and block_d <= 128):
+    if tuple(capability) >= (9, 0):
+        if tokens is not None and tokens <= SHORT_TOKENS:
+            return 16, 64, 4, block_d
+        if block_d <= 128 or (tokens is not None and tokens <= WIDE_TOKENS):
+            return 64, 64, 4, block_d
+        return 128, 64, 8, block_d
+    if block_d <= 64:
         return 64, 64, 4, block_d
     if block_d <= 128:
         return 64, 32, 8, block_d
-    return (128, 64, 8, block_d) if hopper else (32, 32, 8, block_d)
+    return 32, 32, 8, block_d
 
 
 def prefill_schedule(lengths: list, block_m: int, size: int) -> array.array:
@@ -119,9 +148,10 @@ def varlen_prefill_attention(
     """q [N, heads, d], k/v [N, kv_heads, d] packed prompts (views with unit last stride are
     fine); cu_seqlens [B+1] int32 prefix sums of the lengths. Returns [N, heads, d].
     `schedule` ([2, S] from `prefill_schedule`, on the device) fixes the grid at S programs per
-    head whatever the lengths, as a CUDA graph needs; max_seqlen is then unused. `tiles` =
-    (BLOCK_M, BLOCK_N, warps, stages) overrides `prefill_tiles` (not with a schedule, which is
-    built for its BLOCK_M on this device; scripts/tune_prefill_attention.py)."""
+    head whatever the lengths, as a CUDA graph needs; max_seqlen is then unused. The tiles
+    follow the packed token count (`prefill_tiles`): a graph's schedule is built for its
+    bucket. `tiles` = (BLOCK_M, BLOCK_N, warps, stages) overrides `prefill_tiles` (not with a
+    schedule, which is built for its BLOCK_M on this device; scripts/tune_prefill_attention.py)."""
     tokens, heads, d = q.shape
     kv_heads = k.shape[1]
     group = heads // kv_heads
@@ -129,7 +159,7 @@ def varlen_prefill_attention(
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     out = torch.empty(tokens, heads, d, device=q.device, dtype=q.dtype)
     assert tokens * max(q.stride(0), k.stride(0), v.stride(0)) < 2**31, "int32 row offsets"
-    block_m, block_n, warps, block_d = prefill_tiles(d, device_capability(q.device))
+    block_m, block_n, warps, block_d = prefill_tiles(d, device_capability(q.device), tokens)
     stages = 2
     if tiles is not None:
         assert schedule is None, "a schedule is built for prefill_tiles' BLOCK_M"

@@ -52,7 +52,20 @@ CASES = [
     ("slab-torch-stack", SlabKVCache, run_torch_stack, Variant(cache="slab", attention="triton")),
     ("paged16-triton-stack", PagedKVCache, run_triton_stack,
      Variant(cache="paged", block_size=16, attention="triton", layers="triton")),
+    ("paged16-triton-stack-hopper-tiles", PagedKVCache, run_triton_stack,
+     Variant(cache="paged", block_size=16, attention="triton", layers="triton")),
 ]  # fmt: skip
+
+
+def _fake_hopper_tiles(monkeypatch):
+    """The Hopper tile rule with its short-call threshold at 64 tokens: buckets 16-64 build
+    16-row q-block schedules and 128-256 64-row ones, side by side in one metadata buffer."""
+    import variants.execution.prefill_graphs as graphs_module
+    import variants.kernels.prefill_attention as attention_module
+
+    for module in (graphs_module, attention_module):
+        monkeypatch.setattr(module, "device_capability", lambda device: (9, 0))
+    monkeypatch.setattr(attention_module, "SHORT_TOKENS", 64)
 
 
 # Padding tokens attend to nothing: their rows hold whatever the output buffer held, which can
@@ -60,13 +73,17 @@ CASES = [
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 @pytest.mark.parametrize("name,cache_cls,stack,variant", CASES, ids=[c[0] for c in CASES])
 def test_bucketed_prefill_matches_reference_and_leaves_live_state(
-    name, cache_cls, stack, variant, tiny_config, sharp_weights
+    name, cache_cls, stack, variant, tiny_config, sharp_weights, monkeypatch
 ):
+    if name.endswith("hopper-tiles"):
+        _fake_hopper_tiles(monkeypatch)
     ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
     engine = assemble_engine(
         tiny_config, sharp_weights, "cpu", variant, cache_cls, TritonAttention, run_eager, stack
     )
     graphs = _emulated(engine, largest_tokens=256, most_prompts=3)
+    if name.endswith("hopper-tiles"):
+        assert graphs.block_m == {16: 16, 32: 16, 64: 16, 128: 64, 256: 64}
     gen = torch.Generator().manual_seed(11)
     vocab = tiny_config["vocab_size"]
     history: dict = {}
@@ -112,7 +129,7 @@ def test_returned_logits_are_a_copy(tiny_config, tiny_weights):
     kept = first.clone()
     engine.prefill([2], [torch.tensor([4, 5, 6, 7])])
     assert torch.equal(first, kept)
-    assert first.data_ptr() != graphs.out.data_ptr()
+    assert first.untyped_storage().data_ptr() != graphs.hidden.untyped_storage().data_ptr()
 
 
 def test_a_grown_pool_recaptures_only_the_bucket_in_use(tiny_config, tiny_weights):

@@ -49,7 +49,7 @@ def run_case(lengths, heads, kv_heads, d, dtype=torch.float32, device=DEVICE, se
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     schedule = None
     if schedule_size:
-        block_m = prefill_tiles(d, device_capability(torch.device(device)))[0]
+        block_m = prefill_tiles(d, device_capability(torch.device(device)), tokens)[0]
         table = prefill_schedule(lengths, block_m, schedule_size)
         schedule = torch.tensor(table, device=device).view(2, schedule_size)
     got = varlen_prefill_attention(
@@ -85,14 +85,35 @@ def test_tiles_follow_head_dim_and_capability():
     assert prefill_tiles(192, (9, 0)) == prefill_tiles(256, (10, 0)) == (128, 64, 8, 256)
 
 
-def test_hopper_tiles_run_the_schedule_built_for_them(monkeypatch):
-    """On sm_90 the launcher picks 128-row q-blocks at d > 128: a schedule built with the same
-    call covers every row (one built for 32-row blocks would leave rows 32-127 unwritten)."""
+def test_hopper_tiles_follow_the_call_size():
+    """Short calls take 16-row q-blocks, mid-size ones 64 x 64, long ones at d > 128 128 x 64;
+    before Hopper the size changes nothing."""
+    hopper = (9, 0)
+    assert prefill_tiles(192, hopper, 512) == (16, 64, 4, 256)
+    assert prefill_tiles(64, hopper, 16) == (16, 64, 4, 64)
+    assert prefill_tiles(192, hopper, 513) == prefill_tiles(192, hopper, 4096) == (64, 64, 4, 256)
+    assert prefill_tiles(192, hopper, 4097) == (128, 64, 8, 256)
+    assert prefill_tiles(128, hopper, 8192) == (64, 64, 4, 128)
+    assert prefill_tiles(192, (8, 6), 64) == prefill_tiles(192, (8, 6)) == (32, 32, 8, 256)
+
+
+@pytest.mark.parametrize(
+    "short,wide,block_m,size", [(512, 4096, 16, 17), (0, 4096, 64, 8), (0, 100, 128, 6)]
+)
+def test_hopper_tiles_run_the_schedule_built_for_them(monkeypatch, short, wide, block_m, size):
+    """On sm_90 the launcher picks the q-block rows by the call's size (16, 64 or 128 here, the
+    thresholds moved so 209 tokens fall in each range): a schedule built with the same call
+    covers every row (one built for other blocks would leave rows unwritten or run twice)."""
     import variants.kernels.prefill_attention as module
 
     monkeypatch.setattr(module, "device_capability", lambda device: (9, 0))
     monkeypatch.setattr(sys.modules[__name__], "device_capability", lambda device: (9, 0))
-    run_case([1, 70, 5, 130], 2, 1, 160, padding=3, schedule_size=6)
+    monkeypatch.setattr(module, "SHORT_TOKENS", short)
+    monkeypatch.setattr(module, "WIDE_TOKENS", wide)
+    assert prefill_tiles(160, (9, 0), 209)[0] == block_m
+    # the q-blocks of 1 + 70 + 5 + 130 rows in blocks of block_m, and one unused program
+    assert sum(-(-n // block_m) for n in (1, 70, 5, 130)) == size - 1
+    run_case([1, 70, 5, 130], 2, 1, 160, padding=3, schedule_size=size)
 
 
 def test_single_prompt_gqa_group_3():
