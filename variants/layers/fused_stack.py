@@ -9,8 +9,10 @@ norm statistics in one round trip and the down projection's own tiles (run 43).
 
 Past one 16-row tile the fused layers lose to cuBLAS, which reuses each weight tile better (at
 64 rows on the H200: 14.2 us against 8.0 for norm + QKV + RoPE, 14.6 against 8.0 for the MLP's
-first half), so those calls and prefill run the Triton stack. Needs CUDA, Triton >= 3.0,
-fp16/bf16, a slab or paged pool and the fused QKV and gate-up weights."""
+first half), so those calls and prefill run the Triton stack. With PDL and the L2 prefetch
+(fused-pdl) they still win at 32 rows, so that stack keeps up to two tiles (PDL_MAX_ROWS).
+Needs CUDA, Triton >= 3.0, fp16/bf16, a slab or paged pool and the fused QKV and gate-up
+weights."""
 
 import torch
 
@@ -21,11 +23,15 @@ from variants.kernels.norm_swiglu import norm_swiglu
 from variants.layers.triton_stack import run_triton_stack
 
 FUSED_MAX_ROWS = 16  # decode steps up to one 16-row tile run the fused layers
+# With PDL and the L2 prefetch the fused layers also win at two 16-row tiles (H200, run 65:
+# 32 x 300 in 676 us against 701 on the Triton stack, 32 x 1000 1161 against 1238), not at 64
+# rows (64 x 256: 993 against 861).
+PDL_MAX_ROWS = 32
 HEAD_MAX_ROWS = 64  # the fused head wins up to 64 rows (11.9 us against 21.6 at 64, H200)
 
 
 def run_fused_stack(engine, tokens, positions, plan, batch, pdl: bool = False):
-    if batch is not None or tokens.shape[0] > FUSED_MAX_ROWS:
+    if batch is not None or tokens.shape[0] > (PDL_MAX_ROWS if pdl else FUSED_MAX_ROWS):
         return run_triton_stack(engine, tokens, positions, plan, batch)
     spec, cache = engine.spec, engine.cache
     heads, d, eps = spec.num_heads, spec.head_dim, spec.rms_norm_eps
@@ -50,8 +56,8 @@ def run_fused_stack(engine, tokens, positions, plan, batch, pdl: bool = False):
 
 def run_fused_pdl_stack(engine, tokens, positions, plan, batch):
     """The fused layers, each kernel launched with programmatic dependent launch: it starts
-    while the kernel before runs and prefetches its weights into L2 (kernels/pdl.py). Hopper
-    and newer, with the Triton attention."""
+    while the kernel before runs and prefetches its weights into L2 (kernels/pdl.py), for
+    decode steps of up to PDL_MAX_ROWS rows. Hopper and newer, with the Triton attention."""
     return run_fused_stack(engine, tokens, positions, plan, batch, pdl=True)
 
 

@@ -64,8 +64,8 @@ def reference_gap(tiny_config, sharp_weights):
 
 def _graphed_engine_gap(layers: str, cache: str, tmp_path) -> None:
     """The public config in float16 with real CUDA graphs, `layers` for the decoder stack:
-    65 requests (one of 1500 tokens, the rest 5-197), decode at batches 1, 8, 16, 64 and 65
-    (past the largest bucket: eager), up to 8 rows a step checked against the reference."""
+    65 requests (one of 1500 tokens, the rest 5-197), decode at batches 1, 8, 16, 32, 64 and
+    65 (past the largest bucket: eager), up to 8 rows a step checked against the reference."""
     import json
     from pathlib import Path
 
@@ -88,7 +88,7 @@ def _graphed_engine_gap(layers: str, cache: str, tmp_path) -> None:
         prompt = torch.randint(0, config["vocab_size"], (length,), generator=gen)
         engine.prefill([rid], [prompt.cuda()])
         history[rid] = prompt.tolist()
-    for batch in (1, 8, 16, 64, 65):
+    for batch in (1, 8, 16, 32, 64, 65):
         ids = list(range(batch))
         tokens = torch.randint(0, config["vocab_size"], (batch,), generator=gen)
         out = engine.decode(ids, tokens.cuda())

@@ -65,10 +65,11 @@ def test_routes_by_rows(tiny_config, sharp_weights, reference_gap, monkeypatch, 
 @pytest.mark.parametrize("cache", ["slab", "paged"])
 def test_gpu_graphed_fused_engine_matches_the_reference(layers, cache, tmp_path,
                                                         graphed_engine_gap):  # fmt: skip
-    """The public config in float16 with real CUDA graphs: decode at batches 1 and 8 (the fused
-    layers inside the graphs), 64 (the Triton stack and the fused head inside the graphs) and
-    65 (past the largest bucket: eager, the Triton stack and the torch head). fused-pdl: every
-    fused kernel launched with programmatic dependent launch (Hopper only)."""
+    """The public config in float16 with real CUDA graphs: decode at batches 1, 8 and 16 (the
+    fused layers inside the graphs), 32 (fused-pdl's layers, the Triton stack for fused), 64
+    (the Triton stack and the fused head inside the graphs) and 65 (past the largest bucket:
+    eager, the Triton stack and the torch head). fused-pdl: every fused kernel launched with
+    programmatic dependent launch (Hopper only)."""
     if layers == "fused-pdl":
         from variants.kernels.pdl import pdl_supported
 
@@ -77,10 +78,9 @@ def test_gpu_graphed_fused_engine_matches_the_reference(layers, cache, tmp_path,
     graphed_engine_gap(layers, cache, tmp_path)
 
 
-def test_pdl_stack_asks_every_fused_kernel_for_pdl(tiny_config, sharp_weights, reference_gap,
-                                                   monkeypatch):  # fmt: skip
-    """fused-pdl's step and head launch each fused kernel with pdl=True (here each is run
-    plain: the CPU has no PDL), and the engine still matches the reference."""
+def _plain_pdl_engine(tiny_config, sharp_weights, monkeypatch) -> tuple:
+    """A fused-pdl engine whose kernels run plain (the CPU has no PDL), and the list of
+    (kernel, pdl asked) of every fused launch."""
     from variants.attention import triton_attention
 
     asked = []
@@ -103,7 +103,29 @@ def test_pdl_stack_asks_every_fused_kernel_for_pdl(tiny_config, sharp_weights, r
         head=fused_stack.fused_pdl_head,
     )  # fmt: skip
     asked.clear()
+    return engine, asked
+
+
+def test_pdl_stack_asks_every_fused_kernel_for_pdl(tiny_config, sharp_weights, reference_gap,
+                                                   monkeypatch):  # fmt: skip
+    """fused-pdl's step and head launch each fused kernel with pdl=True (here each is run
+    plain: the CPU has no PDL), and the engine still matches the reference."""
+    engine, asked = _plain_pdl_engine(tiny_config, sharp_weights, monkeypatch)
     assert reference_gap(engine) < 1e-4
     kernels = {name for name, _ in asked}
     assert kernels == {"few_row_linear", "norm_qkv_rope", "norm_swiglu", "paged_decode_attention"}
     assert {on for _, on in asked} == {True}
+
+
+@pytest.mark.parametrize("limit,triton_calls", [(32, 1), (3, 3)])
+def test_pdl_stack_routes_by_its_own_limit(
+    tiny_config, sharp_weights, reference_gap, monkeypatch, count_calls, limit, triton_calls
+):
+    """fused-pdl keeps decode steps of up to PDL_MAX_ROWS rows (32: the scenario's steps of 3,
+    4, 1 and 4 rows; 3: not the 4-row ones) on the fused layers, whatever FUSED_MAX_ROWS."""
+    monkeypatch.setattr(fused_stack, "FUSED_MAX_ROWS", 1)
+    monkeypatch.setattr(fused_stack, "PDL_MAX_ROWS", limit)
+    engine, _ = _plain_pdl_engine(tiny_config, sharp_weights, monkeypatch)
+    calls = count_calls(fused_stack, ["run_triton_stack"])
+    assert reference_gap(engine) < 1e-4
+    assert calls == {"run_triton_stack": triton_calls}  # the prefill, and the steps past it
