@@ -1,6 +1,7 @@
-"""Compile our decode-step Triton kernels for a GPU this machine does not have, and report what
-ptxas says of each: registers a thread, spill bytes, shared memory. Needs no GPU, only a Triton
-with its NVIDIA backend (ptxas ships in the wheel), and TRITON_INTERPRET unset.
+"""Compile our decode-step Triton kernels and the prefill attention for a GPU this machine does
+not have, and report what ptxas says of each: registers a thread, spill bytes, shared memory.
+Needs no GPU, only a Triton with its NVIDIA backend (ptxas ships in the wheel), and
+TRITON_INTERPRET unset.
 
 The users' RTX 3090 (sm_86) with Triton 3.0 is the oldest stack the kernels claim. Run this
 under that Triton (`pip install triton==3.0.0` in a venv) to check that the kernels still
@@ -32,6 +33,7 @@ from variants.kernels.decode_layer import DecodeLayers, _decode_layer_kernel  # 
 from variants.kernels.few_row_linear import _few_row_linear_kernel  # noqa: E402
 from variants.kernels.norm_qkv_rope import _norm_qkv_rope_kernel  # noqa: E402
 from variants.kernels.norm_swiglu import _norm_swiglu_kernel  # noqa: E402
+from variants.kernels.prefill_attention import _varlen_prefill_kernel, prefill_tiles  # noqa: E402
 from variants.kernels.row_dot import few_row_tiles, norm_chunks  # noqa: E402
 from variants.kernels.split_k import LONG_K_TILES, default_split_k, host_cdiv  # noqa: E402
 from variants.spec import ModelSpec  # noqa: E402
@@ -100,11 +102,12 @@ def pdl_order(ptx: str) -> dict:
             "stores_before_wait": count(r"\bst\.global|\batom\.|\bred\.")}  # fmt: skip
 
 
-def cases(sms: int, pdl: bool = False) -> list:
+def cases(sms: int, pdl: bool = False, arch: int = 86) -> list:
     """(name, kernel, types, constexprs, warps, stages) at 8 rows of the public model, with the
     tiles the launchers pick and each split count they can run; `pdl`: the programmatic
-    dependent launch build (the wait, and the weight prefetch before it)."""
-    found = []
+    dependent launch build (the wait, and the weight prefetch before it). Also the prefill
+    attention with each tile its launcher picks on a GPU of compute capability `arch`."""
+    found = prefill_cases(arch)
     names = ("M", "N", "K", "INTER", "split_len", "block_size", "split_tokens")
     scalars = dict.fromkeys(names, "i32")
     strides = "i32"
@@ -166,6 +169,18 @@ def cases(sms: int, pdl: bool = False) -> list:
     return found
 
 
+def prefill_cases(arch: int) -> list:
+    """The scheduled prefill attention (as the prefill graphs run it) at head_dim 192, with the
+    tile of a short, a mid-size and a long call (one tile before Hopper)."""
+    types = dict(q_ptr=F16, k_ptr=F16, v_ptr=F16, o_ptr=F16, cu_ptr="*i32", sched_ptr=I64,
+                 n_sched="i32", qk_scale_log2="fp32")  # fmt: skip
+    types.update({n: "i32" for n in _varlen_prefill_kernel.arg_names if n.startswith("stride_")})
+    tiles = {prefill_tiles(192, divmod(arch, 10), tokens) for tokens in (512, 4096, 8192)}
+    return [("prefill_attention", _varlen_prefill_kernel, types,
+             dict(GROUP=1, HEAD_DIM=192, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, SCHEDULED=True),
+             warps, 2) for bm, bn, warps, bd in sorted(tiles)]  # fmt: skip
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--arch", type=int, default=86, help="compute capability, e.g. 86 or 90")
@@ -177,8 +192,9 @@ def main() -> int:
     )
     p.add_argument("--json", default=None)
     args = p.parse_args()
+    found = cases(args.sms, args.pdl, args.arch)
     rows = [check(name, fn, types, consts, warps, stages, args.arch)
-            for name, fn, types, consts, warps, stages in cases(args.sms, args.pdl)]  # fmt: skip
+            for name, fn, types, consts, warps, stages in found]  # fmt: skip
     for row in rows:
         print(json.dumps(row), flush=True)
     meta = {"triton": triton.__version__, "arch": args.arch, "sms": args.sms, "pdl": args.pdl}

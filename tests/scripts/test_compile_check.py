@@ -1,5 +1,6 @@
-"""scripts/compile_check.py: the decode-step kernels compile for an RTX 3090 (sm_86) without a
-GPU, with the launchers' tiles, and ptxas reports no spills and shared memory within a block."""
+"""scripts/compile_check.py: the decode-step kernels and the prefill attention compile for an RTX
+3090 (sm_86) without a GPU, with the launchers' tiles, and ptxas reports no spills and shared
+memory within a block."""
 
 import json
 import os
@@ -25,8 +26,12 @@ def test_decode_kernels_compile_for_sm86_without_spills(tmp_path):
     assert out.exists(), run.stderr[-2000:]
     rows = json.loads(out.read_text())["results"]
     assert {r["kernel"] for r in rows} == {
-        "few_row_linear", "norm_swiglu", "norm_qkv_rope", "decode_attention", "decode_layer"
+        "few_row_linear", "norm_swiglu", "norm_qkv_rope", "decode_attention", "decode_layer",
+        "prefill_attention",
     }  # fmt: skip
+    # before Hopper one prefill tile, whatever the call's size: 32 x 32 over 8 warps
+    prefill = [r for r in rows if r["kernel"] == "prefill_attention"]
+    assert [(r["BLOCK_M"], r["BLOCK_N"], r["warps"]) for r in prefill] == [(32, 32, 8)]
     assert [r for r in rows if r["spill_bytes"]] == []
     assert all(0 < r["registers"] <= 255 and r["shared_bytes"] <= RTX_3090_SHARED for r in rows)
     # the down projection on 82 SMs: 24 tiles of 32 columns, 7 splits (two programs an SM)
@@ -49,7 +54,9 @@ def test_the_pdl_build_waits_before_it_reads_an_earlier_kernel(tmp_path):
         env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert out.exists(), run.stderr[-2000:]
-    rows = [r for r in json.loads(out.read_text())["results"] if r["kernel"] != "decode_layer"]
+    results = json.loads(out.read_text())["results"]
+    no_pdl = ("decode_layer", "prefill_attention")  # kernels without a PDL build
+    rows = [r for r in results if r["kernel"] not in no_pdl]
     assert len(rows) == 8 and all(r["pdl_wait"] and r["stores_before_wait"] == 0 for r in rows)
     loads = {r["kernel"]: r["loads_before_wait"] for r in rows}
     assert loads == {"few_row_linear": 0, "norm_swiglu": 0, "norm_qkv_rope": 0,
