@@ -33,7 +33,11 @@ from variants.kernels.decode_layer import DecodeLayers, _decode_layer_kernel  # 
 from variants.kernels.few_row_linear import _few_row_linear_kernel  # noqa: E402
 from variants.kernels.norm_qkv_rope import _norm_qkv_rope_kernel  # noqa: E402
 from variants.kernels.norm_swiglu import _norm_swiglu_kernel  # noqa: E402
-from variants.kernels.prefill_attention import _varlen_prefill_kernel, prefill_tiles  # noqa: E402
+from variants.kernels.prefill_attention import (  # noqa: E402
+    _varlen_prefill_kernel,
+    head_parts,
+    prefill_tiles,
+)
 from variants.kernels.row_dot import few_row_tiles, norm_chunks  # noqa: E402
 from variants.kernels.split_k import LONG_K_TILES, default_split_k, host_cdiv  # noqa: E402
 from variants.spec import ModelSpec  # noqa: E402
@@ -176,9 +180,10 @@ def prefill_cases(arch: int) -> list:
                  n_sched="i32", qk_scale_log2="fp32")  # fmt: skip
     types.update({n: "i32" for n in _varlen_prefill_kernel.arg_names if n.startswith("stride_")})
     tiles = {prefill_tiles(192, divmod(arch, 10), tokens) for tokens in (512, 4096, 8192)}
+    da, db = head_parts(192)
     return [("prefill_attention", _varlen_prefill_kernel, types,
-             dict(GROUP=1, HEAD_DIM=192, BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=bd, SCHEDULED=True),
-             warps, 2) for bm, bn, warps, bd in sorted(tiles)]  # fmt: skip
+             dict(GROUP=1, HEAD_DIM=192, BLOCK_M=bm, BLOCK_N=bn, BLOCK_DA=da, BLOCK_DB=db,
+                  SCHEDULED=True), warps, 2) for bm, bn, warps in sorted(tiles)]  # fmt: skip
 
 
 def main() -> int:

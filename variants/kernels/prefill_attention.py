@@ -1,8 +1,9 @@
 """Varlen causal prefill attention (flash-attention style) over packed prompts, no padding.
 
 Wins over padded SDPA on ragged prompt batches (no pad/unpad copies, no work on padding) and
-where SDPA's flash kernel lacks the head_dim. Needs Triton >= 3.0 and an even head_dim <= 256
-(padded to a power of two with masks); GQA by index, K/V are never expanded."""
+where SDPA's flash kernel lacks the head_dim. Needs Triton >= 3.0 and an even head_dim <= 256,
+held in two power-of-two parts (192 = 128 + 64; the second padded with masks where needed);
+GQA by index, K/V are never expanded."""
 
 import array
 import math
@@ -34,18 +35,36 @@ def scheduled_block(cu_ptr, sched_ptr, n_sched, SCHEDULED: tl.constexpr):
 
 
 @triton.jit
-def online_softmax_step(s, pos, offs_m, n_mask, v, m_i, l_i, acc):
-    """One key tile of flash attention: causal mask, running max and sum, rescaled output.
-    `s` holds scores times log2(e) / sqrt(d), in float32."""
+def softmax_weights(s, pos, offs_m, n_mask, m_i, l_i):
+    """One key tile of flash attention: the causal mask, the running max and sum. Returns the
+    tile's probabilities (unnormalised), the factor that rescales the output so far, and the new
+    max and sum. `s` holds scores times log2(e) / sqrt(d), in float32."""
     # Key 0 is visible to every row, so no row is all -inf and the update never sees NaN.
     visible = (pos[None, :] <= offs_m[:, None]) & n_mask[None, :]
     s = tl.where(visible, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-    return m_new, l_i, acc
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, axis=1)
+
+
+@triton.jit
+def head_part(ptr, rows, stride_t, head_offset, row_mask, FIRST: tl.constexpr,
+              WIDTH: tl.constexpr, HEAD_DIM: tl.constexpr):  # fmt: skip
+    """Dimensions [FIRST, FIRST + WIDTH) of one head for `rows`, zero past HEAD_DIM."""
+    offs = FIRST + tl.arange(0, WIDTH)
+    mask = row_mask[:, None] & (offs < HEAD_DIM)[None, :]
+    return tl.load(ptr + rows[:, None] * stride_t + head_offset + offs[None, :], mask=mask,
+                   other=0.0)  # fmt: skip
+
+
+@triton.jit
+def _store_part(o_ptr, part, rows, stride_ot, head_offset, row_mask, FIRST: tl.constexpr,
+                WIDTH: tl.constexpr, HEAD_DIM: tl.constexpr):  # fmt: skip
+    offs = FIRST + tl.arange(0, WIDTH)
+    mask = row_mask[:, None] & (offs < HEAD_DIM)[None, :]
+    tl.store(o_ptr + rows[:, None] * stride_ot + head_offset + offs[None, :],
+             part.to(o_ptr.dtype.element_ty), mask=mask)  # fmt: skip
 
 
 @triton.jit
@@ -54,8 +73,10 @@ def _varlen_prefill_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
     qk_scale_log2,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, SCHEDULED: tl.constexpr,
+    BLOCK_DA: tl.constexpr, BLOCK_DB: tl.constexpr, SCHEDULED: tl.constexpr,
 ):  # fmt: skip
+    # A head's dimensions in two power-of-two parts, [0, DA) and [DA, DA + DB) (DB = 0: one):
+    # 192 is 128 + 64, with no padding to 256 to hold in registers and multiply.
     h = tl.program_id(2)
     seq_start, seq_len, m_block = scheduled_block(cu_ptr, sched_ptr, n_sched, SCHEDULED)
     if m_block * BLOCK_M >= seq_len:  # the grid covers the longest prompt
@@ -64,32 +85,52 @@ def _varlen_prefill_kernel(
 
     offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
     m_mask = offs_m < seq_len
-    d_mask = offs_d < HEAD_DIM
     rows = seq_start + offs_m  # int32 offsets: fewer registers than int64 (the launcher checks)
-    q = tl.load(q_ptr + rows[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
-                mask=m_mask[:, None] & d_mask[None, :], other=0.0)  # fmt: skip
+    q_a = head_part(q_ptr, rows, stride_qt, h * stride_qh, m_mask, 0, BLOCK_DA, HEAD_DIM)
+    if BLOCK_DB > 0:
+        q_b = head_part(q_ptr, rows, stride_qt, h * stride_qh, m_mask, BLOCK_DA, BLOCK_DB,
+                        HEAD_DIM)  # fmt: skip
+        acc_b = tl.zeros([BLOCK_M, BLOCK_DB], tl.float32)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    acc_a = tl.zeros([BLOCK_M, BLOCK_DA], tl.float32)
     end = tl.minimum((m_block + 1) * BLOCK_M, seq_len)  # causal: no key past the block's last
     for n0 in range(0, end, BLOCK_N):
         pos = n0 + offs_n
         n_mask = pos < end
         keys = seq_start + pos
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_ptr + keys[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :],
-                    mask=kv_mask, other=0.0)  # fmt: skip
-        v = tl.load(v_ptr + keys[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
-                    mask=kv_mask, other=0.0)  # fmt: skip
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale_log2
-        m_i, l_i, acc = online_softmax_step(s, pos, offs_m, n_mask, v, m_i, l_i, acc)
+        k_off, v_off = kvh * stride_kh, kvh * stride_vh
+        k_a = head_part(k_ptr, keys, stride_kt, k_off, n_mask, 0, BLOCK_DA, HEAD_DIM)
+        v_a = head_part(v_ptr, keys, stride_vt, v_off, n_mask, 0, BLOCK_DA, HEAD_DIM)
+        s = tl.dot(q_a, tl.trans(k_a), input_precision="ieee")
+        if BLOCK_DB > 0:
+            k_b = head_part(k_ptr, keys, stride_kt, k_off, n_mask, BLOCK_DA, BLOCK_DB, HEAD_DIM)
+            v_b = head_part(v_ptr, keys, stride_vt, v_off, n_mask, BLOCK_DA, BLOCK_DB, HEAD_DIM)
+            s = tl.dot(q_b, tl.trans(k_b), s, input_precision="ieee")
+        p, alpha, m_i, l_i = softmax_weights(s * qk_scale_log2, pos, offs_m, n_mask, m_i, l_i)
+        p = p.to(v_a.dtype)
+        acc_a = acc_a * alpha[:, None] + tl.dot(p, v_a, input_precision="ieee")
+        if BLOCK_DB > 0:
+            acc_b = acc_b * alpha[:, None] + tl.dot(p, v_b, input_precision="ieee")
 
-    o = acc / l_i[:, None]
-    tl.store(o_ptr + rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
-             o.to(o_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])  # fmt: skip
+    o_off = h * stride_oh
+    _store_part(o_ptr, acc_a / l_i[:, None], rows, stride_ot, o_off, m_mask, 0, BLOCK_DA,
+                HEAD_DIM)  # fmt: skip
+    if BLOCK_DB > 0:
+        _store_part(o_ptr, acc_b / l_i[:, None], rows, stride_ot, o_off, m_mask, BLOCK_DA,
+                    BLOCK_DB, HEAD_DIM)  # fmt: skip
+
+
+def head_parts(head_dim: int) -> tuple:
+    """(DA, DB): a head_dim as a power of two and the rest padded to one (0 when none), each at
+    least 16 (tl.dot's smallest): 192 -> (128, 64), 128 -> (128, 0), 24 -> (16, 16)."""
+    if head_dim <= 16:
+        return 16, 0
+    first = 1 << (head_dim.bit_length() - 1)
+    rest = head_dim - first
+    return first, (max(16, triton.next_power_of_2(rest)) if rest else 0)
 
 
 SHORT_TOKENS = 512  # up to this many packed tokens, 16-row q-blocks (Hopper; runs 60-61)
@@ -97,28 +138,26 @@ WIDE_TOKENS = 4096  # past this many, 128-row q-blocks at head_dim > 128 (Hopper
 
 
 def prefill_tiles(head_dim: int, capability: tuple = (0, 0), tokens: int | None = None) -> tuple:
-    """(BLOCK_M, BLOCK_N, num_warps, BLOCK_D) for a head_dim on a GPU of that compute
-    capability, for a call of `tokens` packed tokens (None: a long call).
+    """(BLOCK_M, BLOCK_N, num_warps) for a head_dim on a GPU of that compute capability, for a
+    call of `tokens` packed tokens (None: a long call).
     The pre-Hopper tiles compile for sm_86 with Triton 3.0 without register spills (ptxas -v)
-    and within the RTX 3090's 99 KB of shared memory (49 KB at d=256); nothing else was
+    and within the RTX 3090's 99 KB of shared memory (28 KB at d=192); nothing else was
     measured there. Hopper (sm_90 and newer, 228 KB a block) picks by the call's size, from
     CUDA-graph sweeps on the H200 (docs/PERF.md, runs 60-62): a short call has too few q-blocks
     to fill the GPU, and 16-row blocks are fastest (4 x 128 at d=192: 5.6 us against 10.2 for
     128-row blocks); up to 4096 tokens 64 x 64 over 4 warps (1 x 2048: 62 us against 87); past
     that, at d > 128, 128 x 64 over 8 warps (4 x 2048: 157 us against 186). The prefill graphs
     build each bucket's q-block schedule with this call for the bucket's token count."""
-    block_d = max(16, triton.next_power_of_2(head_dim))
+    wide = head_dim > 128
     if tuple(capability) >= (9, 0):
         if tokens is not None and tokens <= SHORT_TOKENS:
-            return 16, 64, 4, block_d
-        if block_d <= 128 or (tokens is not None and tokens <= WIDE_TOKENS):
-            return 64, 64, 4, block_d
-        return 128, 64, 8, block_d
-    if block_d <= 64:
-        return 64, 64, 4, block_d
-    if block_d <= 128:
-        return 64, 32, 8, block_d
-    return 32, 32, 8, block_d
+            return 16, 64, 4
+        if not wide or (tokens is not None and tokens <= WIDE_TOKENS):
+            return 64, 64, 4
+        return 128, 64, 8
+    if head_dim <= 64:
+        return 64, 64, 4
+    return (32, 32, 8) if wide else (64, 32, 8)
 
 
 def prefill_schedule(lengths: list, block_m: int, size: int) -> array.array:
@@ -159,8 +198,8 @@ def varlen_prefill_attention(
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     out = torch.empty(tokens, heads, d, device=q.device, dtype=q.dtype)
     assert tokens * max(q.stride(0), k.stride(0), v.stride(0)) < 2**31, "int32 row offsets"
-    block_m, block_n, warps, block_d = prefill_tiles(d, device_capability(q.device), tokens)
-    stages = 2
+    block_m, block_n, warps = prefill_tiles(d, device_capability(q.device), tokens)
+    parts, stages = head_parts(d), 2
     if tiles is not None:
         assert schedule is None, "a schedule is built for prefill_tiles' BLOCK_M"
         block_m, block_n, warps, stages = tiles
@@ -174,7 +213,7 @@ def varlen_prefill_attention(
         q, k, v, out, cu_seqlens, sched, n_sched,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1), scale * math.log2(math.e),
-        GROUP=group, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        SCHEDULED=schedule is not None, num_warps=warps, num_stages=stages,
+        GROUP=group, HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_DA=parts[0],
+        BLOCK_DB=parts[1], SCHEDULED=schedule is not None, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out

@@ -10,6 +10,7 @@ pytest.importorskip("triton", reason="triton is not installed")
 
 from variants.kernels.device import device_capability  # noqa: E402
 from variants.kernels.prefill_attention import (  # noqa: E402
+    head_parts,
     prefill_schedule,
     prefill_tiles,
     varlen_prefill_attention,
@@ -77,24 +78,32 @@ def test_tile_override_refuses_a_schedule():
         run_case([5], 2, 2, 24, schedule_size=4, tiles=(16, 16, 4, 2))
 
 
+def test_head_parts_are_powers_of_two_of_at_least_16():
+    assert head_parts(192) == (128, 64)
+    assert head_parts(128) == (128, 0)
+    assert head_parts(160) == (128, 32)
+    assert head_parts(24) == (16, 16)  # the second part masked past 8
+    assert head_parts(8) == (16, 0)
+
+
 def test_tiles_follow_head_dim_and_capability():
-    assert prefill_tiles(48) == (64, 64, 4, 64)
-    assert prefill_tiles(128) == (64, 32, 8, 128)
-    assert prefill_tiles(128, (9, 0)) == (64, 64, 4, 128)
-    assert prefill_tiles(192) == prefill_tiles(192, (8, 6)) == (32, 32, 8, 256)
-    assert prefill_tiles(192, (9, 0)) == prefill_tiles(256, (10, 0)) == (128, 64, 8, 256)
+    assert prefill_tiles(48) == (64, 64, 4)
+    assert prefill_tiles(128) == (64, 32, 8)
+    assert prefill_tiles(128, (9, 0)) == (64, 64, 4)
+    assert prefill_tiles(192) == prefill_tiles(192, (8, 6)) == (32, 32, 8)
+    assert prefill_tiles(192, (9, 0)) == prefill_tiles(256, (10, 0)) == (128, 64, 8)
 
 
 def test_hopper_tiles_follow_the_call_size():
     """Short calls take 16-row q-blocks, mid-size ones 64 x 64, long ones at d > 128 128 x 64;
     before Hopper the size changes nothing."""
     hopper = (9, 0)
-    assert prefill_tiles(192, hopper, 512) == (16, 64, 4, 256)
-    assert prefill_tiles(64, hopper, 16) == (16, 64, 4, 64)
-    assert prefill_tiles(192, hopper, 513) == prefill_tiles(192, hopper, 4096) == (64, 64, 4, 256)
-    assert prefill_tiles(192, hopper, 4097) == (128, 64, 8, 256)
-    assert prefill_tiles(128, hopper, 8192) == (64, 64, 4, 128)
-    assert prefill_tiles(192, (8, 6), 64) == prefill_tiles(192, (8, 6)) == (32, 32, 8, 256)
+    assert prefill_tiles(192, hopper, 512) == (16, 64, 4)
+    assert prefill_tiles(64, hopper, 16) == (16, 64, 4)
+    assert prefill_tiles(192, hopper, 513) == prefill_tiles(192, hopper, 4096) == (64, 64, 4)
+    assert prefill_tiles(192, hopper, 4097) == (128, 64, 8)
+    assert prefill_tiles(128, hopper, 8192) == (64, 64, 4)
+    assert prefill_tiles(192, (8, 6), 64) == prefill_tiles(192, (8, 6)) == (32, 32, 8)
 
 
 @pytest.mark.parametrize(
