@@ -52,20 +52,7 @@ CASES = [
     ("slab-torch-stack", SlabKVCache, run_torch_stack, Variant(cache="slab", attention="triton")),
     ("paged16-triton-stack", PagedKVCache, run_triton_stack,
      Variant(cache="paged", block_size=16, attention="triton", layers="triton")),
-    ("paged16-triton-stack-hopper-tiles", PagedKVCache, run_triton_stack,
-     Variant(cache="paged", block_size=16, attention="triton", layers="triton")),
 ]  # fmt: skip
-
-
-def _fake_hopper_tiles(monkeypatch):
-    """The Hopper tile rule with its short-call threshold at 64 tokens: buckets 16-64 build
-    16-row q-block schedules and 128-256 64-row ones, side by side in one metadata buffer."""
-    import variants.execution.prefill_graphs as graphs_module
-    import variants.kernels.prefill_attention as attention_module
-
-    for module in (graphs_module, attention_module):
-        monkeypatch.setattr(module, "device_capability", lambda device: (9, 0))
-    monkeypatch.setattr(attention_module, "SHORT_TOKENS", 64)
 
 
 # Padding tokens attend to nothing: their rows hold whatever the output buffer held, which can
@@ -73,17 +60,13 @@ def _fake_hopper_tiles(monkeypatch):
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 @pytest.mark.parametrize("name,cache_cls,stack,variant", CASES, ids=[c[0] for c in CASES])
 def test_bucketed_prefill_matches_reference_and_leaves_live_state(
-    name, cache_cls, stack, variant, tiny_config, sharp_weights, monkeypatch
+    name, cache_cls, stack, variant, tiny_config, sharp_weights
 ):
-    if name.endswith("hopper-tiles"):
-        _fake_hopper_tiles(monkeypatch)
     ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
     engine = assemble_engine(
         tiny_config, sharp_weights, "cpu", variant, cache_cls, TritonAttention, run_eager, stack
     )
     graphs = _emulated(engine, largest_tokens=256, most_prompts=3)
-    if name.endswith("hopper-tiles"):
-        assert graphs.block_m == {16: 16, 32: 16, 64: 16, 128: 64, 256: 64}
     gen = torch.Generator().manual_seed(11)
     vocab = tiny_config["vocab_size"]
     history: dict = {}
@@ -117,6 +100,36 @@ def test_bucketed_prefill_matches_reference_and_leaves_live_state(
     # all buckets at set-up; later only the buckets in use again after a pool growth
     assert graphs.captured[:5] == [256, 128, 64, 32, 16]
     assert len(graphs.captured) == 5 or engine.cache.generation > 0
+
+
+def test_hopper_buckets_build_schedules_for_their_own_tiles(
+    tiny_config, sharp_weights, monkeypatch
+):
+    """The Hopper tile rule with its short-call threshold at 64 tokens: buckets 16-64 build
+    16-row q-block schedules and 128 a 64-row one, side by side in one metadata buffer; a call
+    in each bucket matches the reference."""
+    import variants.execution.prefill_graphs as graphs_module
+    import variants.kernels.prefill_attention as attention_module
+
+    for module in (graphs_module, attention_module):
+        monkeypatch.setattr(module, "device_capability", lambda device: (9, 0))
+    monkeypatch.setattr(attention_module, "SHORT_TOKENS", 64)
+    ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
+    variant = Variant(cache="paged", block_size=16, attention="triton", layers="triton")
+    engine = assemble_engine(
+        tiny_config, sharp_weights, "cpu", variant, PagedKVCache, TritonAttention, run_eager,
+        run_triton_stack,
+    )  # fmt: skip
+    graphs = _emulated(engine, largest_tokens=128, most_prompts=3)
+    assert graphs.block_m == {16: 16, 32: 16, 64: 16, 128: 64}
+    gen = torch.Generator().manual_seed(3)
+    for call in ({7: 5, 3: 34}, {21: 100, 22: 28}):  # buckets 64 and 128
+        prompts = [torch.randint(0, tiny_config["vocab_size"], (n,), generator=gen)
+                   for n in call.values()]  # fmt: skip
+        out = engine.prefill(list(call), prompts)
+        for i, prompt in enumerate(prompts):
+            want = ref.forward(prompt[None])[0, -1]
+            assert (out[i] - want).abs().max().item() < 1e-4
 
 
 def test_returned_logits_are_a_copy(tiny_config, tiny_weights):
