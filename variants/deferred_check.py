@@ -30,12 +30,13 @@ class DeferredRangeCheck:
         device = torch.device(device)
         cuda = device.type == "cuda"
         self.extremes = torch.zeros(2, dtype=torch.long, device=device)
+        self.lo, self.hi = self.extremes[0], self.extremes[1]  # views made once: ~5 us a call
         self.host = torch.zeros(2, dtype=torch.long, pin_memory=cuda)
         self.event = torch.cuda.Event() if cuda else None
         self.index = stream_index(device)
 
     def start(self, tokens: torch.Tensor) -> None:
-        torch.aminmax(tokens, out=(self.extremes[0], self.extremes[1]))
+        torch.aminmax(tokens, out=(self.lo, self.hi))
         self.host.copy_(self.extremes, non_blocking=True)
         if self.event is not None:
             self.event.record(torch.cuda.current_stream(self.index))

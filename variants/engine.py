@@ -44,6 +44,7 @@ class Engine:
         self.token_check = DeferredRangeCheck(device)
         self.decode_step = self.eager_decode_step  # CUDA graphs replace these
         self.prefill_step = self.eager_prefill_step
+        self.prefill_tokens = lambda tokens, prompts: None  # where a step wants its packed ids
         self.in_place = getattr(attention, "reads_cache_in_place", False)
 
     # ----------------------------------------------------------------- the course interface
@@ -69,7 +70,9 @@ class Engine:
                     f"max_position_embeddings {self.spec.max_positions}"
                 )
             prompts.append(t)
-        tokens = torch.cat(prompts)
+        lengths = [t.numel() for t in prompts]
+        place = self.prefill_tokens(sum(lengths), len(prompts))
+        tokens = torch.cat(prompts) if place is None else torch.cat(prompts, out=place)
         what, vocab = f"prefill of {rids}", self.spec.vocab_size
         # A re-prefill replaces state that an undo could not bring back: checked first.
         deferred = not self.check_device_tokens and not any(r in self.lengths for r in rids)
@@ -78,7 +81,6 @@ class Engine:
         else:
             check_token_range(tokens, vocab, what)
 
-        lengths = [t.numel() for t in prompts]
         for rid, n in zip(rids, lengths):  # re-prefill replaces the old state
             if rid in self.lengths:
                 self.cache.release(rid)

@@ -1,5 +1,5 @@
-"""CUDA-graph prefill: the layers of a prefill pass captured per token bucket; the head runs
-after the replay on the last token of each of the call's prompts.
+"""CUDA-graph prefill: the layers of a prefill pass captured per token bucket, and the head in
+graphs of its own per power-of-two prompt count, on the last token of each of the call's prompts.
 
 An eager prefill of a few hundred tokens is launch-bound like a decode step (about 5.6 ms for
 4 x 128 prompts on the H200, against a floor of 0.15 ms). Here a call's prompts are packed into
@@ -10,6 +10,8 @@ Calls beyond the largest bucket or with more prompts than the table holds run ea
 Needs CUDA, a slab or paged pool and our Triton attention."""
 
 import array
+import functools
+import itertools
 
 import torch
 
@@ -29,6 +31,24 @@ def token_buckets(smallest: int, largest: int) -> list:
     return sizes + [largest]
 
 
+@functools.lru_cache(maxsize=256)
+def length_meta(lengths: tuple, t: int, prompts: int, block_m: int, blocks: int) -> tuple:
+    """The parts of bucket t's metadata that depend on the prompt lengths alone: the positions
+    [t], then the last-token rows [P], prompt starts [P + 1] and q-block table [2, Q] as one
+    array. A trace repeats its shapes, so a call usually finds them built (read-only: callers
+    copy them)."""
+    n, pad = sum(lengths), prompts - len(lengths)
+    starts = [0, *itertools.accumulate(lengths)]
+    positions = array.array("q")
+    for length in lengths:
+        positions += int_range(0, length)
+    positions += int_fill(0, t - n)
+    rest = array.array("q", [s - 1 for s in starts[1:]]) + int_fill(0, pad)
+    rest += array.array("q", starts) + int_fill(n, pad)
+    rest += prefill_schedule(list(lengths), block_m, blocks)
+    return positions, rest
+
+
 class PrefillGraphs:
     def __init__(self, engine, largest_tokens: int = 8192, most_prompts: int = 64):
         self.engine, self.cache = engine, engine.cache
@@ -45,11 +65,18 @@ class PrefillGraphs:
         self.meta = torch.zeros(size, dtype=torch.long, device=device)
         self.staging = PinnedRing(self.meta.numel(), device)
         self.tokens = torch.zeros(self.buckets[-1], dtype=torch.long, device=device)
-        # The last token's hidden state of each prompt: the head runs after the replay on the
-        # call's prompts only. A head inside the graph ran all P rows (11.5 us on the H200);
-        # this took 6 us off a 4 x 128 prefill's GPU time (docs/PERF.md, run 65).
+        # The last token's hidden state of each prompt, and the head's logits. The head runs in
+        # a graph of its own per power-of-two prompt count: inside the layers' graph it ran all
+        # P rows (6 us more GPU time a call, docs/PERF.md, run 65); launched eagerly it cost
+        # 150-240 us of host time a call on the H200's host (run 72).
         self.hidden = torch.zeros(most_prompts, spec.hidden_size, dtype=engine.dtype, device=device)
+        self.logits = torch.zeros(most_prompts, spec.vocab_size, dtype=torch.float32, device=device)
+        self.head_rows = token_buckets(1, most_prompts)
         self.graphs: dict = {}
+        self.heads: dict = {}
+        # Views made once (a slice is a torch call: ~3 us of host time)
+        self.meta_views = {t: self.meta[: self._meta_size(t)] for t in self.buckets}
+        self.logit_views = [self.logits[:m] for m in range(most_prompts + 1)]
         self.pool = None
         self.generation = None
 
@@ -75,26 +102,34 @@ class PrefillGraphs:
         self.generation = self.cache.generation
         with no_collection():
             for t in reversed(self.buckets):
-                self._capture(t)
-        # The head at every prompt count once: Triton specializes a kernel on its row count
-        # (1, multiples of 16, others), and no timed call may compile one.
+                self._capture_bucket(t)
+            for m in self.head_rows:
+                self._capture_head(m)
+        # The head at every prompt count once, for the eager path: Triton specializes a kernel
+        # on its row count (1, multiples of 16, others), and no timed call may compile one.
         for n in range(1, self.prompts + 1):
             self.engine._logits(self.hidden[:n])
 
-    def _capture(self, t: int) -> None:
-        device = self.engine.device
+    def _capture_bucket(self, t: int) -> None:
         self._fill([], [], t)
+        self.graphs[t] = self._graph(lambda: self._body(t))
+
+    def _capture_head(self, m: int) -> None:
+        self.heads[m] = self._graph(lambda: self._head(m))
+
+    def _graph(self, body) -> torch.cuda.CUDAGraph:
+        device = self.engine.device
         stream = capture_stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
-            self._body(t)  # warm-up run: kernels chosen, workspaces allocated
+            body()  # warm-up run: kernels chosen, workspaces allocated
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-                self._body(t)
+                body()
         torch.cuda.current_stream(device).wait_stream(stream)
         upload(graph)  # the inputs still hold _fill's padding: no prompt, scratch writes only
         torch.cuda.synchronize(device)
-        self.graphs[t] = graph
+        return graph
 
     def _body(self, t: int) -> None:
         positions, write, last, starts, schedule = self._views(t)
@@ -104,28 +139,35 @@ class PrefillGraphs:
             cu_seqlens=starts, schedule=schedule,
         )  # fmt: skip
         e = self.engine
-        x = e._layers(self.tokens[:t], positions, plan, batch=batch)
+        tokens = self.tokens[:t]  # the call's ids, copied in unchecked: clamped here (in_vocab)
+        x = e._layers(e.in_vocab(tokens, out=tokens), positions, plan, batch=batch)
         torch.index_select(x, 0, last, out=self.hidden)
+
+    def _head(self, m: int) -> None:
+        """Norm and head on the first m prompt slots (float32, as Engine._logits returns)."""
+        e = self.engine
+        self.logits[:m].copy_(e.output_logits(self.hidden[:m], e.weights.norm, e.weights.head))
+
+    def token_buffer(self, tokens: int, prompts: int) -> torch.Tensor | None:
+        """Where a call's packed ids go when a graph will run it (the engine concatenates the
+        prompts straight into it); None when the call runs eagerly."""
+        if tokens > self.buckets[-1] or prompts > self.prompts:
+            return None
+        return self.tokens[:tokens]
 
     def _fill(self, rids: list, lengths: list, t: int) -> None:
         """One pinned host->device copy of everything bucket t's graph reads but the tokens,
         built as an int64 array from slices and repeats (C copies: a list of ~1,300 ints and
-        its conversion cost 80-130 us a call, scripts/bench_host_fill.py)."""
-        cache, n, pad = self.cache, sum(lengths), self.prompts - len(lengths)
-        starts = [0]
-        for length in lengths:
-            starts.append(starts[-1] + length)
-        values = array.array("q")
-        for length in lengths:
-            values += int_range(0, length)
-        values += int_fill(0, t - n)
+        its conversion cost 80-130 us a call, scripts/bench_host_fill.py). All but the write
+        slots depend on the lengths alone: built once per shape (`length_meta`)."""
+        positions, rest = length_meta(tuple(lengths), t, self.prompts, self.block_m[t],
+                                      self._blocks(t))  # fmt: skip
+        values = positions[:]
         for r, length in zip(rids, lengths):
-            values += cache.token_slots(r, 0, length)
-        values += int_fill(cache.scratch_token(), t - n)
-        values += array.array("q", [s - 1 for s in starts[1:]]) + int_fill(0, pad)
-        values += array.array("q", starts) + int_fill(n, pad)
-        values += prefill_schedule(lengths, self.block_m[t], self._blocks(t))
-        self.staging.copy(values, self.meta[: len(values)])
+            values += self.cache.token_slots(r, 0, length)
+        values += int_fill(self.cache.scratch_token(), t - sum(lengths))
+        values += rest
+        self.staging.copy(values, self.meta_views[t])
 
     def step(self, rids: list, lengths: list, tokens: torch.Tensor) -> torch.Tensor:
         n = tokens.numel()
@@ -133,15 +175,18 @@ class PrefillGraphs:
         if t is None or len(rids) > self.prompts:
             return self.engine.eager_prefill_step(rids, lengths, tokens)
         if self.generation != self.cache.generation:  # the pool moved: old graphs point at it
-            self.graphs.clear()
+            self.graphs.clear()  # (the head graphs read no cache)
             self.generation = self.cache.generation
         if t not in self.graphs:
             with no_collection():
-                self._capture(t)
+                self._capture_bucket(t)
         self._fill(rids, lengths, t)
-        self.engine.in_vocab(tokens, out=self.tokens[:n])
+        if tokens.data_ptr() != self.tokens.data_ptr():  # not concatenated into place
+            self.tokens[:n].copy_(tokens)
         self.graphs[t].replay()
-        return self.engine._logits(self.hidden[: len(rids)])  # a fresh tensor
+        rows = len(rids)
+        self.heads[next(m for m in self.head_rows if m >= rows)].replay()
+        return self.logit_views[rows].clone()  # a fresh tensor
 
 
 def use_prefill_graphs(engine, variant) -> None:
@@ -151,3 +196,4 @@ def use_prefill_graphs(engine, variant) -> None:
     graphs = PrefillGraphs(engine)
     graphs.capture()
     engine.prefill_step = graphs.step
+    engine.prefill_tokens = graphs.token_buffer

@@ -25,11 +25,11 @@ def test_token_buckets_double_up_to_the_largest():
 
 
 class _EagerReplay:
-    def __init__(self, graphs, t):
-        self.graphs, self.t = graphs, t
+    def __init__(self, body, arg):
+        self.body, self.arg = body, arg
 
     def replay(self):
-        self.graphs._body(self.t)
+        self.body(self.arg)
 
 
 def _emulated(engine, largest_tokens, most_prompts):
@@ -37,14 +37,16 @@ def _emulated(engine, largest_tokens, most_prompts):
     graphs.captured = []
 
     def capture_one(t):
-        graphs.graphs[t] = _EagerReplay(graphs, t)
+        graphs.graphs[t] = _EagerReplay(graphs._body, t)
         graphs.captured.append(t)
 
-    graphs._capture = capture_one
+    graphs._capture_bucket = capture_one
     graphs.generation = engine.cache.generation
     for t in reversed(graphs.buckets):
         capture_one(t)
+    graphs.heads = {m: _EagerReplay(graphs._head, m) for m in graphs.head_rows}
     engine.prefill_step = graphs.step
+    engine.prefill_tokens = graphs.token_buffer
     return graphs
 
 
@@ -132,6 +134,36 @@ def test_hopper_buckets_build_schedules_for_their_own_tiles(
             assert (out[i] - want).abs().max().item() < 1e-4
 
 
+def test_a_bad_id_in_place_raises_and_the_next_call_is_clean(tiny_config, sharp_weights):
+    """Ids are concatenated straight into the graph's token buffer and clamped inside the graph.
+    A bad id (checked after the launch, as for ids on a GPU) raises by name and frees the new
+    requests; the next, shorter call in the same bucket, with the bad id left in its padding,
+    matches the reference, and so does the request that was live before."""
+    import variants.engine
+
+    ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
+    engine = assemble_engine(
+        tiny_config, sharp_weights, "cpu", Variant(cache="slab", attention="triton"),
+        SlabKVCache, TritonAttention, run_eager, run_torch_stack,
+    )  # fmt: skip
+    graphs = _emulated(engine, largest_tokens=64, most_prompts=4)
+    engine.check_device_tokens = False  # the deferred check of ids on a GPU
+    vocab = tiny_config["vocab_size"]
+    live = torch.tensor([3, 1, 4, 1, 5])
+    engine.prefill([1], [live])
+    bad = torch.tensor([7] * 20 + [vocab + 5] + [2] * 9)
+    with pytest.raises(ValueError, match=f"token id {vocab + 5} is outside the vocabulary"):
+        engine.prefill([2, 3], [bad, torch.tensor([6, 6])])
+    assert set(engine.lengths) == {1}
+    assert graphs.tokens[20].item() == vocab - 1  # clamped in the buffer by the graph
+    prompt = torch.tensor([9, 8, 7])
+    out = engine.prefill([4], [prompt])
+    assert torch.allclose(out[0], ref.forward(prompt[None])[0, -1], atol=1e-4)
+    step = engine.decode([1], torch.tensor([2]))
+    want = ref.forward(torch.cat([live, torch.tensor([2])])[None])[0, -1]
+    assert torch.allclose(step[0], want, atol=1e-4)
+
+
 def test_returned_logits_are_a_copy(tiny_config, tiny_weights):
     engine = assemble_engine(
         tiny_config, tiny_weights, "cpu", Variant(cache="slab", attention="triton"),
@@ -142,7 +174,8 @@ def test_returned_logits_are_a_copy(tiny_config, tiny_weights):
     kept = first.clone()
     engine.prefill([2], [torch.tensor([4, 5, 6, 7])])
     assert torch.equal(first, kept)
-    assert first.untyped_storage().data_ptr() != graphs.hidden.untyped_storage().data_ptr()
+    for static in (graphs.hidden, graphs.logits):
+        assert first.untyped_storage().data_ptr() != static.untyped_storage().data_ptr()
 
 
 def test_a_grown_pool_recaptures_only_the_bucket_in_use(tiny_config, tiny_weights):
