@@ -139,8 +139,6 @@ def test_a_bad_id_in_place_raises_and_the_next_call_is_clean(tiny_config, sharp_
     A bad id (checked after the launch, as for ids on a GPU) raises by name and frees the new
     requests; the next, shorter call in the same bucket, with the bad id left in its padding,
     matches the reference, and so does the request that was live before."""
-    import variants.engine
-
     ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
     engine = assemble_engine(
         tiny_config, sharp_weights, "cpu", Variant(cache="slab", attention="triton"),
