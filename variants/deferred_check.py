@@ -7,7 +7,14 @@ the call's index lists. Instead the engine queues the min/max with a copy into p
 clamps the ids it runs with (a bad id then cannot set off a device-side assert), launches the
 forward pass, and reads the answer last: that read waits only for work queued before the call.
 A bad id then raises like the synchronous check, after the engine has undone the call's state
-changes (new requests released, decoded lengths restored)."""
+changes (new requests released, decoded lengths restored).
+
+A CUDA graph can run the check itself (`in_graph`): its min/max, copy and event then sit inside
+the graph, where they cost no launches of their own. The event must then be an external one, a
+node of the graph recorded at each replay, so the read still waits only for the check and not for
+the whole step (measured on the H200: 4-13 us against a 1 ms graph)."""
+
+import inspect
 
 import torch
 
@@ -22,17 +29,27 @@ def range_error(lo: int, hi: int, vocab: int, what: str) -> str | None:
     return f"{what}: token id {bad} is outside the vocabulary [0, {vocab})"
 
 
+def graph_events() -> bool:
+    """Whether this PyTorch offers external CUDA events (`torch.cuda.Event(external=True)`), the
+    ones a graph capture records as nodes of the graph (2.11 does; 2.3 does not)."""
+    return "external" in inspect.signature(torch.cuda.Event.__new__).parameters
+
+
 class DeferredRangeCheck:
     """One check in flight at a time: `start` queues it, `error` waits for it and returns the
-    message of a bad id (None when every id is in range)."""
+    message of a bad id (None when every id is in range). `in_graph`: `start` may also be
+    captured into a CUDA graph, where this PyTorch allows it (`self.in_graph` says whether)."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, in_graph: bool = False):
         device = torch.device(device)
         cuda = device.type == "cuda"
+        self.in_graph = in_graph and (not cuda or graph_events())
         self.extremes = torch.zeros(2, dtype=torch.long, device=device)
         self.lo, self.hi = self.extremes[0], self.extremes[1]  # views made once: ~5 us a call
         self.host = torch.zeros(2, dtype=torch.long, pin_memory=cuda)
-        self.event = torch.cuda.Event() if cuda else None
+        self.event = None
+        if cuda:
+            self.event = torch.cuda.Event(external=True) if self.in_graph else torch.cuda.Event()
         self.index = stream_index(device)
 
     def start(self, tokens: torch.Tensor) -> None:

@@ -41,7 +41,9 @@ class Engine:
         # Ids on the GPU are range-checked after the call's kernels are queued (a read before
         # them waits for the GPU queue); True checks before any state changes, with that wait.
         self.check_device_tokens = device.type != "cuda"
-        self.token_check = DeferredRangeCheck(device)
+        self.token_check = DeferredRangeCheck(device, in_graph=True)
+        # True where a step's graph starts the deferred check itself (CUDA graphs set them)
+        self.decode_checks_ids = self.prefill_checks_ids = False
         self.decode_step = self.eager_decode_step  # CUDA graphs replace these
         self.prefill_step = self.eager_prefill_step
         self.prefill_tokens = lambda tokens, prompts: None  # where a step wants its packed ids
@@ -71,23 +73,30 @@ class Engine:
                 )
             prompts.append(t)
         lengths = [t.numel() for t in prompts]
-        place = self.prefill_tokens(sum(lengths), len(prompts))
-        tokens = torch.cat(prompts) if place is None else torch.cat(prompts, out=place)
         what, vocab = f"prefill of {rids}", self.spec.vocab_size
         # A re-prefill replaces state that an undo could not bring back: checked first.
         deferred = not self.check_device_tokens and not any(r in self.lengths for r in rids)
-        if deferred:  # the step clamps the ids it runs with (in_vocab)
-            self.token_check.start(tokens)
-        else:
+        # Unchecked ids go straight into a graph's buffer only when that graph checks them
+        # after this call (a later graph checks that buffer's stale padding rows too).
+        place = self.prefill_tokens(sum(lengths), len(prompts)) if deferred else None
+        tokens = torch.cat(prompts) if place is None else torch.cat(prompts, out=place)
+        if not deferred:
             check_token_range(tokens, vocab, what)
+        elif not (place is not None and self.prefill_checks_ids):  # (else the graph starts it)
+            self.token_check.start(tokens)  # the step clamps the ids it runs with (in_vocab)
 
-        for rid, n in zip(rids, lengths):  # re-prefill replaces the old state
-            if rid in self.lengths:
-                self.cache.release(rid)
-                del self.lengths[rid]
-            self.cache.allocate(rid, n)
-            self.lengths[rid] = n
-        out = self.prefill_step(rids, lengths, tokens)
+        try:
+            for rid, n in zip(rids, lengths):  # re-prefill replaces the old state
+                if rid in self.lengths:
+                    self.cache.release(rid)
+                    del self.lengths[rid]
+                self.cache.allocate(rid, n)
+                self.lengths[rid] = n
+            out = self.prefill_step(rids, lengths, tokens)
+        except BaseException:
+            if place is not None:  # no unchecked id stays in the graph's buffer
+                self.in_vocab(place, out=place)
+            raise
         if deferred and (message := self.token_check.error(vocab, what)) is not None:
             for rid in rids:  # the new requests' slots hold garbage: give them back
                 self.cache.release(rid)
@@ -131,10 +140,10 @@ class Engine:
                 )
         vocab = self.spec.vocab_size
         deferred = not (self.check_device_tokens or token_ids_on_host(token_ids))
-        if deferred:  # the step clamps the ids it runs with (in_vocab)
-            self.token_check.start(tokens)
-        else:
+        if not deferred:
             check_token_range(tokens, vocab, "decode")
+        elif not self.decode_checks_ids:  # (else the step's graph starts it)
+            self.token_check.start(tokens)  # the step clamps the ids it runs with (in_vocab)
 
         positions = [self.lengths[r] for r in rids]
         for rid, p in zip(rids, positions):

@@ -1,8 +1,9 @@
 """The token-range check read after the call's kernels are queued."""
 
+import pytest
 import torch
 
-from variants.deferred_check import DeferredRangeCheck, range_error
+from variants.deferred_check import DeferredRangeCheck, graph_events, range_error
 
 
 def test_range_error_names_the_first_bad_end():
@@ -25,3 +26,38 @@ def test_each_check_reports_its_own_tokens():
     assert "token id -1" in check.error(256, "decode")
     check.start(torch.tensor([9]))
     assert check.error(256, "decode") is None
+
+
+def test_a_check_may_sit_in_a_graph_where_the_events_allow_it():
+    major, minor = (int(v) for v in torch.__version__.split(".")[:2])
+    if (major, minor) >= (2, 11):  # seen in 2.11 (the H200) and 2.13 (CI)
+        assert graph_events()
+    assert DeferredRangeCheck(torch.device("cpu")).in_graph is False
+    assert DeferredRangeCheck(torch.device("cpu"), in_graph=True).in_graph is True
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_check_inside_a_graph_is_read_before_the_graph_ends():
+    """Captured into a graph that then sleeps ~50 ms: each replay's answer is its own, and is
+    read while the graph is still running (the event is a node of the graph)."""
+    device = torch.device("cuda")
+    check = DeferredRangeCheck(device, in_graph=True)
+    assert check.in_graph
+    tokens = torch.zeros(8, dtype=torch.long, device=device)
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        check.start(tokens)
+        torch.cuda._sleep(100_000_000)  # cycles: about 50 ms at the H200's 1.98 GHz
+    torch.cuda.synchronize(device)
+    finished = torch.cuda.Event()
+    for ids, want in (([3] * 8, None), ([5, 300] + [0] * 6, 300), ([-2] + [9] * 7, -2)):
+        tokens.copy_(torch.tensor(ids, device=device))
+        graph.replay()
+        finished.record()
+        message = check.error(256, "decode")
+        assert not finished.query()  # the graph is still sleeping
+        assert message is None if want is None else f"token id {want} is outside" in message
+        torch.cuda.synchronize(device)

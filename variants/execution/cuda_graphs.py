@@ -71,8 +71,12 @@ def upload(graph: torch.cuda.CUDAGraph) -> None:
 
 
 class DecodeGraphs:
-    def __init__(self, engine, policy: str, largest_batch: int = 64):
+    def __init__(self, engine, policy: str, largest_batch: int = 64, check_ids=None):
+        """`check_ids`: each graph starts the engine's deferred token check itself (default:
+        where the check can be captured, `DeferredRangeCheck.in_graph`)."""
         self.engine, self.cache = engine, engine.cache
+        in_graph = engine.token_check.in_graph
+        self.check_ids = in_graph if check_ids is None else bool(check_ids) and in_graph
         spec, device = engine.spec, engine.device
         self.batches = batch_buckets(policy, largest_batch)
         in_place = getattr(engine.attention, "reads_cache_in_place", False)
@@ -130,7 +134,10 @@ class DecodeGraphs:
             table=table[:, : self.cache.table_width(ctx)],
         )
         e = self.engine
-        x = e._layers(self.tokens[:b], positions, plan, batch=None)
+        tokens = self.tokens[:b]  # the call's ids, copied in unchecked: clamped here (in_vocab)
+        if self.check_ids:  # the padding rows too: ids of earlier calls, clamped already
+            e.token_check.start(tokens)
+        x = e._layers(e.in_vocab(tokens, out=tokens), positions, plan, batch=None)
         self.out[:b].copy_(e.output_logits(x, e.weights.norm, e.weights.head))
 
     def _fill(self, rids: list, positions: list, bucket: int) -> None:
@@ -153,12 +160,14 @@ class DecodeGraphs:
         bucket = next((s for s in self.batches if s >= b), None)
         ctx = next((c for c in self.contexts if c >= longest), None)
         if bucket is None or ctx is None:
+            if self.check_ids:  # the engine left the check to a graph
+                self.engine.token_check.start(tokens)
             return self.engine.eager_decode_step(rids, tokens, positions)
         if self.generation != self.cache.generation:  # the pool moved: old graphs point at it
             self.capture()
         self._fill(rids, positions, bucket)
         static_tokens, out = self.row_views[b]
-        self.engine.in_vocab(tokens, out=static_tokens)
+        static_tokens.copy_(tokens)
         self.graphs[bucket, ctx].replay()
         return out.clone()
 
@@ -170,3 +179,4 @@ def use_cuda_graphs(engine, variant) -> None:
     graphs = DecodeGraphs(engine, variant.graphs)
     graphs.capture()
     engine.decode_step = graphs.step
+    engine.decode_checks_ids = graphs.check_ids

@@ -50,8 +50,11 @@ def length_meta(lengths: tuple, t: int, prompts: int, block_m: int, blocks: int)
 
 
 class PrefillGraphs:
-    def __init__(self, engine, largest_tokens: int = 8192, most_prompts: int = 64):
+    def __init__(self, engine, largest_tokens: int = 8192, most_prompts: int = 64, check_ids=None):
+        """`check_ids` as in DecodeGraphs: the graphs start the engine's deferred token check."""
         self.engine, self.cache = engine, engine.cache
+        in_graph = engine.token_check.in_graph
+        self.check_ids = in_graph if check_ids is None else bool(check_ids) and in_graph
         spec, device = engine.spec, engine.device
         self.buckets = token_buckets(16, largest_tokens)
         self.prompts = most_prompts
@@ -140,6 +143,8 @@ class PrefillGraphs:
         )  # fmt: skip
         e = self.engine
         tokens = self.tokens[:t]  # the call's ids, copied in unchecked: clamped here (in_vocab)
+        if self.check_ids:  # the padding rows too: ids of earlier calls, clamped already
+            e.token_check.start(tokens)
         x = e._layers(e.in_vocab(tokens, out=tokens), positions, plan, batch=batch)
         torch.index_select(x, 0, last, out=self.hidden)
 
@@ -178,8 +183,12 @@ class PrefillGraphs:
             self.graphs.clear()  # (the head graphs read no cache)
             self.generation = self.cache.generation
         if t not in self.graphs:
+            # The capture's runs clamp the token buffer, which may hold this call's unchecked
+            # ids (concatenated into place): kept aside for the replay's check.
+            held = self.tokens[:n].clone()
             with no_collection():
                 self._capture_bucket(t)
+            self.tokens[:n].copy_(held)
         self._fill(rids, lengths, t)
         if tokens.data_ptr() != self.tokens.data_ptr():  # not concatenated into place
             self.tokens[:n].copy_(tokens)
@@ -197,3 +206,4 @@ def use_prefill_graphs(engine, variant) -> None:
     graphs.capture()
     engine.prefill_step = graphs.step
     engine.prefill_tokens = graphs.token_buffer
+    engine.prefill_checks_ids = graphs.check_ids

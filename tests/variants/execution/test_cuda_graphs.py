@@ -4,6 +4,7 @@ CPU (each "graph" replays the body eagerly on the static buffers). Real capture:
 import pytest
 import torch
 
+import variants.engine
 from evaluator.reference_model import ReferenceModel
 from variants import Variant, build_engine
 from variants.execution.cuda_graphs import DecodeGraphs, batch_buckets, context_buckets
@@ -33,8 +34,8 @@ class _EagerReplay:
         self.graphs._body(self.batch, self.ctx)
 
 
-def _emulated(engine, largest):
-    graphs = DecodeGraphs(engine, "pow2", largest_batch=largest)
+def _emulated(engine, largest, check_ids=None):
+    graphs = DecodeGraphs(engine, "pow2", largest_batch=largest, check_ids=check_ids)
 
     def capture():
         graphs.graphs = {
@@ -45,6 +46,7 @@ def _emulated(engine, largest):
     graphs.capture = capture
     capture()
     engine.decode_step = graphs.step
+    engine.decode_checks_ids = graphs.check_ids
     return graphs
 
 
@@ -97,3 +99,36 @@ def test_cache_growth_triggers_recapture(tiny_config, tiny_weights):
     engine.prefill(ids, [torch.tensor([1, 2])] * len(ids))
     engine.decode([0], torch.tensor([3]))
     assert captured == [engine.cache.generation] and engine.cache.generation == 1
+
+
+@pytest.mark.parametrize("check_ids", [False, True], ids=["engine-check", "graph-check"])
+def test_a_bad_id_raises_by_name_and_leaves_the_requests_as_they_were(
+    check_ids, tiny_config, sharp_weights, monkeypatch
+):
+    """Ids on a GPU are checked after the step is queued: by the engine before the replay, or
+    inside the graph (and before the eager step beyond the largest bucket). A bad id raises by
+    name in a padded bucket and in the eager step, the lengths are restored, the graph's
+    buffer holds it clamped, and the next steps, the bad id left in a padding row, match the
+    reference."""
+    ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
+    engine = build_engine(tiny_config, sharp_weights, "cpu", Variant(cache="paged", block_size=16))
+    graphs = _emulated(engine, largest=4, check_ids=check_ids)
+    engine.check_device_tokens = False  # the deferred check of ids on a GPU:
+    monkeypatch.setattr(variants.engine, "token_ids_on_host", lambda ids: False)
+    assert engine.decode_checks_ids is check_ids
+    vocab = tiny_config["vocab_size"]
+    history = {rid: [rid, 2, 3] for rid in range(5)}
+    engine.prefill(list(history), [torch.tensor(h) for h in history.values()])
+    for ids, bad in (([0, 1, 2], vocab + 3), ([0, 1, 2, 3, 4], -4)):  # a bucket of 4; eager
+        tokens = torch.tensor([5] * (len(ids) - 1) + [bad])
+        with pytest.raises(ValueError, match=f"decode: token id {bad} is outside"):
+            engine.decode(ids, tokens)
+        assert engine.lengths == {rid: 3 for rid in history}
+    assert graphs.tokens[2].item() == vocab - 1  # clamped by the graph
+    for ids in ([0, 1], [4, 3, 2, 1, 0], [2]):
+        tokens = torch.tensor([7 + i for i in range(len(ids))])
+        out = engine.decode(ids, tokens)
+        for i, rid in enumerate(ids):
+            history[rid].append(int(tokens[i]))
+            want = ref.forward(torch.tensor(history[rid])[None])[0, -1].float()
+            assert (out[i] - want).abs().max().item() < 1e-4

@@ -32,21 +32,27 @@ class _EagerReplay:
         self.body(self.arg)
 
 
-def _emulated(engine, largest_tokens, most_prompts):
-    graphs = PrefillGraphs(engine, largest_tokens=largest_tokens, most_prompts=most_prompts)
+def _emulated(engine, largest_tokens, most_prompts, check_ids=None):
+    graphs = PrefillGraphs(
+        engine, largest_tokens=largest_tokens, most_prompts=most_prompts, check_ids=check_ids
+    )
     graphs.captured = []
 
-    def capture_one(t):
+    def capture_one(t, warm_up=True):
+        if warm_up:  # a capture runs the body once, on padding metadata, before capturing it
+            graphs._fill([], [], t)
+            graphs._body(t)
         graphs.graphs[t] = _EagerReplay(graphs._body, t)
         graphs.captured.append(t)
 
     graphs._capture_bucket = capture_one
     graphs.generation = engine.cache.generation
     for t in reversed(graphs.buckets):
-        capture_one(t)
+        capture_one(t, warm_up=False)
     graphs.heads = {m: _EagerReplay(graphs._head, m) for m in graphs.head_rows}
     engine.prefill_step = graphs.step
     engine.prefill_tokens = graphs.token_buffer
+    engine.prefill_checks_ids = graphs.check_ids
     return graphs
 
 
@@ -134,18 +140,27 @@ def test_hopper_buckets_build_schedules_for_their_own_tiles(
             assert (out[i] - want).abs().max().item() < 1e-4
 
 
-def test_a_bad_id_in_place_raises_and_the_next_call_is_clean(tiny_config, sharp_weights):
+def _checked_engine(config, weights, check_ids, largest_tokens=64):
+    """A slab engine with emulated prefill graphs and the deferred check of ids on a GPU, run by
+    the graph (`check_ids`) or by the engine before the step."""
+    engine = assemble_engine(
+        config, weights, "cpu", Variant(cache="slab", attention="triton"),
+        SlabKVCache, TritonAttention, run_eager, run_torch_stack,
+    )  # fmt: skip
+    graphs = _emulated(engine, largest_tokens=largest_tokens, most_prompts=4, check_ids=check_ids)
+    engine.check_device_tokens = False
+    assert engine.prefill_checks_ids is check_ids
+    return engine, graphs
+
+
+@pytest.mark.parametrize("check_ids", [False, True], ids=["engine-check", "graph-check"])
+def test_a_bad_id_in_place_raises_and_the_next_call_is_clean(check_ids, tiny_config, sharp_weights):
     """Ids are concatenated straight into the graph's token buffer and clamped inside the graph.
     A bad id (checked after the launch, as for ids on a GPU) raises by name and frees the new
     requests; the next, shorter call in the same bucket, with the bad id left in its padding,
     matches the reference, and so does the request that was live before."""
     ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
-    engine = assemble_engine(
-        tiny_config, sharp_weights, "cpu", Variant(cache="slab", attention="triton"),
-        SlabKVCache, TritonAttention, run_eager, run_torch_stack,
-    )  # fmt: skip
-    graphs = _emulated(engine, largest_tokens=64, most_prompts=4)
-    engine.check_device_tokens = False  # the deferred check of ids on a GPU
+    engine, graphs = _checked_engine(tiny_config, sharp_weights, check_ids)
     vocab = tiny_config["vocab_size"]
     live = torch.tensor([3, 1, 4, 1, 5])
     engine.prefill([1], [live])
@@ -160,6 +175,41 @@ def test_a_bad_id_in_place_raises_and_the_next_call_is_clean(tiny_config, sharp_
     step = engine.decode([1], torch.tensor([2]))
     want = ref.forward(torch.cat([live, torch.tensor([2])])[None])[0, -1]
     assert torch.allclose(step[0], want, atol=1e-4)
+
+
+@pytest.mark.parametrize("check_ids", [False, True], ids=["engine-check", "graph-check"])
+def test_no_unchecked_id_stays_in_the_buffer(check_ids, tiny_config, tiny_weights, monkeypatch):
+    """The buffer's padding rows are checked by later graphs: a call that fails before its
+    graph runs leaves no bad id there, and a re-prefill (checked before any state changes)
+    never writes into it."""
+    engine, graphs = _checked_engine(tiny_config, tiny_weights, check_ids)
+    vocab = tiny_config["vocab_size"]
+    engine.prefill([1], [torch.tensor([3, 1, 4])])
+    with pytest.raises(ValueError, match=f"token id {vocab + 2} is outside"):
+        engine.prefill([1], [torch.tensor([vocab + 2, 5])])  # a re-prefill: checked first
+    assert engine.lengths == {1: 3}
+
+    def no_room(rid, n):
+        raise RuntimeError("no room")
+
+    monkeypatch.setattr(engine.cache, "allocate", no_room)
+    with pytest.raises(RuntimeError, match="no room"):
+        engine.prefill([2], [torch.tensor([vocab + 9, 5, 6])])
+    assert 0 <= graphs.tokens.min().item() and graphs.tokens.max().item() < vocab
+    monkeypatch.undo()
+    out = engine.prefill([3], [torch.tensor([2, 7])])  # the bucket's padding held both ids
+    assert out.shape == (1, vocab)
+
+
+def test_a_recapture_keeps_the_call_s_ids_for_its_check(tiny_config, tiny_weights):
+    """A capture runs the body, which clamps the token buffer: the call's own unchecked ids,
+    concatenated into it, are put back before the replay checks them."""
+    engine, graphs = _checked_engine(tiny_config, tiny_weights, check_ids=True)
+    vocab = tiny_config["vocab_size"]
+    engine.cache.generation += 1  # what a pool growth does: the next call recaptures
+    with pytest.raises(ValueError, match=f"token id {vocab} is outside"):
+        engine.prefill([5], [torch.tensor([1, vocab, 2])])
+    assert graphs.captured[-1] == 16 and engine.lengths == {}
 
 
 def test_returned_logits_are_a_copy(tiny_config, tiny_weights):
