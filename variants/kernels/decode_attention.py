@@ -200,9 +200,16 @@ def choose_num_splits(max_kv_len: int, batch: int, kv_heads: int, sm_count: int)
     return max(1, min(16, wanted, max_kv_len // 128))
 
 
-# The fewest live tokens a split gets. At 8 x 150 on the H200 (16 splits captured) 32 tokens
-# took the attention from 10.4 to 7.3 us; at 64 x 2048 it made no difference (docs/PERF.md).
+# The fewest live tokens a split gets with tiles of 32 tokens or more. At 8 x 150 on the H200
+# (16 splits captured) 32 tokens took the attention from 10.4 to 7.3 us; at 64 x 2048 it made no
+# difference (docs/PERF.md). 16-token tiles split at 16 tokens (`split_tokens_for`).
 SPLIT_TOKENS = 32
+
+
+def split_tokens_for(block_n: int) -> int:
+    """The default fewest live tokens a split gets with BLOCK_N-token tiles: a split works at
+    least one whole tile."""
+    return min(SPLIT_TOKENS, block_n)
 
 
 def paged_decode_attention(
@@ -217,14 +224,15 @@ def paged_decode_attention(
     out: torch.Tensor | None = None,
     tiles: tuple | None = None,
     arrivals: torch.Tensor | None = None,
-    split_tokens: int = SPLIT_TOKENS,
+    split_tokens: int | None = None,
     pdl: bool = False,
     prefetch: bool = True,
 ) -> torch.Tensor:
     """q [B, heads, d]; pools [slots, kv_heads, d]; block_table [B, W] (int32 or int64; slab:
     W=1 and block_size=max_positions); kv_lens [B] (a row of length 0 gets zeros). Returns
     [B, heads, d] in q's dtype (into `out` when given). `num_splits` is the most splits a row
-    gets; each live split gets at least `split_tokens` tokens. `arrivals`: int32 zeros, at least
+    gets; each live split gets at least `split_tokens` tokens (default: `split_tokens_for` the
+    tile). `arrivals`: int32 zeros, at least
     B x kv_heads, that the kernel leaves zero (a CUDA graph keeps one; allocated when None).
     `tiles` = (BLOCK_N, num_warps, num_stages) overrides the defaults
     (scripts/tune_decode_attention.py). `pdl`: launched with programmatic dependent launch
@@ -251,6 +259,8 @@ def paged_decode_attention(
             batch, kv_heads, block_d, device_sm_count(device), device_capability(device)
         )
     num_splits = max(1, int(num_splits))
+    if split_tokens is None:
+        split_tokens = split_tokens_for(tiles[0])
     if arrivals is None:  # the kernel compiles its counter code even when one split never uses it
         arrivals = torch.zeros(batch * kv_heads, device=q.device, dtype=torch.int32)
     assert arrivals.dtype == torch.int32 and arrivals.numel() >= batch * kv_heads
@@ -293,20 +303,23 @@ def _launch(grid: tuple, args: tuple, meta: dict, tiles: tuple) -> None:
 
 
 def default_tiles(batch: int, kv_heads: int, block_d: int, sm_count: int, capability=(0, 0)):
-    """(BLOCK_N, warps, stages), four warps (8 halved the bandwidth on the H200).
-    - Narrow heads (BLOCK_D <= 64): 64-token tiles.
-    - Hopper and newer (measured on the H200, scripts/tune_decode_attention.py, docs/PERF.md):
-      128-token tiles once there is a (row, kv head) program per SM (64 x 2048 read at about
-      2.5 TB/s, against 2.17 with 64 and 1.67 with 32); 64-token tiles from a quarter of that
-      (32 x 512: 29.7 us against 38.3); 32-token tiles below (8 x 150: more splits work).
-    - Other GPUs keep 32-token tiles: wider ones were not measured there (an RTX 3090 has the
-      same registers a thread but 99 KiB of shared memory a block)."""
+    """(BLOCK_N, warps, stages).
+    - Narrow heads (BLOCK_D <= 64): 64-token tiles, four warps.
+    - Hopper and newer (measured on the H200, docs/PERF.md):
+      - 128-token tiles and four warps once there is a (row, kv head) program per SM (64 x 2048
+        read at about 2.5 TB/s, against 2.17 with 64 and 1.67 with 32; 8 warps halved it);
+      - below that, 16-token tiles (and splits of 16 tokens): more splits work, and each
+        split's chain is one short tile. One warp a program from a quarter of an SM a program
+        up (the whole decode step at 32 x 512: 703 us against 871 with 64-token tiles of four
+        warps; 16 x 1000: 589 against 709), two warps below (8 x 40: 314 against 320; 1 x 150:
+        300 against 311; 8 x 1000: 493 against 513), run 79.
+    - Other GPUs keep 32-token tiles of four warps: nothing else was measured there (an RTX
+      3090 has the same registers a thread but 99 KiB of shared memory a block)."""
     if block_d <= 64:
         return 64, 4, 2
     programs = batch * kv_heads
     if tuple(capability) >= (9, 0):
         if programs >= sm_count:
             return 128, 4, 2
-        if 4 * programs >= sm_count:
-            return 64, 4, 2
+        return (16, 1, 2) if 4 * programs >= sm_count else (16, 2, 2)
     return 32, 4, 2

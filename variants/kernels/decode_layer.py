@@ -163,7 +163,10 @@ class DecodeLayers:
         # the attention: about a program an SM over the (row, kv head) pairs, at most 16 splits
         splits = max(1, min(16, sm_count // (rows * kv_heads), host_cdiv(max_len, SPLIT_TOKENS)))
         splits = attention_splits or splits
-        att_n = default_tiles(rows, kv_heads, block_d, sm_count, device_capability(device))[0]
+        # The persistent layer was measured with tiles of 32 tokens or more (docs/PERF.md, runs
+        # 45-52), with SPLIT_TOKENS; the attention's 16-token tiles were not tried in it.
+        tiles = default_tiles(rows, kv_heads, block_d, sm_count, device_capability(device))
+        att_n = max(32, tiles[0])
         items = (
             host_cdiv((q_dim + 2 * kv_dim) // 2, qkv_n), rows * kv_heads * splits,
             host_cdiv(h, o_n), host_cdiv(inter, gu_n), dn_tiles * dn_splits,

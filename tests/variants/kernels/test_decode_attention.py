@@ -12,6 +12,7 @@ from variants.kernels.decode_attention import (  # noqa: E402
     choose_num_splits,
     default_tiles,
     paged_decode_attention,
+    split_tokens_for,
 )
 
 
@@ -160,10 +161,24 @@ def test_arrival_counters_end_at_zero_and_serve_the_next_call():
 def test_default_tiles():
     hopper = (9, 0)
     assert default_tiles(64, 4, 256, 132, hopper) == (128, 4, 2)  # a program per SM
-    assert default_tiles(32, 4, 256, 132, hopper) == (64, 4, 2)  # a quarter of that
-    assert default_tiles(8, 4, 256, 132, hopper) == (32, 4, 2)  # few rows: more splits work
+    assert default_tiles(32, 4, 256, 132, hopper) == (16, 1, 2)  # from a quarter of that
+    assert default_tiles(9, 4, 256, 132, hopper) == (16, 1, 2)
+    assert default_tiles(8, 4, 256, 132, hopper) == (16, 2, 2)  # few rows: more splits work
     assert default_tiles(64, 4, 256, 82, (8, 6)) == (32, 4, 2)  # not measured off Hopper
     assert default_tiles(8, 4, 64, 132, (8, 6)) == (64, 4, 2)  # narrow heads: always 64
+
+
+def test_sixteen_token_tiles_split_at_sixteen_tokens():
+    """The H200's tiles below a program an SM: 16 tokens, one or two warps; left to its
+    default, a split then gets 16 tokens (lengths 1 to 100 over a grid of 8 splits)."""
+    assert split_tokens_for(16) == 16 and split_tokens_for(64) == split_tokens_for(128) == 32
+    q, k_pool, v_pool, table, lens = paged_case([1, 16, 17, 40, 100], 4, 2, 24, 16)
+    want = reference_decode(q, k_pool, v_pool, table, lens, 16)
+    for warps in (1, 2):
+        got = paged_decode_attention(
+            q, k_pool, v_pool, table, lens, 16, 24**-0.5, 8, tiles=(16, warps, 2)
+        )
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
 def test_a_tile_the_gpu_refuses_falls_back_to_the_small_one(monkeypatch):
