@@ -312,7 +312,7 @@ def default_tiles(batch: int, kv_heads: int, block_d: int, sm_count: int, capabi
         split's chain is one short tile. One warp a program from a quarter of an SM a program
         up (the whole decode step at 32 x 512: 703 us against 871 with 64-token tiles of four
         warps; 16 x 1000: 589 against 709), two warps below (8 x 40: 314 against 320; 1 x 150:
-        300 against 311; 8 x 1000: 493 against 513), run 79.
+        300 against 311; 8 x 1000: 493 against 513), runs 81-83.
     - Other GPUs keep 32-token tiles of four warps: nothing else was measured there (an RTX
       3090 has the same registers a thread but 99 KiB of shared memory a block)."""
     if block_d <= 64:
