@@ -112,6 +112,7 @@ def cases(sms: int, pdl: bool = False, arch: int = 86) -> list:
     dependent launch build (the wait, and the weight prefetch before it). Also the prefill
     attention with each tile its launcher picks on a GPU of compute capability `arch`."""
     found = prefill_cases(arch)
+    capability = divmod(arch, 10)
     names = ("M", "N", "K", "INTER", "split_len", "block_size", "split_tokens")
     scalars = dict.fromkeys(names, "i32")
     strides = "i32"
@@ -156,10 +157,15 @@ def cases(sms: int, pdl: bool = False, arch: int = 86) -> list:
     for n in _decode_split_kernel.arg_names:
         if n.startswith("stride_"):
             attention[n] = strides
-    block_n, warps, stages = default_tiles(8, 4, 256, sms)
-    consts = dict(GROUP=1, HEAD_DIM=192, NUM_SPLITS=16, BLOCK_S=16, BLOCK_G=1, BLOCK_N=block_n,
-                  BLOCK_D=256, USE_DOT=False, PDL=pdl, PREFETCH=pdl)  # fmt: skip
-    found.append(("decode_attention", _decode_split_kernel, attention, consts, warps, stages))
+    # the tiles the launcher picks at 8 and 32 rows on this capability (Hopper: 16-token tiles
+    # of two warps, then of one)
+    for tiles in dict.fromkeys(default_tiles(rows, 4, 256, sms, capability) for rows in (8, 32)):
+        block_n, warps, stages = tiles
+        consts = dict(GROUP=1, HEAD_DIM=192, NUM_SPLITS=16, BLOCK_S=16, BLOCK_G=1,
+                      BLOCK_N=block_n, BLOCK_D=256, USE_DOT=False, PDL=pdl,
+                      PREFETCH=pdl)  # fmt: skip
+        name = f"decode_attention {block_n}x{warps}w"
+        found.append((name, _decode_split_kernel, attention, consts, warps, stages))
     spec = ModelSpec.from_config(json.loads(Path("target/model_config.json").read_text()))
     runner = DecodeLayers(spec, 8, spec.max_positions, "cpu", torch.float16, sms)
     layer = {n: strides for n in _decode_layer_kernel.arg_names if n.startswith("stride_")}
