@@ -164,8 +164,7 @@ def cases(sms: int, pdl: bool = False, arch: int = 86) -> list:
         consts = dict(GROUP=1, HEAD_DIM=192, NUM_SPLITS=16, BLOCK_S=16, BLOCK_G=1,
                       BLOCK_N=block_n, BLOCK_D=256, USE_DOT=False, PDL=pdl,
                       PREFETCH=pdl)  # fmt: skip
-        name = f"decode_attention {block_n}x{warps}w"
-        found.append((name, _decode_split_kernel, attention, consts, warps, stages))
+        found.append(("decode_attention", _decode_split_kernel, attention, consts, warps, stages))
     spec = ModelSpec.from_config(json.loads(Path("target/model_config.json").read_text()))
     runner = DecodeLayers(spec, 8, spec.max_positions, "cpu", torch.float16, sms)
     layer = {n: strides for n in _decode_layer_kernel.arg_names if n.startswith("stride_")}
