@@ -32,7 +32,7 @@ from variants.kernels.decode_attention import _decode_split_kernel, default_tile
 from variants.kernels.decode_layer import DecodeLayers, _decode_layer_kernel  # noqa: E402
 from variants.kernels.few_row_linear import _few_row_linear_kernel  # noqa: E402
 from variants.kernels.norm_qkv_rope import _norm_qkv_rope_kernel  # noqa: E402
-from variants.kernels.norm_swiglu import _norm_swiglu_kernel  # noqa: E402
+from variants.kernels.norm_swiglu import _norm_swiglu_kernel, swiglu_tiles  # noqa: E402
 from variants.kernels.prefill_attention import (  # noqa: E402
     _varlen_prefill_kernel,
     head_parts,
@@ -134,11 +134,14 @@ def cases(sms: int, pdl: bool = False, arch: int = 86) -> list:
     swiglu = dict(x_ptr=F16, norm_ptr=F16, w_ptr=F16, out_ptr=F16, ws_ptr=F32, counter_ptr=I32,
                   stride_xm=strides, stride_wn=strides, stride_om=strides, eps="fp32",
                   **scalars)  # fmt: skip
-    bm, bn, bk, warps, stages = few_row_tiles(8, 3072, sms, weight_tiles=2, prefer=(32, 64, 4, 4))
-    for split in (1, 2):
-        consts = dict(NORM_CHUNKS=norm_chunks(768, bk), SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn,
-                      BLOCK_K=bk, PDL=pdl, PREFETCH=pdl, LANES=32 * warps)  # fmt: skip
-        found.append(("norm_swiglu", _norm_swiglu_kernel, swiglu, consts, warps, stages))
+    for rows in (8, 32):  # the launcher's tiles at one and at two 16-row tiles
+        tiles = few_row_tiles(rows, 3072, sms, weight_tiles=2, prefer=swiglu_tiles(rows))
+        bm, bn, bk, warps, stages = tiles
+        for split in (1, 2):
+            consts = dict(NORM_CHUNKS=norm_chunks(768, bk), SPLIT_K=split, BLOCK_M=bm,
+                          BLOCK_N=bn, BLOCK_K=bk, PDL=pdl, PREFETCH=pdl,
+                          LANES=32 * warps)  # fmt: skip
+            found.append(("norm_swiglu", _norm_swiglu_kernel, swiglu, consts, warps, stages))
     qkv = dict(x_ptr=F16, norm_ptr=F16, w_ptr=F16, cos_ptr=F16, sin_ptr=F16, index_ptr=I64,
                q_ptr=F16, k_pool_ptr=F16, v_pool_ptr=F16, ws_ptr=F32, counter_ptr=I32,
                eps="fp32", **scalars)  # fmt: skip
@@ -157,9 +160,10 @@ def cases(sms: int, pdl: bool = False, arch: int = 86) -> list:
     for n in _decode_split_kernel.arg_names:
         if n.startswith("stride_"):
             attention[n] = strides
-    # the tiles the launcher picks at 8 and 32 rows on this capability (Hopper: 16-token tiles
-    # of two warps, then of one)
-    for tiles in dict.fromkeys(default_tiles(rows, 4, 256, sms, capability) for rows in (8, 32)):
+    # the tiles the launcher picks at 8, 32 and 64 rows on this capability (Hopper: 16-token
+    # tiles of two warps, then of one, then 32-token tiles of one)
+    picked = (default_tiles(rows, 4, 256, sms, capability) for rows in (8, 32, 64))
+    for tiles in dict.fromkeys(picked):
         block_n, warps, stages = tiles
         consts = dict(GROUP=1, HEAD_DIM=192, NUM_SPLITS=16, BLOCK_S=16, BLOCK_G=1,
                       BLOCK_N=block_n, BLOCK_D=256, USE_DOT=False, PDL=pdl,

@@ -306,8 +306,10 @@ def default_tiles(batch: int, kv_heads: int, block_d: int, sm_count: int, capabi
     """(BLOCK_N, warps, stages).
     - Narrow heads (BLOCK_D <= 64): 64-token tiles, four warps.
     - Hopper and newer (measured on the H200, docs/PERF.md):
-      - 128-token tiles and four warps once there is a (row, kv head) program per SM (64 x 2048
-        read at about 2.5 TB/s, against 2.17 with 64 and 1.67 with 32; 8 warps halved it);
+      - 32-token tiles (and splits of 32 tokens) of one warp once there is a (row, kv head)
+        program per SM: the whole decode step at 64 x 2048 took 1852 us against 2211 with the
+        128-token tiles of four warps, 64 x 256 722 against 875, 48 x 512 800 against 904 (run
+        88; 128-token tiles of two warps, or 64-token ones of one, were 2-8x slower);
       - below that, 16-token tiles (and splits of 16 tokens): more splits work, and each
         split's chain is one short tile. One warp a program from a quarter of an SM a program
         up (the whole decode step at 32 x 512: 703 us against 871 with 64-token tiles of four
@@ -320,6 +322,6 @@ def default_tiles(batch: int, kv_heads: int, block_d: int, sm_count: int, capabi
     programs = batch * kv_heads
     if tuple(capability) >= (9, 0):
         if programs >= sm_count:
-            return 128, 4, 2
+            return 32, 1, 2
         return (16, 1, 2) if 4 * programs >= sm_count else (16, 2, 2)
     return 32, 4, 2

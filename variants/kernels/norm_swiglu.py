@@ -86,6 +86,15 @@ def _norm_swiglu_kernel(
     )  # fmt: skip
 
 
+def swiglu_tiles(rows: int) -> tuple:
+    """(BLOCK_N, BLOCK_K, warps, stages) of norm_swiglu at `rows` rows. Measured on the H200 in
+    whole decode steps with PDL (docs/PERF.md): 32-column tiles up to one 16-row tile (the best
+    of the tile list at 1-8 rows, run 9; 16 columns lost 15-26 us a step at 8 rows, run 86);
+    16-column tiles, twice the programs, at two 16-row tiles (17 x 100: 468 -> 419 us, 24 x 200:
+    512 -> 487, 32 x 300: 587 -> 567; runs 87-88)."""
+    return (32, 64, 4, 4) if rows <= 16 else (16, 64, 4, 4)
+
+
 def norm_swiglu(
     x: torch.Tensor,
     norm: torch.Tensor,
@@ -105,9 +114,8 @@ def norm_swiglu(
     inter = gate_up.shape[0] // 2
     assert gate_up.shape == (2 * inter, k) and gate_up.is_contiguous() and x.stride(-1) == 1
     out = torch.empty(rows, inter, device=x.device, dtype=gate_up.dtype)
-    # the best of the tile list for this kernel on the H200 at 1-8 rows (docs/PERF.md, run 9)
     block_m, block_n, block_k, warps, stages = few_row_tiles(
-        rows, inter, sm_count, weight_tiles=2, prefer=(32, 64, 4, 4)
+        rows, inter, sm_count, weight_tiles=2, prefer=swiglu_tiles(rows)
     )
     if tiles is not None:
         block_n, block_k, warps, stages = tiles

@@ -160,7 +160,7 @@ def test_arrival_counters_end_at_zero_and_serve_the_next_call():
 
 def test_default_tiles():
     hopper = (9, 0)
-    assert default_tiles(64, 4, 256, 132, hopper) == (128, 4, 2)  # a program per SM
+    assert default_tiles(64, 4, 256, 132, hopper) == (32, 1, 2)  # a program per SM
     assert default_tiles(32, 4, 256, 132, hopper) == (16, 1, 2)  # from a quarter of that
     assert default_tiles(9, 4, 256, 132, hopper) == (16, 1, 2)
     assert default_tiles(8, 4, 256, 132, hopper) == (16, 2, 2)  # few rows: more splits work

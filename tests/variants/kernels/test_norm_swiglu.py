@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton", reason="triton is not installed")
 
-from variants.kernels.norm_swiglu import norm_swiglu  # noqa: E402
+from variants.kernels.norm_swiglu import norm_swiglu, swiglu_tiles  # noqa: E402
 from variants.kernels.split_k import arrival_counters  # noqa: E402
 from variants.layers.rmsnorm import rms_norm  # noqa: E402
 
@@ -31,6 +31,14 @@ def test_matches_torch(rows, inter, k):
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+def test_two_row_tiles_take_half_as_wide_column_tiles():
+    """Measured on the H200 (docs/PERF.md, runs 86-88): 32 columns a program up to 16 rows,
+    16 past them."""
+    assert [swiglu_tiles(rows) for rows in (1, 16, 17, 32)] == [(32, 64, 4, 4)] * 2 + [
+        (16, 64, 4, 4)
+    ] * 2
+
+
 def test_chunked_reduction_matches_torch():
     got, want = _case(6, 50, 200, torch.float32, DEVICE, tiles=(16, 64, 4, 2))
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
@@ -46,7 +54,7 @@ def test_split_reduction_matches_torch_and_leaves_the_counters_zero(split_k):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("rows", [1, 8, 64])
+@pytest.mark.parametrize("rows", [1, 8, 32, 64])
 @pytest.mark.parametrize("split_k", [None, 1, 3])
 def test_gpu_half_matches_torch(rows, split_k):
     got, want = _case(rows, 3072, 768, torch.float16, "cuda", seed=rows, split_k=split_k)

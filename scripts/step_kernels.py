@@ -1,0 +1,88 @@
+"""The fused decode layers' projection kernels, their tiles and K splits measured where they
+matter: the GPU time of a whole decode step (its CUDA graph replayed back to back), per shape,
+for each setting in turn, rounds interleaved; the logits of each setting against the first's.
+
+    python scripts/step_kernels.py --shapes 8x40,8x150 --setting base=default \\
+        --setting o4=o:-/4 --setting qkv2=qkv:16,256,4,3/2+o:-/2
+
+A setting is `default` or overrides joined by `+`, each KERNEL:TILES[/SPLIT_K] where KERNEL is
+qkv (norm + QKV + RoPE), o (the output projection), gateup (norm + gate-up + SiLU-mul), down or
+head, TILES is BLOCK_N,BLOCK_K,WARPS,STAGES or `-` (the launcher's own), and SPLIT_K the K
+splits (default: the launcher's)."""
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import variants.layers.fused_stack as fused_stack  # noqa: E402
+from scripts.step_sweep import add_common_arguments, sweep  # noqa: E402
+
+ORIGINAL = {
+    "few_row_linear": fused_stack.few_row_linear,
+    "norm_qkv_rope": fused_stack.norm_qkv_rope,
+    "norm_swiglu": fused_stack.norm_swiglu,
+}
+KERNELS = ("qkv", "o", "gateup", "down", "head")
+
+
+def parse(setting: str) -> dict:
+    """{kernel: {"tiles": tuple | None, "split_k": int | None}} of a setting."""
+    if setting == "default":
+        return {}
+    out = {}
+    for part in setting.split("+"):
+        kernel, spec = part.split(":")
+        if kernel not in KERNELS:
+            raise ValueError(f"unknown kernel {kernel!r}; one of {', '.join(KERNELS)}")
+        tiles, _, split = spec.partition("/")
+        out[kernel] = {
+            "tiles": None if tiles == "-" else tuple(int(v) for v in tiles.split(",")),
+            "split_k": int(split) if split else None,
+        }
+    return out
+
+
+def _linear_kind(weight, norm) -> str:
+    if norm is not None:
+        return "head"
+    return "down" if weight.shape[1] > weight.shape[0] else "o"
+
+
+def use(setting: str) -> None:
+    """Route the fused layers' launches through `setting`'s tiles and splits."""
+    forced = parse(setting)
+
+    def linear(x, weight, norm=None, *args, **kwargs):
+        kwargs.update(forced.get(_linear_kind(weight, norm), {}))
+        return ORIGINAL["few_row_linear"](x, weight, norm, *args, **kwargs)
+
+    def qkv(*args, **kwargs):
+        return ORIGINAL["norm_qkv_rope"](*args, **kwargs, **forced.get("qkv", {}))
+
+    def gateup(*args, **kwargs):
+        return ORIGINAL["norm_swiglu"](*args, **kwargs, **forced.get("gateup", {}))
+
+    fused_stack.few_row_linear = linear if forced else ORIGINAL["few_row_linear"]
+    fused_stack.norm_qkv_rope = qkv if forced else ORIGINAL["norm_qkv_rope"]
+    fused_stack.norm_swiglu = gateup if forced else ORIGINAL["norm_swiglu"]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    add_common_arguments(p)
+    p.add_argument("--setting", action="append", default=[], help="NAME=default|KERNEL:...")
+    args = p.parse_args()
+    settings = dict(s.split("=", 1) for s in args.setting) or {"default": "default"}
+    for s in settings.values():
+        parse(s)  # a typo fails before any engine is built
+    try:
+        sweep(args, settings, use)
+    finally:
+        use("default")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
