@@ -28,7 +28,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from variants.kernels.decode_attention import _decode_split_kernel, default_tiles  # noqa: E402
+from variants.kernels.decode_attention import (  # noqa: E402
+    _decode_split_kernel,
+    default_parts,
+    default_tiles,
+)
 from variants.kernels.decode_layer import DecodeLayers, _decode_layer_kernel  # noqa: E402
 from variants.kernels.few_row_linear import _few_row_linear_kernel  # noqa: E402
 from variants.kernels.norm_qkv_rope import _norm_qkv_rope_kernel  # noqa: E402
@@ -160,13 +164,14 @@ def cases(sms: int, pdl: bool = False, arch: int = 86) -> list:
     for n in _decode_split_kernel.arg_names:
         if n.startswith("stride_"):
             attention[n] = strides
-    # the tiles the launcher picks at 8, 32 and 64 rows on this capability (Hopper: 16-token
-    # tiles of two warps, then of one, then 32-token tiles of one)
-    picked = (default_tiles(rows, 4, 256, sms, capability) for rows in (8, 32, 64))
-    for tiles in dict.fromkeys(picked):
-        block_n, warps, stages = tiles
+    # the tiles and head parts the launcher picks at 8, 32 and 64 rows on this capability
+    # (Hopper: 16-token tiles of two warps, then of one, one padded part; then 32-token tiles of
+    # one warp with the head as 128 + 64)
+    picked = ((default_tiles(rows, 4, 256, sms, capability),
+               default_parts(192, rows, 4, sms, capability)) for rows in (8, 32, 64))  # fmt: skip
+    for (block_n, warps, stages), (da, db) in dict.fromkeys(picked):
         consts = dict(GROUP=1, HEAD_DIM=192, NUM_SPLITS=16, BLOCK_S=16, BLOCK_G=1,
-                      BLOCK_N=block_n, BLOCK_D=256, USE_DOT=False, PDL=pdl,
+                      BLOCK_N=block_n, BLOCK_DA=da, BLOCK_DB=db, USE_DOT=False, PDL=pdl,
                       PREFETCH=pdl)  # fmt: skip
         found.append(("decode_attention", _decode_split_kernel, attention, consts, warps, stages))
     spec = ModelSpec.from_config(json.loads(Path("target/model_config.json").read_text()))

@@ -18,29 +18,88 @@ from triton.runtime.errors import OutOfResources
 from variants.kernels.device import device_capability, device_sm_count
 from variants.kernels.pdl import launch_options, wait_previous
 from variants.kernels.prefetch import prefetch_at
+from variants.kernels.prefill_attention import head_parts
+
+
+@triton.jit
+def _combine_part(
+    acc_ptr, row, s_mask, w, total, out_ptr, D0: tl.constexpr, BLOCK: tl.constexpr,
+    ACC_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+):  # fmt: skip
+    offs_d = D0 + tl.arange(0, BLOCK)
+    acc = tl.load(acc_ptr + row[:, None] * ACC_D + offs_d[None, :], mask=s_mask[:, None],
+                  other=0.0, cache_modifier=".cg")  # fmt: skip
+    o = tl.sum(acc * w[:, None], axis=0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + offs_d, o.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
 
 
 @triton.jit
 def _combine_head(
     m_ptr, l_ptr, acc_ptr, out_ptr, first_row, live, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    BLOCK_DA: tl.constexpr, BLOCK_DB: tl.constexpr,
 ):  # fmt: skip
     """One head's output from its `live` split partials. Empty splits hold m = -inf and get
     weight exp2(-inf) = 0. The loads skip L1 (.cg): other programs wrote these rows."""
     offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
     s_mask = offs_s < live
     row = first_row + offs_s
     m = tl.load(m_ptr + row, mask=s_mask, other=float("-inf"), cache_modifier=".cg")
     l_s = tl.load(l_ptr + row, mask=s_mask, other=0.0, cache_modifier=".cg")
-    acc = tl.load(acc_ptr + row[:, None] * BLOCK_D + offs_d[None, :], mask=s_mask[:, None],
-                  other=0.0, cache_modifier=".cg")  # fmt: skip
     m_max = tl.max(m, axis=0)
     m_max = tl.where(m_max > float("-inf"), m_max, 0.0)  # all empty: no -inf - -inf = NaN
     w = tl.exp2(m - m_max)
     total = tl.sum(l_s * w, axis=0)
-    o = tl.sum(acc * w[:, None], axis=0) / tl.where(total > 0, total, 1.0)
-    tl.store(out_ptr + offs_d, o.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
+    acc_d: tl.constexpr = BLOCK_DA + BLOCK_DB
+    _combine_part(acc_ptr, row, s_mask, w, total, out_ptr, 0, BLOCK_DA, acc_d, HEAD_DIM)
+    if BLOCK_DB > 0:
+        _combine_part(acc_ptr, row, s_mask, w, total, out_ptr, BLOCK_DA, BLOCK_DB, acc_d,
+                      HEAD_DIM)  # fmt: skip
+
+
+@triton.jit
+def _rows_part(ptr, rows, stride_r, offset, r_mask, D0: tl.constexpr, BLOCK: tl.constexpr,
+               HEAD_DIM: tl.constexpr):  # fmt: skip
+    """Columns D0..D0+BLOCK of head_dim-long vectors at ptr + rows * stride_r + offset (masked
+    past HEAD_DIM and where r_mask is off: zeros)."""
+    offs_d = D0 + tl.arange(0, BLOCK)
+    return tl.load(ptr + rows[:, None] * stride_r + offset + offs_d[None, :],
+                   mask=r_mask[:, None] & (offs_d < HEAD_DIM)[None, :], other=0.0)  # fmt: skip
+
+
+@triton.jit
+def _scores(q, q_row, k, USE_DOT: tl.constexpr):
+    """The group's scores against a tile of keys (one part of the head), float32 [G, N]."""
+    if USE_DOT:
+        s = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:  # a group of one: a dot product per key, no 16-row padding
+        s = tl.sum(q_row[None, :] * k.to(tl.float32), axis=1)[None, :]
+    return s
+
+
+@triton.jit
+def _weighted_values(p, v, USE_DOT: tl.constexpr):
+    """p [G, N] (compute dtype) @ v [N, D part], float32."""
+    if USE_DOT:
+        pv = tl.dot(p, v, input_precision="ieee")
+    else:
+        p_row = tl.sum(p.to(tl.float32), axis=0)
+        pv = tl.sum(p_row[:, None] * v.to(tl.float32), axis=0)[None, :]
+    return pv
+
+
+@triton.jit
+def _store_split(acc, l_i, m_i, b, heads, g_mask, split, out_ptr, stride_ob, stride_oh,
+                 m_ptr, l_ptr, acc_ptr, row, live, D0: tl.constexpr, BLOCK: tl.constexpr,
+                 ACC_D: tl.constexpr, HEAD_DIM: tl.constexpr):  # fmt: skip
+    """One part of the head: the output itself when one split works, else its partial."""
+    offs_d = D0 + tl.arange(0, BLOCK)
+    if live == 1:
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # kv_len 0 (a padded row): zeros
+        tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+                 o.to(out_ptr.dtype.element_ty),
+                 mask=g_mask[:, None] & (offs_d < HEAD_DIM)[None, :])  # fmt: skip
+    else:
+        tl.store(acc_ptr + row[:, None] * ACC_D + offs_d[None, :], acc, mask=g_mask[:, None])
 
 
 @triton.jit
@@ -49,21 +108,25 @@ def attend_split(
     acc_ptr, arrivals_ptr, stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_tb, stride_ob, stride_oh, block_size, split_tokens, qk_scale_log2,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, USE_DOT: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DA: tl.constexpr,
+    BLOCK_DB: tl.constexpr, USE_DOT: tl.constexpr,
 ):  # fmt: skip
     """Split `split` of row b's kv head `kvh` (of `kv_heads`): its partial, and the combine
-    when it is the last live split of that (row, kv head) to finish."""
+    when it is the last live split of that (row, kv head) to finish. The head runs as one
+    power-of-two part BLOCK_DA (masked past HEAD_DIM) or as two, BLOCK_DA + BLOCK_DB
+    (`default_parts`: 192 = 128 + 64, no padding held in registers)."""
     num_heads = kv_heads * GROUP
+    acc_d: tl.constexpr = BLOCK_DA + BLOCK_DB
     kv_len = tl.load(lens_ptr + b).to(tl.int32)
     # q does not depend on the length: its load is issued beside it, not after.
     offs_g = tl.arange(0, BLOCK_G)
     offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
     heads = kvh * GROUP + offs_g
     g_mask = offs_g < GROUP
-    d_mask = offs_d < HEAD_DIM
-    q_ptrs = q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+    q_off = b * stride_qb
+    q_a = _rows_part(q_ptr, heads, stride_qh, q_off, g_mask, 0, BLOCK_DA, HEAD_DIM)
+    if BLOCK_DB > 0:
+        q_b = _rows_part(q_ptr, heads, stride_qh, q_off, g_mask, BLOCK_DA, BLOCK_DB, HEAD_DIM)
     # Splits that work: one per split_tokens of live context, at least one, at most the grid's.
     live = tl.minimum(tl.maximum(tl.cdiv(kv_len, split_tokens), 1), NUM_SPLITS)
     if split < live:
@@ -71,50 +134,54 @@ def attend_split(
         start = split * split_len
         end = tl.minimum(start + split_len, kv_len)
 
-        q_row = tl.sum(q.to(tl.float32), axis=0)  # the query when GROUP == 1 (a sum over one row)
+        # the query when GROUP == 1 (a sum over one row)
+        q_row_a = tl.sum(q_a.to(tl.float32), axis=0)
+        if BLOCK_DB > 0:
+            q_row_b = tl.sum(q_b.to(tl.float32), axis=0)
         # input_precision="ieee" only matters for float32 pools (no TF32); fp16/bf16 unaffected.
 
         m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_G], tl.float32)
-        acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+        acc_a = tl.zeros([BLOCK_G, BLOCK_DA], tl.float32)
+        if BLOCK_DB > 0:
+            acc_b = tl.zeros([BLOCK_G, BLOCK_DB], tl.float32)
         for n0 in range(start, end, BLOCK_N):
             pos = n0 + offs_n
             n_mask = pos < end
             block = tl.load(table_ptr + b * stride_tb + pos // block_size, mask=n_mask, other=0)
             slot = block.to(tl.int64) * block_size + pos % block_size
-            kv_mask = n_mask[:, None] & d_mask[None, :]
-            k = tl.load(k_ptr + slot[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :],
-                        mask=kv_mask, other=0.0)  # fmt: skip
-            v = tl.load(v_ptr + slot[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :],
-                        mask=kv_mask, other=0.0)  # fmt: skip
-            if USE_DOT:
-                s = tl.dot(q, tl.trans(k), input_precision="ieee")
-            else:  # a group of one: a dot product per key, no 16-row padding
-                s = tl.sum(q_row[None, :] * k.to(tl.float32), axis=1)[None, :]
+            k_off, v_off = kvh * stride_kh, kvh * stride_vh
+            k_a = _rows_part(k_ptr, slot, stride_kt, k_off, n_mask, 0, BLOCK_DA, HEAD_DIM)
+            v_a = _rows_part(v_ptr, slot, stride_vt, v_off, n_mask, 0, BLOCK_DA, HEAD_DIM)
+            s = _scores(q_a, q_row_a, k_a, USE_DOT)
+            if BLOCK_DB > 0:
+                k_b = _rows_part(k_ptr, slot, stride_kt, k_off, n_mask, BLOCK_DA, BLOCK_DB,
+                                 HEAD_DIM)  # fmt: skip
+                v_b = _rows_part(v_ptr, slot, stride_vt, v_off, n_mask, BLOCK_DA, BLOCK_DB,
+                                 HEAD_DIM)  # fmt: skip
+                s += _scores(q_b, q_row_b, k_b, USE_DOT)
             s = tl.where(n_mask[None, :], s * qk_scale_log2, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: the block holds a live position
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            p = p.to(v.dtype)  # the reference casts probabilities to the compute dtype before @ V
-            if USE_DOT:
-                acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-            else:
-                p_row = tl.sum(p.to(tl.float32), axis=0)
-                pv = tl.sum(p_row[:, None] * v.to(tl.float32), axis=0)[None, :]
-                acc = acc * alpha[:, None] + pv
+            p = p.to(v_a.dtype)  # the reference casts probabilities to the compute dtype before @ V
+            acc_a = acc_a * alpha[:, None] + _weighted_values(p, v_a, USE_DOT)
+            if BLOCK_DB > 0:
+                acc_b = acc_b * alpha[:, None] + _weighted_values(p, v_b, USE_DOT)
             m_i = m_new
 
-        if live == 1:
-            o_ptrs = out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
-            o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # kv_len 0 (a padded row): zeros
-            tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty),
-                     mask=g_mask[:, None] & d_mask[None, :])  # fmt: skip
-        else:  # partials [B, heads, splits] (+ [D]); an empty split stores m=-inf, l=0, acc=0
-            row = (b * num_heads + heads) * NUM_SPLITS + split
+        # partials [B, heads, splits] (+ [DA + DB]); an empty split stores m=-inf, l=0, acc=0
+        row = (b * num_heads + heads) * NUM_SPLITS + split
+        _store_split(acc_a, l_i, m_i, b, heads, g_mask, split, out_ptr, stride_ob, stride_oh,
+                     m_ptr, l_ptr, acc_ptr, row, live, 0, BLOCK_DA, acc_d, HEAD_DIM)  # fmt: skip
+        if BLOCK_DB > 0:
+            _store_split(acc_b, l_i, m_i, b, heads, g_mask, split, out_ptr, stride_ob,
+                         stride_oh, m_ptr, l_ptr, acc_ptr, row, live, BLOCK_DA, BLOCK_DB, acc_d,
+                         HEAD_DIM)  # fmt: skip
+        if live > 1:
             tl.store(m_ptr + row, m_i, mask=g_mask)
             tl.store(l_ptr + row, l_i, mask=g_mask)
-            tl.store(acc_ptr + row[:, None] * BLOCK_D + offs_d[None, :], acc, mask=g_mask[:, None])
             # Every thread's stores land before the arrival (a block barrier, then a release at
             # GPU scope); the last to arrive acquires them all, combines and resets the counter.
             tl.debug_barrier()
@@ -125,7 +192,8 @@ def attend_split(
                     head = kvh * GROUP + g
                     _combine_head(
                         m_ptr, l_ptr, acc_ptr, out_ptr + b * stride_ob + head * stride_oh,
-                        (b * num_heads + head) * NUM_SPLITS, live, HEAD_DIM, BLOCK_S, BLOCK_D,
+                        (b * num_heads + head) * NUM_SPLITS, live, HEAD_DIM, BLOCK_S,
+                        BLOCK_DA, BLOCK_DB,
                     )  # fmt: skip
                 tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
 
@@ -169,8 +237,8 @@ def _decode_split_kernel(
     stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_tb,
     stride_ob, stride_oh, block_size, split_tokens, qk_scale_log2,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, USE_DOT: tl.constexpr,
-    PDL: tl.constexpr, PREFETCH: tl.constexpr,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DA: tl.constexpr,
+    BLOCK_DB: tl.constexpr, USE_DOT: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
 ):  # fmt: skip
     if PREFETCH:
         _prefetch_split(
@@ -184,7 +252,7 @@ def _decode_split_kernel(
         v_ptr, table_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, arrivals_ptr, stride_qb,
         stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_tb, stride_ob, stride_oh,
         block_size, split_tokens, qk_scale_log2, GROUP, HEAD_DIM, NUM_SPLITS, BLOCK_S, BLOCK_G,
-        BLOCK_N, BLOCK_D, USE_DOT,
+        BLOCK_N, BLOCK_DA, BLOCK_DB, USE_DOT,
     )  # fmt: skip
 
 
@@ -227,6 +295,7 @@ def paged_decode_attention(
     split_tokens: int | None = None,
     pdl: bool = False,
     prefetch: bool = True,
+    parts: tuple | None = None,
 ) -> torch.Tensor:
     """q [B, heads, d]; pools [slots, kv_heads, d]; block_table [B, W] (int32 or int64; slab:
     W=1 and block_size=max_positions); kv_lens [B] (a row of length 0 gets zeros). Returns
@@ -237,7 +306,7 @@ def paged_decode_attention(
     `tiles` = (BLOCK_N, num_warps, num_stages) overrides the defaults
     (scripts/tune_decode_attention.py). `pdl`: launched with programmatic dependent launch
     (pdl.py), each split's keys and values prefetched into L2 before the wait unless `prefetch`
-    is False."""
+    is False. `parts` = (DA, DB) overrides how the head is cut (`default_parts`)."""
     batch, heads, d = q.shape
     kv_heads = k_pool.shape[1]
     group = heads // kv_heads
@@ -253,11 +322,12 @@ def paged_decode_attention(
     use_dot = group > 1
     if use_dot:
         block_g = max(16, block_g)  # tl.dot needs 16 rows
-    if tiles is None:
-        device = q.device
-        tiles = default_tiles(
-            batch, kv_heads, block_d, device_sm_count(device), device_capability(device)
-        )
+    if tiles is None or parts is None:
+        sms, capability = device_sm_count(q.device), device_capability(q.device)
+        tiles = tiles or default_tiles(batch, kv_heads, block_d, sms, capability)
+        parts = parts or default_parts(d, batch, kv_heads, sms, capability)
+    da, db = parts
+    assert da >= 16 and (db == 0 or db >= 16) and da + db >= d, f"{parts} for head_dim {d}"
     num_splits = max(1, int(num_splits))
     if split_tokens is None:
         split_tokens = split_tokens_for(tiles[0])
@@ -267,7 +337,7 @@ def paged_decode_attention(
     if num_splits > 1:
         m = torch.empty(batch, heads, num_splits, device=q.device, dtype=torch.float32)
         l_s = torch.empty_like(m)
-        acc = torch.empty(batch, heads, num_splits, block_d, device=q.device, dtype=torch.float32)
+        acc = torch.empty(batch, heads, num_splits, da + db, device=q.device, dtype=torch.float32)
     else:
         m = l_s = acc = out  # unused: one split writes the output directly
     args = (
@@ -278,7 +348,8 @@ def paged_decode_attention(
     )  # fmt: skip
     meta = dict(
         GROUP=group, HEAD_DIM=d, NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
-        BLOCK_G=block_g, BLOCK_D=block_d, USE_DOT=use_dot, PDL=pdl, PREFETCH=pdl and prefetch,
+        BLOCK_G=block_g, BLOCK_DA=da, BLOCK_DB=db, USE_DOT=use_dot, PDL=pdl,
+        PREFETCH=pdl and prefetch,
         **launch_options(pdl, q.device),
     )  # fmt: skip
     key = (q.device, tiles, block_d, block_g)
@@ -300,6 +371,19 @@ _TOO_BIG: set = set()
 def _launch(grid: tuple, args: tuple, meta: dict, tiles: tuple) -> None:
     block_n, warps, stages = tiles
     _decode_split_kernel[grid](*args, **meta, BLOCK_N=block_n, num_warps=warps, num_stages=stages)
+
+
+def default_parts(d: int, batch: int, kv_heads: int, sm_count: int, capability=(0, 0)):
+    """(DA, DB): how the kernel cuts a head of d dimensions. Hopper with a (row, kv head)
+    program per SM: two power-of-two parts (`head_parts`, 192 = 128 + 64), no padding in
+    registers (H200, docs/PERF.md, run 93: the decode step at 64 x 2048 1851 -> 1765 us, 64 x
+    256 720 -> 687; the cache read at 64 x 2048 3.08 -> 3.35 TB/s). Otherwise one part padded
+    to a power of two: at 1-8 rows the split cost 2-4% of a step (8 x 150 334 -> 340 us, 8 x
+    1000 490 -> 510), and nothing else was measured."""
+    programs = batch * kv_heads
+    if tuple(capability) >= (9, 0) and programs >= sm_count:
+        return head_parts(d)
+    return max(16, triton.next_power_of_2(d)), 0
 
 
 def default_tiles(batch: int, kv_heads: int, block_d: int, sm_count: int, capability=(0, 0)):

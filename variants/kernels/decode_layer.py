@@ -61,7 +61,7 @@ def _decode_layer_kernel(
     H: tl.constexpr, INTER: tl.constexpr, Q_DIM: tl.constexpr, KV_DIM: tl.constexpr,
     HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, KV_HEADS: tl.constexpr,
     NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_G: tl.constexpr,
-    BLOCK_D: tl.constexpr, ATT_N: tl.constexpr, USE_DOT: tl.constexpr,
+    BLOCK_DA: tl.constexpr, BLOCK_DB: tl.constexpr, ATT_N: tl.constexpr, USE_DOT: tl.constexpr,
     QKV_N: tl.constexpr, QKV_K: tl.constexpr, O_N: tl.constexpr, O_K: tl.constexpr,
     GU_N: tl.constexpr, GU_K: tl.constexpr, DN_N: tl.constexpr, DN_K: tl.constexpr,
     DN_SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, FIRST: tl.constexpr, LAST: tl.constexpr,
@@ -95,7 +95,7 @@ def _decode_layer_kernel(
                 lens_ptr, attn_ptr, m_ptr, l_ptr, acc_ptr, arrivals_ptr, Q_DIM, HEAD_DIM,
                 stride_kpt, stride_kph, stride_vpt, stride_vph, stride_tb, Q_DIM, HEAD_DIM,
                 block_size, split_tokens, qk_scale_log2, GROUP, HEAD_DIM, NUM_SPLITS, BLOCK_S,
-                BLOCK_G, ATT_N, BLOCK_D, USE_DOT,
+                BLOCK_G, ATT_N, BLOCK_DA, BLOCK_DB, USE_DOT,
             )  # fmt: skip
     _phase_barrier(barrier_ptr, 2, FIRST, LAST)
     if FIRST <= 3 and 3 <= LAST:  # xb = x + attention @ Wo.T
@@ -151,6 +151,7 @@ class DecodeLayers:
         assert d % 2 == 0 and d <= 256, f"head_dim {d} must be even and <= 256"
         q_dim, kv_dim = heads * d, kv_heads * d
         block_d = max(16, triton.next_power_of_2(d))
+        parts = (block_d, 0)  # one padded part: the split head was not measured here
         group = heads // kv_heads
         _, qkv_n, qkv_k, _, _ = few_row_tiles(rows, (q_dim + 2 * kv_dim) // 2, sm_count, 2)
         _, o_n, o_k, _, _ = few_row_tiles(rows, h, sm_count)
@@ -176,7 +177,8 @@ class DecodeLayers:
             H=h, INTER=inter, Q_DIM=q_dim, KV_DIM=kv_dim, HEAD_DIM=d, GROUP=group,
             KV_HEADS=kv_heads, NUM_SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits),
             BLOCK_G=max(16, triton.next_power_of_2(group)) if group > 1 else 1,
-            BLOCK_D=block_d, ATT_N=att_n, USE_DOT=group > 1, QKV_N=qkv_n, QKV_K=qkv_k,
+            BLOCK_DA=parts[0], BLOCK_DB=parts[1], ATT_N=att_n, USE_DOT=group > 1, QKV_N=qkv_n,
+            QKV_K=qkv_k,
             O_N=o_n, O_K=o_k, GU_N=gu_n, GU_K=gu_k, DN_N=dn_n, DN_K=dn_k, DN_SPLITS=dn_splits,
             BLOCK_M=MAX_ROWS, W_BYTES=torch.empty((), dtype=dtype).element_size(),
         )  # fmt: skip
@@ -187,7 +189,7 @@ class DecodeLayers:
         self.attn = empty(rows, q_dim, dtype=dtype)
         self.m = empty(rows, heads, splits, dtype=torch.float32)
         self.l_s = empty(rows, heads, splits, dtype=torch.float32)
-        self.acc = empty(rows, heads, splits, block_d, dtype=torch.float32)
+        self.acc = empty(rows, heads, splits, sum(parts), dtype=torch.float32)
         self.act = empty(rows, inter, dtype=dtype)
         self.ws = empty(dn_splits, rows, h, dtype=torch.float32)
         counters = counters_for(device, dn_tiles + ATTENTION_COUNTERS)

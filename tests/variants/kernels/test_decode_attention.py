@@ -10,6 +10,7 @@ pytest.importorskip("triton", reason="triton is not installed")
 import variants.kernels.decode_attention as decode_module  # noqa: E402
 from variants.kernels.decode_attention import (  # noqa: E402
     choose_num_splits,
+    default_parts,
     default_tiles,
     paged_decode_attention,
     split_tokens_for,
@@ -62,13 +63,15 @@ def slab_case(kv_lens, heads, kv_heads, d, max_len, dtype=torch.float32, device=
     return to(q), to(k_pool), to(v_pool), table.to(device, torch.int32), lens.to(device)
 
 
-def check(case, block_size, num_splits, atol=1e-5, rtol=1e-5, split_tokens=1):
-    """split_tokens=1 by default: every split the grid has works, even at these short lengths."""
+def check(case, block_size, num_splits, atol=1e-5, rtol=1e-5, split_tokens=1, parts=None):
+    """split_tokens=1 by default: every split the grid has works, even at these short lengths.
+    `parts`: how the head is cut (None: the launcher's choice)."""
     q, k_pool, v_pool, table, lens = case
     scale = 1.0 / math.sqrt(q.shape[-1])
     got = paged_decode_attention(
-        q, k_pool, v_pool, table, lens, block_size, scale, num_splits, split_tokens=split_tokens
-    )
+        q, k_pool, v_pool, table, lens, block_size, scale, num_splits, split_tokens=split_tokens,
+        parts=parts,
+    )  # fmt: skip
     want = reference_decode(q, k_pool, v_pool, table, lens, block_size)
     assert got.shape == q.shape and got.dtype == q.dtype
     torch.testing.assert_close(got, want, atol=atol, rtol=rtol)
@@ -82,6 +85,25 @@ RAGGED = [1, 16, 32, 37, 5]
 @pytest.mark.parametrize("heads,kv_heads,d", [(2, 2, 24), (4, 2, 48)])
 def test_paged_ragged(num_splits, heads, kv_heads, d):
     check(paged_case(RAGGED, heads, kv_heads, d, 16), 16, num_splits)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize(
+    "heads,kv_heads,d,parts",
+    [(2, 2, 24, (16, 16)), (4, 2, 48, (32, 16)), (4, 1, 40, (32, 16)), (2, 2, 32, (32, 0))],
+)
+def test_head_in_two_parts(num_splits, heads, kv_heads, d, parts):
+    """The head cut in two power-of-two parts (Hopper's choice at a program per SM), with and
+    without GQA, the second part masked past head_dim (40 = 32 + 8 of 16)."""
+    check(paged_case(RAGGED, heads, kv_heads, d, 16), 16, num_splits, parts=parts)
+
+
+def test_default_parts():
+    hopper = (9, 0)
+    assert default_parts(192, 64, 4, 132, hopper) == (128, 64)  # a program per SM: two parts
+    assert default_parts(192, 32, 4, 132, hopper) == (256, 0)  # fewer: one padded part
+    assert default_parts(128, 64, 4, 132, hopper) == (128, 0)
+    assert default_parts(192, 64, 4, 82, (8, 6)) == (256, 0)  # not measured off Hopper
 
 
 def test_many_splits_some_empty():
@@ -239,10 +261,16 @@ def test_gpu_paged_public_sizes(batch, ctx, splits):
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_gpu_slab_and_gqa(dtype):
+@pytest.mark.parametrize("parts", [None, "split"])
+def test_gpu_slab_and_gqa(dtype, parts):
+    """The launcher's head layout, and the head forced into two parts (192 = 128 + 64; GQA at
+    96 = 64 + 32, the group through tl.dot)."""
     atol = 2e-3 if dtype == torch.float16 else 1e-2
-    check(slab_case([1, 150, 2048, 77], 4, 4, 192, 2048, dtype, "cuda"), 2048, 4, atol, 2e-2)
+    slab = slab_case([1, 150, 2048, 77], 4, 4, 192, 2048, dtype, "cuda")
+    check(slab, 2048, 4, atol, 2e-2, parts=parts and (128, 64))
     check(paged_case([1, 16, 300, 1000], 8, 2, 128, 16, dtype, "cuda"), 16, 4, atol, 2e-2)
+    gqa = paged_case([1, 16, 300, 1000], 8, 2, 96, 16, dtype, "cuda")
+    check(gqa, 16, 4, atol, 2e-2, parts=parts and (64, 32))
 
 
 @pytest.mark.gpu
