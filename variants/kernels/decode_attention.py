@@ -261,8 +261,10 @@ def choose_num_splits(max_kv_len: int, batch: int, kv_heads: int, sm_count: int)
     head, split) programs to fill about 16x the SMs, at most one per 128 tokens of the bucket,
     at most 16. How many of them work follows each row's live length in the kernel
     (SPLIT_TOKENS). With 32-token tiles at 64 rows x 2048 tokens on the H200, 16 splits read
-    the cache at 1.77-1.88 TB/s and 2-3 splits at 1.4-1.7; with the 128-token tiles Hopper now
-    gets, 2-16 splits all read 2.4-2.7 TB/s (scripts/tune_decode_attention.py, docs/PERF.md)."""
+    the cache at 1.77-1.88 TB/s and 2-3 splits at 1.4-1.7; with 128-token tiles of four warps,
+    2-16 splits all read 2.4-2.7 TB/s; with Hopper's 32-token tiles of one warp now, 4-8 splits
+    read 3.06-3.08 TB/s, and 9 splits 3.35 with the head in two parts
+    (scripts/tune_decode_attention.py, docs/PERF.md, runs 90 and 93)."""
     programs = max(1, batch * kv_heads)
     wanted = -(-16 * sm_count // programs)
     return max(1, min(16, wanted, max_kv_len // 128))
