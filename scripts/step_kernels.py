@@ -10,14 +10,13 @@ qkv (norm + QKV + RoPE), o (the output projection), gateup (norm + gate-up + SiL
 head, TILES is BLOCK_N,BLOCK_K,WARPS,STAGES or `-` (the launcher's own), and SPLIT_K the K
 splits (default: the launcher's)."""
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import variants.layers.fused_stack as fused_stack  # noqa: E402
-from scripts.step_sweep import add_common_arguments, sweep  # noqa: E402
+from scripts.step_sweep import main  # noqa: E402
 
 ORIGINAL = {
     "few_row_linear": fused_stack.few_row_linear,
@@ -69,20 +68,5 @@ def use(setting: str) -> None:
     fused_stack.norm_swiglu = gateup if forced else ORIGINAL["norm_swiglu"]
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__)
-    add_common_arguments(p)
-    p.add_argument("--setting", action="append", default=[], help="NAME=default|KERNEL:...")
-    args = p.parse_args()
-    settings = dict(s.split("=", 1) for s in args.setting) or {"default": "default"}
-    for s in settings.values():
-        parse(s)  # a typo fails before any engine is built
-    try:
-        sweep(args, settings, use)
-    finally:
-        use("default")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(__doc__, use, "NAME=default|KERNEL:...", check=parse))

@@ -3,6 +3,7 @@ setting in turn, rounds interleaved, a fresh engine of the preset; per shape (ro
 prefill, three decode steps, then the GPU time of the step's CUDA graph replayed back to back;
 the logits of each setting against the first setting's."""
 
+import argparse
 import json
 import statistics
 import sys
@@ -17,12 +18,27 @@ from variants import build_engine  # noqa: E402
 from variants.presets import PRESETS  # noqa: E402
 
 
-def add_common_arguments(p) -> None:
+def main(description: str, use, setting_help: str, check=None) -> int:
+    """The command line of a sweep: shapes, rounds and NAME=SETTING pairs; `check(setting)`
+    raises on a bad setting before any engine is built; `use("default")` is restored at the
+    end."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--model-config", default="target/model_config.json")
     p.add_argument("--weight-dir", default="target/weights")
     p.add_argument("--preset", default="slab-triton-pdl-allgraphs", choices=sorted(PRESETS))
     p.add_argument("--shapes", default="8x40,8x150,1x150,16x100,32x512")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--setting", action="append", default=[], help=setting_help)
+    args = p.parse_args()
+    settings = dict(s.split("=", 1) for s in args.setting) or {"default": "default"}
+    for setting in settings.values():
+        if check is not None:
+            check(setting)
+    try:
+        sweep(args, settings, use)
+    finally:
+        use("default")
+    return 0
 
 
 def sweep(args, settings: dict, use) -> dict:

@@ -8,14 +8,13 @@ each setting in turn, rounds interleaved; the logits of each setting against the
 A setting is `default` (what the code picks) or SPLIT_TOKENS:BLOCK_N,WARPS,STAGES for every
 batch (the same for all shapes)."""
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import variants.attention.triton_attention as triton_attention  # noqa: E402
-from scripts.step_sweep import add_common_arguments, sweep  # noqa: E402
+from scripts.step_sweep import main  # noqa: E402
 
 DEFAULT = triton_attention.paged_decode_attention
 
@@ -34,18 +33,5 @@ def use(setting: str) -> None:
     triton_attention.paged_decode_attention = forced
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__)
-    add_common_arguments(p)
-    p.add_argument("--setting", action="append", default=[], help="NAME=default|S:N,W,ST")
-    args = p.parse_args()
-    settings = dict(s.split("=", 1) for s in args.setting) or {"default": "default"}
-    try:
-        sweep(args, settings, use)
-    finally:
-        use("default")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(__doc__, use, "NAME=default|S:N,W,ST"))
