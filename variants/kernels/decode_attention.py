@@ -88,9 +88,9 @@ def _weighted_values(p, v, USE_DOT: tl.constexpr):
 
 
 @triton.jit
-def _store_split(acc, l_i, m_i, b, heads, g_mask, split, out_ptr, stride_ob, stride_oh,
-                 m_ptr, l_ptr, acc_ptr, row, live, D0: tl.constexpr, BLOCK: tl.constexpr,
-                 ACC_D: tl.constexpr, HEAD_DIM: tl.constexpr):  # fmt: skip
+def _store_split(acc, l_i, b, heads, g_mask, out_ptr, stride_ob, stride_oh, acc_ptr, row, live,
+                 D0: tl.constexpr, BLOCK: tl.constexpr, ACC_D: tl.constexpr,
+                 HEAD_DIM: tl.constexpr):  # fmt: skip
     """One part of the head: the output itself when one split works, else its partial."""
     offs_d = D0 + tl.arange(0, BLOCK)
     if live == 1:
@@ -173,12 +173,11 @@ def attend_split(
 
         # partials [B, heads, splits] (+ [DA + DB]); an empty split stores m=-inf, l=0, acc=0
         row = (b * num_heads + heads) * NUM_SPLITS + split
-        _store_split(acc_a, l_i, m_i, b, heads, g_mask, split, out_ptr, stride_ob, stride_oh,
-                     m_ptr, l_ptr, acc_ptr, row, live, 0, BLOCK_DA, acc_d, HEAD_DIM)  # fmt: skip
+        _store_split(acc_a, l_i, b, heads, g_mask, out_ptr, stride_ob, stride_oh, acc_ptr, row,
+                     live, 0, BLOCK_DA, acc_d, HEAD_DIM)  # fmt: skip
         if BLOCK_DB > 0:
-            _store_split(acc_b, l_i, m_i, b, heads, g_mask, split, out_ptr, stride_ob,
-                         stride_oh, m_ptr, l_ptr, acc_ptr, row, live, BLOCK_DA, BLOCK_DB, acc_d,
-                         HEAD_DIM)  # fmt: skip
+            _store_split(acc_b, l_i, b, heads, g_mask, out_ptr, stride_ob, stride_oh, acc_ptr,
+                         row, live, BLOCK_DA, BLOCK_DB, acc_d, HEAD_DIM)  # fmt: skip
         if live > 1:
             tl.store(m_ptr + row, m_i, mask=g_mask)
             tl.store(l_ptr + row, l_i, mask=g_mask)
@@ -354,7 +353,7 @@ def paged_decode_attention(
         PREFETCH=pdl and prefetch,
         **launch_options(pdl, q.device),
     )  # fmt: skip
-    key = (q.device, tiles, block_d, block_g)
+    key = (q.device, tiles, parts, block_g)
     if key in _TOO_BIG:  # this GPU refused the tile before: the small one, without retrying
         tiles = (32, 4, 2)
     try:
@@ -381,7 +380,8 @@ def default_parts(d: int, batch: int, kv_heads: int, sm_count: int, capability=(
     registers (H200, docs/PERF.md, run 93: the decode step at 64 x 2048 1851 -> 1765 us, 64 x
     256 720 -> 687; the cache read at 64 x 2048 3.08 -> 3.35 TB/s). Otherwise one part padded
     to a power of two: at 1-8 rows the split cost 2-4% of a step (8 x 150 334 -> 340 us, 8 x
-    1000 490 -> 510), and nothing else was measured."""
+    1000 490 -> 510). At 16-32 rows it gained 1-2% (16 x 100 342 -> 340, 32 x 512 668 -> 651),
+    one run only: not taken yet."""
     programs = batch * kv_heads
     if tuple(capability) >= (9, 0) and programs >= sm_count:
         return head_parts(d)
