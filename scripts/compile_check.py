@@ -167,8 +167,8 @@ def cases(sms: int, pdl: bool = False, arch: int = 86) -> list:
         if n.startswith("stride_"):
             attention[n] = strides
     # the tiles and head parts the launcher picks at 8, 32 and 64 rows on this capability
-    # (Hopper: 16-token tiles of two warps, then of one, one padded part; then 32-token tiles of
-    # one warp with the head as 128 + 64)
+    # (Hopper: 16-token tiles of two warps with one padded part, then 16-token tiles of one
+    # warp with the head as 128 + 64, then 32-token tiles of one warp with the head as 128 + 64)
     picked = ((default_tiles(rows, 4, 256, sms, capability),
                default_parts(192, rows, 4, sms, capability)) for rows in (8, 32, 64))  # fmt: skip
     for (block_n, warps, stages), (da, db) in dict.fromkeys(picked):

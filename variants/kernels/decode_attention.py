@@ -375,15 +375,15 @@ def _launch(grid: tuple, args: tuple, meta: dict, tiles: tuple) -> None:
 
 
 def default_parts(d: int, batch: int, kv_heads: int, sm_count: int, capability=(0, 0)):
-    """(DA, DB): how the kernel cuts a head of d dimensions. Hopper with a (row, kv head)
-    program per SM: two power-of-two parts (`head_parts`, 192 = 128 + 64), no padding in
-    registers (H200, docs/PERF.md, run 93: the decode step at 64 x 2048 1851 -> 1765 us, 64 x
-    256 720 -> 687; the cache read at 64 x 2048 3.08 -> 3.35 TB/s). Otherwise one part padded
-    to a power of two: at 1-8 rows the split cost 2-4% of a step (8 x 150 334 -> 340 us, 8 x
-    1000 490 -> 510). At 16-32 rows it gained 1-2% (16 x 100 342 -> 340, 32 x 512 668 -> 651),
-    one run only: not taken yet."""
+    """(DA, DB): how the kernel cuts a head of d dimensions. Hopper from a quarter of an SM a
+    (row, kv head) program up: two power-of-two parts (`head_parts`, 192 = 128 + 64), no
+    padding in registers (H200, docs/PERF.md: the decode step at 64 x 2048 1851 -> 1765 us, 64
+    x 256 720 -> 687, the cache read at 64 x 2048 3.08 -> 3.35 TB/s, run 93; 32 x 512 669 ->
+    649, 32 x 100 443 -> 436, 24 x 300 530 -> 526, 16 x 100 a tie, run 95). Otherwise one part
+    padded to a power of two: at 1-8 rows the cut cost 2-4% of a step (8 x 150 334 -> 340 us,
+    8 x 1000 490 -> 510, run 93)."""
     programs = batch * kv_heads
-    if tuple(capability) >= (9, 0) and programs >= sm_count:
+    if tuple(capability) >= (9, 0) and 4 * programs >= sm_count:
         return head_parts(d)
     return max(16, triton.next_power_of_2(d)), 0
 

@@ -101,7 +101,8 @@ def test_head_in_two_parts(num_splits, heads, kv_heads, d, parts):
 def test_default_parts():
     hopper = (9, 0)
     assert default_parts(192, 64, 4, 132, hopper) == (128, 64)  # a program per SM: two parts
-    assert default_parts(192, 32, 4, 132, hopper) == (256, 0)  # fewer: one padded part
+    assert default_parts(192, 16, 4, 132, hopper) == (128, 64)  # from a quarter of an SM a program
+    assert default_parts(192, 8, 4, 132, hopper) == (256, 0)  # fewer: one padded part
     assert default_parts(128, 64, 4, 132, hopper) == (128, 0)
     assert default_parts(192, 64, 4, 82, (8, 6)) == (256, 0)  # not measured off Hopper
 
