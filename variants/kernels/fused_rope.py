@@ -1,4 +1,4 @@
-"""Fused interleaved RoPE on q and k plus the KV-cache write, one program per token.
+"""Fused interleaved RoPE on q and k plus the KV-cache write, a token or two a program.
 
 Wins in decode over eager RoPE (a dozen small launches for q and k) followed by two index_copy_
 launches into the pools. Reads q/k/v straight from the strided views of the fused QKV output;
@@ -7,6 +7,8 @@ rounds each product like the eager reference. Needs Triton >= 3.0 and an even he
 import torch
 import triton
 import triton.language as tl
+
+from variants.kernels.split_k import host_cdiv
 
 
 @triton.jit
@@ -22,54 +24,73 @@ def rotate_pairs(x0, x1, c, s):
 
 
 @triton.jit
+def _heads_tile(ptr, t, t_mask, stride_t, stride_h, stride_d, HEADS: tl.constexpr,
+                HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+    """[BLOCK_T, BLOCK_H, BLOCK_D] of tokens t's heads, each head's dims contiguous (zeros past
+    HEADS, HEAD_DIM and the live tokens), and its mask."""
+    h = tl.arange(0, BLOCK_H)
+    dd = tl.arange(0, BLOCK_D)
+    mask = t_mask[:, None, None] & (h < HEADS)[None, :, None] & (dd < HEAD_DIM)[None, None, :]
+    at = t[:, None, None] * stride_t + h[None, :, None] * stride_h + dd[None, None, :] * stride_d
+    return tl.load(ptr + at, mask=mask, other=0.0), mask
+
+
+@triton.jit
+def _rotate_tile(x, c, s, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """RoPE on a [BLOCK_T, BLOCK_H, BLOCK_D] tile loaded whole: its interleaved pairs split in
+    registers (not two loads with a stride of 2), rotated, joined back."""
+    x0, x1 = tl.split(tl.reshape(x, [BLOCK_T, BLOCK_H, BLOCK_D // 2, 2]))
+    r0, r1 = rotate_pairs(x0, x1, c[:, None, :], s[:, None, :])
+    return tl.reshape(tl.join(r0, r1), [BLOCK_T, BLOCK_H, BLOCK_D])
+
+
+@triton.jit
 def _rope_cache_write_kernel(
     q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, k_pool_ptr, v_pool_ptr, index_ptr, q_out_ptr,
-    k_out_ptr, stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd, stride_vt,
-    stride_vh, stride_vd, stride_ct, stride_st, stride_kpt, stride_kph, stride_vpt, stride_vph,
-    stride_ot, stride_oh, stride_kot, stride_koh,
-    HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
-    STORE_K: tl.constexpr,
+    k_out_ptr, tokens, stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd,
+    stride_vt, stride_vh, stride_vd, stride_ct, stride_st, stride_kpt, stride_kph, stride_vpt,
+    stride_vph, stride_ot, stride_oh, stride_kot, stride_koh,
+    HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr, STORE_K: tl.constexpr,
 ):  # fmt: skip
-    t = tl.program_id(0).to(tl.int64)
-    j = tl.arange(0, BLOCK_HALF)
-    j_mask = j < HEAD_DIM // 2
-    c = tl.load(cos_ptr + t * stride_ct + j, mask=j_mask, other=0.0).to(tl.float32)
-    s = tl.load(sin_ptr + t * stride_st + j, mask=j_mask, other=0.0).to(tl.float32)
-    c, s = c[None, :], s[None, :]
+    t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    t_mask = t < tokens
+    j = tl.arange(0, BLOCK_D // 2)
+    cs_mask = t_mask[:, None] & (j < HEAD_DIM // 2)[None, :]
+    c = tl.load(cos_ptr + t[:, None] * stride_ct + j[None, :], mask=cs_mask, other=0.0)
+    s = tl.load(sin_ptr + t[:, None] * stride_st + j[None, :], mask=cs_mask, other=0.0)
+    c, s = c.to(tl.float32), s.to(tl.float32)
+    slot = tl.load(index_ptr + t, mask=t_mask, other=0).to(tl.int64)[:, None, None]
+    hq = tl.arange(0, BLOCK_HQ)[None, :, None]
+    hk = tl.arange(0, BLOCK_HK)[None, :, None]
+    dd = tl.arange(0, BLOCK_D)[None, None, :]
 
-    hq = tl.arange(0, BLOCK_HQ)
-    q_mask = (hq < HEADS)[:, None] & j_mask[None, :]
-    q_base = q_ptr + t * stride_qt + hq[:, None] * stride_qh + (2 * j[None, :]) * stride_qd
-    q0 = tl.load(q_base, mask=q_mask, other=0.0)
-    q1 = tl.load(q_base + stride_qd, mask=q_mask, other=0.0)
-    r0, r1 = rotate_pairs(q0, q1, c, s)
-    o_base = q_out_ptr + t * stride_ot + hq[:, None] * stride_oh + 2 * j[None, :]
-    tl.store(o_base, r0, mask=q_mask)
-    tl.store(o_base + 1, r1, mask=q_mask)
-
-    slot = tl.load(index_ptr + t).to(tl.int64)
-    hk = tl.arange(0, BLOCK_HK)
-    k_mask = (hk < KV_HEADS)[:, None] & j_mask[None, :]
-    k_base = k_ptr + t * stride_kt + hk[:, None] * stride_kh + (2 * j[None, :]) * stride_kd
-    k0 = tl.load(k_base, mask=k_mask, other=0.0)
-    k1 = tl.load(k_base + stride_kd, mask=k_mask, other=0.0)
-    r0, r1 = rotate_pairs(k0, k1, c, s)
-    kp_base = k_pool_ptr + slot * stride_kpt + hk[:, None] * stride_kph + 2 * j[None, :]
-    tl.store(kp_base, r0.to(k_pool_ptr.dtype.element_ty), mask=k_mask)
-    tl.store(kp_base + 1, r1.to(k_pool_ptr.dtype.element_ty), mask=k_mask)
+    q, q_mask = _heads_tile(q_ptr, t, t_mask, stride_qt, stride_qh, stride_qd, HEADS, HEAD_DIM,
+                            BLOCK_HQ, BLOCK_D)  # fmt: skip
+    k, k_mask = _heads_tile(k_ptr, t, t_mask, stride_kt, stride_kh, stride_kd, KV_HEADS,
+                            HEAD_DIM, BLOCK_HK, BLOCK_D)  # fmt: skip
+    v, _ = _heads_tile(v_ptr, t, t_mask, stride_vt, stride_vh, stride_vd, KV_HEADS, HEAD_DIM,
+                       BLOCK_HK, BLOCK_D)  # fmt: skip
+    q_rot = _rotate_tile(q, c, s, BLOCK_T, BLOCK_HQ, BLOCK_D)
+    tl.store(q_out_ptr + t[:, None, None] * stride_ot + hq * stride_oh + dd, q_rot, mask=q_mask)
+    k_rot = _rotate_tile(k, c, s, BLOCK_T, BLOCK_HK, BLOCK_D)
+    tl.store(k_pool_ptr + slot * stride_kpt + hk * stride_kph + dd,
+             k_rot.to(k_pool_ptr.dtype.element_ty), mask=k_mask)  # fmt: skip
+    # V is copied as loaded
+    tl.store(v_pool_ptr + slot * stride_vpt + hk * stride_vph + dd,
+             v.to(v_pool_ptr.dtype.element_ty), mask=k_mask)  # fmt: skip
     if STORE_K:  # the rotated keys also packed by token, as the cache holds them
-        ko_base = k_out_ptr + t * stride_kot + hk[:, None] * stride_koh + 2 * j[None, :]
-        tl.store(ko_base, r0.to(k_out_ptr.dtype.element_ty), mask=k_mask)
-        tl.store(ko_base + 1, r1.to(k_out_ptr.dtype.element_ty), mask=k_mask)
+        tl.store(k_out_ptr + t[:, None, None] * stride_kot + hk * stride_koh + dd,
+                 k_rot.to(k_out_ptr.dtype.element_ty), mask=k_mask)  # fmt: skip
 
-    # V is copied as the same pairs, so one index layout serves all three tensors.
-    v_base = v_ptr + t * stride_vt + hk[:, None] * stride_vh + (2 * j[None, :]) * stride_vd
-    v0 = tl.load(v_base, mask=k_mask, other=0.0)
-    v1 = tl.load(v_base + stride_vd, mask=k_mask, other=0.0)
-    vp_base = v_pool_ptr + slot * stride_vpt + hk[:, None] * stride_vph + 2 * j[None, :]
-    tl.store(vp_base, v0.to(v_pool_ptr.dtype.element_ty), mask=k_mask)
-    tl.store(vp_base + 1, v1.to(v_pool_ptr.dtype.element_ty), mask=k_mask)
+
+def rope_launch(tokens: int) -> tuple:
+    """(tokens a program, warps). Measured on the H200 in CUDA graphs (docs/PERF.md, run 97), us
+    a launch against the one-token programs of four warps that loaded each pair's halves with a
+    stride of 2: 64 tokens 2.67 -> 1.92, 512 4.94 -> 2.68, 2048 14.9 -> 5.3, 8192 48.7 -> 24.9;
+    one-token programs of four warps (the old grid, the new loads) were 0.1-0.6 us slower than
+    these, eight-token programs up to 1 us slower at 64-512 tokens."""
+    return (1, 2) if tokens <= 128 else (2, 2)
 
 
 def rope_and_cache_write(
@@ -82,12 +103,14 @@ def rope_and_cache_write(
     v_pool: torch.Tensor,
     write_index: torch.Tensor,
     k_out: torch.Tensor | None = None,
+    launch: tuple | None = None,
 ) -> torch.Tensor:
     """q [N, heads, d], k/v [N, kv_heads, d] (any strides); cos/sin [N, d/2] in the compute
     dtype; pools [slots, kv_heads, d] with unit last stride; write_index [N] token slot per row.
     Writes RoPE(k) and v into the pools in place and returns RoPE(q) as a new [N, heads, d].
     `k_out` ([N, kv_heads, d], unit last stride) also receives RoPE(k) in its dtype: a prefill
-    attends over it without reading the keys back from the pool."""
+    attends over it without reading the keys back from the pool. `launch` = (tokens a program,
+    warps) overrides `rope_launch`."""
     tokens, heads, d = q.shape
     kv_heads = k.shape[1]
     assert d % 2 == 0 and k_pool.stride(-1) == 1 and v_pool.stride(-1) == 1
@@ -96,13 +119,15 @@ def rope_and_cache_write(
         assert k_out.shape == (tokens, kv_heads, d) and k_out.stride(-1) == 1
     q_out = torch.empty(tokens, heads, d, device=q.device, dtype=q.dtype)
     ko = q_out if k_out is None else k_out  # unread without STORE_K
-    _rope_cache_write_kernel[(tokens,)](
-        q, k, v, cos, sin, k_pool, v_pool, write_index, q_out, ko,
+    block_t, warps = launch or rope_launch(tokens)
+    _rope_cache_write_kernel[(host_cdiv(tokens, block_t),)](
+        q, k, v, cos, sin, k_pool, v_pool, write_index, q_out, ko, tokens,
         *q.stride(), *k.stride(), *v.stride(), cos.stride(0), sin.stride(0),
         k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
         q_out.stride(0), q_out.stride(1), ko.stride(0), ko.stride(1),
-        HEADS=heads, KV_HEADS=kv_heads, HEAD_DIM=d, BLOCK_HQ=triton.next_power_of_2(heads),
-        BLOCK_HK=triton.next_power_of_2(kv_heads),
-        BLOCK_HALF=triton.next_power_of_2(d // 2), STORE_K=k_out is not None, num_warps=4,
+        HEADS=heads, KV_HEADS=kv_heads, HEAD_DIM=d, BLOCK_T=block_t,
+        BLOCK_HQ=triton.next_power_of_2(heads), BLOCK_HK=triton.next_power_of_2(kv_heads),
+        BLOCK_D=max(2, triton.next_power_of_2(d)), STORE_K=k_out is not None,
+        num_warps=warps,
     )  # fmt: skip
     return q_out

@@ -6,14 +6,14 @@ import torch
 
 pytest.importorskip("triton", reason="triton is not installed")
 
-from variants.kernels.fused_rope import rope_and_cache_write  # noqa: E402
+from variants.kernels.fused_rope import rope_and_cache_write, rope_launch  # noqa: E402
 from variants.layers.rope import RopeTable, apply_rope  # noqa: E402
 
 # The small float32 cases run on the GPU where there is one (Triton needs device tensors there).
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _run_case(tokens, heads, kv_heads, d, dtype, device, slots=64, seed=0):
+def _run_case(tokens, heads, kv_heads, d, dtype, device, slots=64, seed=0, launch=None):
     gen = torch.Generator().manual_seed(seed)
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * d, generator=gen).to(device, dtype)
     # strided views, as the fused QKV projection hands them over
@@ -26,7 +26,9 @@ def _run_case(tokens, heads, kv_heads, d, dtype, device, slots=64, seed=0):
     k_pool = torch.zeros(slots, kv_heads, d, device=device, dtype=dtype)
     v_pool = torch.zeros_like(k_pool)
     k_rot = torch.full((tokens, kv_heads, d), float("nan"), device=device, dtype=dtype)
-    q_rot = rope_and_cache_write(q, k, v, cos, sin, k_pool, v_pool, write_index, k_out=k_rot)
+    q_rot = rope_and_cache_write(
+        q, k, v, cos, sin, k_pool, v_pool, write_index, k_out=k_rot, launch=launch
+    )
 
     k_ref, v_ref = torch.zeros_like(k_pool), torch.zeros_like(v_pool)
     k_ref.index_copy_(0, write_index, apply_rope(k, cos, sin))
@@ -35,16 +37,24 @@ def _run_case(tokens, heads, kv_heads, d, dtype, device, slots=64, seed=0):
     return got, (apply_rope(q, cos, sin), k_ref, v_ref, apply_rope(k, cos, sin))
 
 
-@pytest.mark.parametrize("heads,kv_heads,d", [(4, 2, 24), (2, 2, 48), (3, 1, 16)])
-def test_rope_and_cache_write_matches_torch(heads, kv_heads, d):
-    got, want = _run_case(5, heads, kv_heads, d, torch.float32, DEVICE)
+@pytest.mark.parametrize("heads,kv_heads,d", [(4, 2, 24), (2, 2, 48), (3, 1, 16), (2, 1, 6)])
+@pytest.mark.parametrize("launch", [None, (2, 1), (4, 2)])
+def test_rope_and_cache_write_matches_torch(heads, kv_heads, d, launch):
+    """5 tokens: one a program, or 2 and 4 a program with the last program part empty; head
+    dims padded to a power of two (24 -> 32, 6 -> 8) and head counts too (3)."""
+    got, want = _run_case(5, heads, kv_heads, d, torch.float32, DEVICE, launch=launch)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-6)
 
 
+def test_launch_by_token_count():
+    assert rope_launch(1) == rope_launch(128) == (1, 2)  # decode steps: a token a program
+    assert rope_launch(129) == rope_launch(8192) == (2, 2)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("tokens", [8, 512])
+@pytest.mark.parametrize("tokens", [8, 511])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gpu_rope_and_cache_write(tokens, dtype):
     got, want = _run_case(tokens, 4, 4, 192, dtype, "cuda", slots=1024)
