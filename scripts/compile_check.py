@@ -32,6 +32,7 @@ from variants.kernels.decode_attention import (  # noqa: E402
     _decode_split_kernel,
     default_parts,
     default_tiles,
+    long_split_programs,
 )
 from variants.kernels.decode_layer import DecodeLayers, _decode_layer_kernel  # noqa: E402
 from variants.kernels.few_row_linear import _few_row_linear_kernel  # noqa: E402
@@ -117,7 +118,7 @@ def cases(sms: int, pdl: bool = False, arch: int = 86) -> list:
     attention with each tile its launcher picks on a GPU of compute capability `arch`."""
     found = prefill_cases(arch)
     capability = divmod(arch, 10)
-    names = ("M", "N", "K", "INTER", "split_len", "block_size", "split_tokens")
+    names = ("M", "N", "K", "INTER", "split_len", "block_size", "split_tokens", "min_programs")
     scalars = dict.fromkeys(names, "i32")
     strides = "i32"
     linear = dict(x_ptr=F16, norm_ptr=F16, w_ptr=F16, res_ptr=F16, out_ptr=F16, ws_ptr=F32,
@@ -170,11 +171,13 @@ def cases(sms: int, pdl: bool = False, arch: int = 86) -> list:
     # (Hopper: 16-token tiles of two warps with one padded part, then 16-token tiles of one
     # warp with the head as 128 + 64, then 32-token tiles of one warp with the head as 128 + 64)
     picked = ((default_tiles(rows, 4, 256, sms, capability),
-               default_parts(192, rows, 4, sms, capability)) for rows in (8, 32, 64))  # fmt: skip
-    for (block_n, warps, stages), (da, db) in dict.fromkeys(picked):
+               default_parts(192, rows, 4, sms, capability),
+               rows if long_split_programs(rows, 4, sms, capability) else 1)
+              for rows in (8, 32, 64))  # fmt: skip
+    for (block_n, warps, stages), (da, db), block_b in dict.fromkeys(picked):
         consts = dict(GROUP=1, HEAD_DIM=192, NUM_SPLITS=16, BLOCK_S=16, BLOCK_G=1,
                       BLOCK_N=block_n, BLOCK_DA=da, BLOCK_DB=db, USE_DOT=False, PDL=pdl,
-                      PREFETCH=pdl)  # fmt: skip
+                      PREFETCH=pdl, LONG_SPLITS=block_b > 1, BLOCK_B=block_b)  # fmt: skip
         found.append(("decode_attention", _decode_split_kernel, attention, consts, warps, stages))
     spec = ModelSpec.from_config(json.loads(Path("target/model_config.json").read_text()))
     runner = DecodeLayers(spec, 8, spec.max_positions, "cpu", torch.float16, sms)

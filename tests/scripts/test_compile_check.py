@@ -41,8 +41,9 @@ def test_decode_kernels_compile_for_sm86_without_spills(tmp_path):
 
 def test_the_pdl_build_waits_before_it_reads_an_earlier_kernel(tmp_path):
     """Hopper's PDL build (sm_90, the installed Triton): every kernel waits; before the wait
-    nothing is stored, the projections load nothing, and the attention loads two things: the
-    row's length and its block table, both staged before the step's first kernel."""
+    nothing is stored, the projections load nothing, and the attention loads what is staged
+    before the step's first kernel: the row's length and its block table (and at 64 rows every
+    row's length, which sizes the splits)."""
     from variants.kernels.pdl import triton_has_pdl
 
     if not triton_has_pdl():
@@ -63,6 +64,8 @@ def test_the_pdl_build_waits_before_it_reads_an_earlier_kernel(tmp_path):
     attention = [r for r in rows if r["kernel"] == "decode_attention"]
     assert [(r["BLOCK_N"], r["warps"]) for r in attention] == [(16, 2), (16, 1), (32, 1)]
     # the projections load nothing before the wait; the attention the length and the block
-    # table (the 16-token one-warp build issues them as three load instructions)
+    # table (the 16-token one-warp build issues them as three load instructions), and at 64
+    # rows the lengths of all rows too
     assert {r["loads_before_wait"] for r in rows if r["kernel"] != "decode_attention"} == {0}
-    assert [r["loads_before_wait"] for r in attention] == [2, 3, 2]
+    assert [r["loads_before_wait"] for r in attention] == [2, 3, 4]
+    assert [r["LONG_SPLITS"] for r in attention] == [False, False, True]

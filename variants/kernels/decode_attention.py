@@ -231,14 +231,33 @@ def _prefetch_split(
 
 
 @triton.jit
+def _grid_split_tokens(lens_ptr, split_tokens, min_programs, batch, kv_heads,
+                       BLOCK_B: tl.constexpr):  # fmt: skip
+    """The fewest tokens a split gets in this launch: split_tokens doubled, up to twice, while
+    the (row, kv head, split) programs that work still number at least min_programs, counted
+    over every row's live length (padding rows have none). Every program reads the same
+    lengths, so all agree."""
+    rows = tl.arange(0, BLOCK_B)
+    lens = tl.load(lens_ptr + rows, mask=rows < batch, other=0).to(tl.int32)
+    # more tokens a split means fewer programs: "four" implies "two"
+    two = kv_heads * tl.sum(tl.cdiv(lens, 2 * split_tokens), axis=0) >= min_programs
+    four = kv_heads * tl.sum(tl.cdiv(lens, 4 * split_tokens), axis=0) >= min_programs
+    return split_tokens * (1 + two.to(tl.int32) + 2 * four.to(tl.int32))
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, arrivals_ptr,
     stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_tb,
-    stride_ob, stride_oh, block_size, split_tokens, qk_scale_log2,
+    stride_ob, stride_oh, block_size, split_tokens, min_programs, qk_scale_log2,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DA: tl.constexpr,
     BLOCK_DB: tl.constexpr, USE_DOT: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
+    LONG_SPLITS: tl.constexpr, BLOCK_B: tl.constexpr,
 ):  # fmt: skip
+    if LONG_SPLITS:  # before a PDL wait too: the lengths are staged before the step (pdl.py)
+        split_tokens = _grid_split_tokens(lens_ptr, split_tokens, min_programs,
+                                          tl.num_programs(0), tl.num_programs(1), BLOCK_B)  # fmt: skip
     if PREFETCH:
         _prefetch_split(
             tl.program_id(0), tl.program_id(1), tl.program_id(2), k_ptr, v_ptr, table_ptr,
@@ -281,6 +300,19 @@ def split_tokens_for(block_n: int) -> int:
     return min(SPLIT_TOKENS, block_n)
 
 
+def long_split_programs(batch: int, kv_heads: int, sm_count: int, capability=(0, 0)) -> int:
+    """How many working (row, kv head, split) programs let a split grow from 32 to 64 or 128
+    tokens (0: splits never grow). Hopper from a (row, kv head) program per SM (the 32-token
+    tiles of one warp): five programs an SM. The decode step on the H200 (docs/PERF.md, runs
+    98-99, us, by the programs that work): 40 x 260 in 32-, 64- and 128-token splits (1440,
+    800 and 480 programs) 583 / 569 / 608-613; 64 x 260 (2304, 1280, 768) 671 / 652 / 643; 48
+    x 388 in 64- and 128-token splits (1344, 768) 712 / 697; 48 x 516 (1728, 960) 748 / 731.
+    From 1152 tokens the grid's 9 splits bind and the split length does not change."""
+    if tuple(capability) >= (9, 0) and batch * kv_heads >= sm_count:
+        return 5 * sm_count
+    return 0
+
+
 def paged_decode_attention(
     q: torch.Tensor,
     k_pool: torch.Tensor,
@@ -297,6 +329,7 @@ def paged_decode_attention(
     pdl: bool = False,
     prefetch: bool = True,
     parts: tuple | None = None,
+    min_programs: int | None = None,
 ) -> torch.Tensor:
     """q [B, heads, d]; pools [slots, kv_heads, d]; block_table [B, W] (int32 or int64; slab:
     W=1 and block_size=max_positions); kv_lens [B] (a row of length 0 gets zeros). Returns
@@ -307,7 +340,9 @@ def paged_decode_attention(
     `tiles` = (BLOCK_N, num_warps, num_stages) overrides the defaults
     (scripts/tune_decode_attention.py). `pdl`: launched with programmatic dependent launch
     (pdl.py), each split's keys and values prefetched into L2 before the wait unless `prefetch`
-    is False. `parts` = (DA, DB) overrides how the head is cut (`default_parts`)."""
+    is False. `parts` = (DA, DB) overrides how the head is cut (`default_parts`).
+    `min_programs` > 0 lets splits grow to 2x or 4x `split_tokens` while that many (row, kv
+    head, split) programs still work (`long_split_programs`; 0: never)."""
     batch, heads, d = q.shape
     kv_heads = k_pool.shape[1]
     group = heads // kv_heads
@@ -323,8 +358,11 @@ def paged_decode_attention(
     use_dot = group > 1
     if use_dot:
         block_g = max(16, block_g)  # tl.dot needs 16 rows
-    if tiles is None or parts is None:
+    if tiles is None or parts is None or min_programs is None:
         sms, capability = device_sm_count(q.device), device_capability(q.device)
+        if min_programs is None:  # measured with the default tiles and splits only
+            given = tiles is not None or split_tokens is not None
+            min_programs = 0 if given else long_split_programs(batch, kv_heads, sms, capability)
         tiles = tiles or default_tiles(batch, kv_heads, block_d, sms, capability)
         parts = parts or default_parts(d, batch, kv_heads, sms, capability)
     da, db = parts
@@ -345,12 +383,13 @@ def paged_decode_attention(
         q, k_pool, v_pool, block_table, kv_lens, out, m, l_s, acc, arrivals,
         q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0),
         v_pool.stride(1), block_table.stride(0), out.stride(0), out.stride(1), block_size,
-        max(1, int(split_tokens)), scale * math.log2(math.e),
+        max(1, int(split_tokens)), max(0, int(min_programs)), scale * math.log2(math.e),
     )  # fmt: skip
     meta = dict(
         GROUP=group, HEAD_DIM=d, NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
         BLOCK_G=block_g, BLOCK_DA=da, BLOCK_DB=db, USE_DOT=use_dot, PDL=pdl,
-        PREFETCH=pdl and prefetch,
+        PREFETCH=pdl and prefetch, LONG_SPLITS=min_programs > 0,
+        BLOCK_B=triton.next_power_of_2(batch) if min_programs > 0 else 1,
         **launch_options(pdl, q.device),
     )  # fmt: skip
     key = (q.device, tiles, parts, block_g)

@@ -7,11 +7,15 @@ import torch
 
 pytest.importorskip("triton", reason="triton is not installed")
 
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
 import variants.kernels.decode_attention as decode_module  # noqa: E402
 from variants.kernels.decode_attention import (  # noqa: E402
     choose_num_splits,
     default_parts,
     default_tiles,
+    long_split_programs,
     paged_decode_attention,
     split_tokens_for,
 )
@@ -105,6 +109,53 @@ def test_default_parts():
     assert default_parts(192, 8, 4, 132, hopper) == (256, 0)  # fewer: one padded part
     assert default_parts(128, 64, 4, 132, hopper) == (128, 0)
     assert default_parts(192, 64, 4, 82, (8, 6)) == (256, 0)  # not measured off Hopper
+
+
+def test_long_split_programs():
+    hopper = (9, 0)
+    assert long_split_programs(64, 4, 132, hopper) == 660  # a program per SM: five an SM work
+    assert long_split_programs(32, 4, 132, hopper) == 0  # fewer: splits keep their length
+    assert long_split_programs(64, 4, 82, (8, 6)) == 0  # not measured off Hopper
+
+
+@triton.jit
+def _split_tokens_probe(lens_ptr, out_ptr, split_tokens, min_programs, batch, kv_heads,
+                        BLOCK_B: tl.constexpr):  # fmt: skip
+    st = decode_module._grid_split_tokens(lens_ptr, split_tokens, min_programs, batch, kv_heads,
+                                          BLOCK_B)  # fmt: skip
+    tl.store(out_ptr, st)
+
+
+@pytest.mark.parametrize(
+    "lens,min_programs,want",
+    [
+        ([260] * 40, 660, 64),  # 4 x 40 x 5 = 800 programs at 64 tokens, 480 at 128
+        ([260] * 64, 660, 128),  # 768 programs at 128 tokens
+        ([260] * 40 + [0] * 24, 660, 64),  # a graph's padding rows: no work
+        ([100] * 64, 660, 32),  # 4 x 64 x 2 = 512 at 64 tokens: too few
+        ([516] * 48, 660, 128),  # 960
+        ([1, 2, 3], 1, 128),  # any work at all when one program suffices
+    ],
+)
+def test_splits_grow_while_enough_programs_work(lens, min_programs, want):
+    lens_t = torch.tensor(lens, dtype=torch.int64, device=DEVICE)
+    out = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    block_b = triton.next_power_of_2(len(lens))
+    _split_tokens_probe[(1,)](lens_t, out, 32, min_programs, len(lens), 4, BLOCK_B=block_b)
+    assert out.item() == want
+
+
+@pytest.mark.parametrize("min_programs", [1, 10**6])
+def test_grown_splits_match_the_reference(min_programs):
+    """Splits of 4x split_tokens (every row qualifies at min_programs=1) or as given."""
+    case = paged_case(RAGGED, 4, 2, 48, 8)
+    q, k_pool, v_pool, table, lens = case
+    got = paged_decode_attention(
+        q, k_pool, v_pool, table, lens, 8, 48**-0.5, 4, split_tokens=2,
+        min_programs=min_programs,
+    )  # fmt: skip
+    want = reference_decode(q, k_pool, v_pool, table, lens, 8)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
 def test_many_splits_some_empty():
