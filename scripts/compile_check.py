@@ -1,7 +1,7 @@
-"""Compile our decode-step Triton kernels and the prefill attention for a GPU this machine does
-not have, and report what ptxas says of each: registers a thread, spill bytes, shared memory.
-Needs no GPU, only a Triton with its NVIDIA backend (ptxas ships in the wheel), and
-TRITON_INTERPRET unset.
+"""Compile our decode-step Triton kernels, the prefill attention and the Triton stack's RoPE +
+cache write for a GPU this machine does not have, and report what ptxas says of each: registers
+a thread, spill bytes, shared memory. Needs no GPU, only a Triton with its NVIDIA backend (ptxas
+ships in the wheel), and TRITON_INTERPRET unset.
 
 The users' RTX 3090 (sm_86) with Triton 3.0 is the oldest stack the kernels claim. Run this
 under that Triton (`pip install triton==3.0.0` in a venv) to check that the kernels still
@@ -36,6 +36,7 @@ from variants.kernels.decode_attention import (  # noqa: E402
 )
 from variants.kernels.decode_layer import DecodeLayers, _decode_layer_kernel  # noqa: E402
 from variants.kernels.few_row_linear import _few_row_linear_kernel  # noqa: E402
+from variants.kernels.fused_rope import _rope_cache_write_kernel, rope_launch  # noqa: E402
 from variants.kernels.norm_qkv_rope import _norm_qkv_rope_kernel  # noqa: E402
 from variants.kernels.norm_swiglu import _norm_swiglu_kernel, swiglu_tiles  # noqa: E402
 from variants.kernels.prefill_attention import (  # noqa: E402
@@ -116,7 +117,7 @@ def cases(sms: int, pdl: bool = False, arch: int = 86) -> list:
     tiles the launchers pick and each split count they can run; `pdl`: the programmatic
     dependent launch build (the wait, and the weight prefetch before it). Also the prefill
     attention with each tile its launcher picks on a GPU of compute capability `arch`."""
-    found = prefill_cases(arch)
+    found = prefill_cases(arch) + rope_cases()
     capability = divmod(arch, 10)
     names = ("M", "N", "K", "INTER", "split_len", "block_size", "split_tokens", "min_programs")
     scalars = dict.fromkeys(names, "i32")
@@ -203,6 +204,18 @@ def prefill_cases(arch: int) -> list:
     return [("prefill_attention", _varlen_prefill_kernel, types,
              dict(GROUP=1, HEAD_DIM=192, BLOCK_M=bm, BLOCK_N=bn, BLOCK_DA=da, BLOCK_DB=db,
                   SCHEDULED=True), warps, 2) for bm, bn, warps in sorted(tiles)]  # fmt: skip
+
+
+def rope_cases() -> list:
+    """The Triton stack's RoPE + cache write (prefill, and decode steps past the fused layers)
+    at the public model's heads, with the launch of a decode step and of a prefill."""
+    types = {n: F16 for n in _rope_cache_write_kernel.arg_names if n.endswith("_ptr")}
+    types.update({n: "i32" for n in _rope_cache_write_kernel.arg_names if n.startswith("stride_")})
+    types.update(index_ptr=I64, tokens="i32")
+    return [("rope_cache_write", _rope_cache_write_kernel, types,
+             dict(HEADS=4, KV_HEADS=4, HEAD_DIM=192, BLOCK_T=block_t, BLOCK_HQ=4, BLOCK_HK=4,
+                  BLOCK_D=256, STORE_K=tokens > 64), warps, 1)
+            for tokens, (block_t, warps) in ((64, rope_launch(64)), (512, rope_launch(512)))]  # fmt: skip
 
 
 def main() -> int:
