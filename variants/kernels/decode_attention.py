@@ -304,10 +304,12 @@ def long_split_programs(batch: int, kv_heads: int, sm_count: int, capability=(0,
     """How many working (row, kv head, split) programs let a split grow from 32 to 64 or 128
     tokens (0: splits never grow). Hopper from a (row, kv head) program per SM (the 32-token
     tiles of one warp): five programs an SM. The decode step on the H200 (docs/PERF.md, runs
-    98-99, us, by the programs that work): 40 x 260 in 32-, 64- and 128-token splits (1440,
+    101-103, us, by the programs that work): 40 x 260 in 32-, 64- and 128-token splits (1440,
     800 and 480 programs) 583 / 569 / 608-613; 64 x 260 (2304, 1280, 768) 671 / 652 / 643; 48
     x 388 in 64- and 128-token splits (1344, 768) 712 / 697; 48 x 516 (1728, 960) 748 / 731.
-    From 1152 tokens the grid's 9 splits bind and the split length does not change."""
+    From 1152 tokens the grid's 9 splits bind and the split length does not change; there the
+    rule's read of every row's length costs about 10 us a step (64 x 1024: 1141 -> 1150, 1152
+    -> 1163)."""
     if tuple(capability) >= (9, 0) and batch * kv_heads >= sm_count:
         return 5 * sm_count
     return 0
