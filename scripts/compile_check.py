@@ -212,10 +212,11 @@ def rope_cases() -> list:
     types = {n: F16 for n in _rope_cache_write_kernel.arg_names if n.endswith("_ptr")}
     types.update({n: "i32" for n in _rope_cache_write_kernel.arg_names if n.startswith("stride_")})
     types.update(index_ptr=I64, tokens="i32")
+    launches = ((tokens, *rope_launch(tokens)) for tokens in (64, 512))
     return [("rope_cache_write", _rope_cache_write_kernel, types,
              dict(HEADS=4, KV_HEADS=4, HEAD_DIM=192, BLOCK_T=block_t, BLOCK_HQ=4, BLOCK_HK=4,
                   BLOCK_D=256, STORE_K=tokens > 64), warps, 1)
-            for tokens, (block_t, warps) in ((64, rope_launch(64)), (512, rope_launch(512)))]  # fmt: skip
+            for tokens, block_t, warps in launches]  # fmt: skip
 
 
 def main() -> int:

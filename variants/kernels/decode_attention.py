@@ -256,8 +256,9 @@ def _decode_split_kernel(
     LONG_SPLITS: tl.constexpr, BLOCK_B: tl.constexpr,
 ):  # fmt: skip
     if LONG_SPLITS:  # before a PDL wait too: the lengths are staged before the step (pdl.py)
-        split_tokens = _grid_split_tokens(lens_ptr, split_tokens, min_programs,
-                                          tl.num_programs(0), tl.num_programs(1), BLOCK_B)  # fmt: skip
+        split_tokens = _grid_split_tokens(
+            lens_ptr, split_tokens, min_programs, tl.num_programs(0), tl.num_programs(1), BLOCK_B
+        )
     if PREFETCH:
         _prefetch_split(
             tl.program_id(0), tl.program_id(1), tl.program_id(2), k_ptr, v_ptr, table_ptr,
