@@ -20,17 +20,25 @@ from variants.kernels.pdl import launch_options, wait_previous
 from variants.kernels.prefetch import prefetch_at
 from variants.kernels.prefill_attention import head_parts
 
+# The most partial values a combine holds at once ([splits, columns] float32): 64 registers a
+# thread over two warps, whatever the split count (16 splits of a 256-wide part in one piece).
+COMBINE_TILE = tl.constexpr(4096)
+
 
 @triton.jit
 def _combine_part(
     acc_ptr, row, s_mask, w, total, out_ptr, D0: tl.constexpr, BLOCK: tl.constexpr,
-    ACC_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+    ACC_D: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
 ):  # fmt: skip
-    offs_d = D0 + tl.arange(0, BLOCK)
-    acc = tl.load(acc_ptr + row[:, None] * ACC_D + offs_d[None, :], mask=s_mask[:, None],
-                  other=0.0, cache_modifier=".cg")  # fmt: skip
-    o = tl.sum(acc * w[:, None], axis=0) / tl.where(total > 0, total, 1.0)
-    tl.store(out_ptr + offs_d, o.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
+    """Columns D0..D0+BLOCK of the output, in chunks of columns that keep [splits, chunk]
+    within COMBINE_TILE (each column's sum over the splits is the same whatever the chunk)."""
+    chunk: tl.constexpr = BLOCK if BLOCK * BLOCK_S <= COMBINE_TILE else COMBINE_TILE // BLOCK_S
+    for c in tl.static_range(BLOCK // chunk):
+        offs_d = D0 + c * chunk + tl.arange(0, chunk)
+        acc = tl.load(acc_ptr + row[:, None] * ACC_D + offs_d[None, :], mask=s_mask[:, None],
+                      other=0.0, cache_modifier=".cg")  # fmt: skip
+        o = tl.sum(acc * w[:, None], axis=0) / tl.where(total > 0, total, 1.0)
+        tl.store(out_ptr + offs_d, o.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
 
 
 @triton.jit
@@ -50,10 +58,11 @@ def _combine_head(
     w = tl.exp2(m - m_max)
     total = tl.sum(l_s * w, axis=0)
     acc_d: tl.constexpr = BLOCK_DA + BLOCK_DB
-    _combine_part(acc_ptr, row, s_mask, w, total, out_ptr, 0, BLOCK_DA, acc_d, HEAD_DIM)
+    _combine_part(acc_ptr, row, s_mask, w, total, out_ptr, 0, BLOCK_DA, acc_d, HEAD_DIM,
+                  BLOCK_S)  # fmt: skip
     if BLOCK_DB > 0:
         _combine_part(acc_ptr, row, s_mask, w, total, out_ptr, BLOCK_DA, BLOCK_DB, acc_d,
-                      HEAD_DIM)  # fmt: skip
+                      HEAD_DIM, BLOCK_S)  # fmt: skip
 
 
 @triton.jit

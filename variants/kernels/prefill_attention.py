@@ -13,19 +13,23 @@ import triton
 import triton.language as tl
 
 from variants.kernels.device import device_capability
-from variants.staging import int_fill, int_range
+from variants.staging import int_fill
 
 
 @triton.jit
 def scheduled_block(cu_ptr, sched_ptr, n_sched, SCHEDULED: tl.constexpr):
-    """This program's (prompt start, prompt length, q-block index). A fixed grid (CUDA graphs)
-    reads (prompt, q-block) from its table; a program beyond the call's q-blocks gets length 0.
-    Otherwise the grid is (q-blocks of the longest prompt, prompts, heads)."""
+    """This program's (prompt start, prompt length, q-block index); the head is program_id(0),
+    so the heads of one q-block launch side by side. A fixed grid (CUDA graphs) reads (prompt,
+    q-block) from its table, longest work first (`prefill_schedule`); a program beyond the
+    call's q-blocks gets length 0. Otherwise the grid is (heads, prompts, q-blocks of the
+    longest prompt), the last q-block first: under the causal mask a block's work grows with
+    its index, and the GPU starts programs in grid order, so the short blocks fill in behind
+    the long ones instead of a long one starting last."""
     if SCHEDULED:
-        b = tl.load(sched_ptr + tl.program_id(0)).to(tl.int32)
-        m_block = tl.load(sched_ptr + n_sched + tl.program_id(0)).to(tl.int32)
+        b = tl.load(sched_ptr + tl.program_id(1)).to(tl.int32)
+        m_block = tl.load(sched_ptr + n_sched + tl.program_id(1)).to(tl.int32)
     else:
-        m_block = tl.program_id(0)
+        m_block = tl.num_programs(2) - 1 - tl.program_id(2)
         b = tl.program_id(1)
     live = b >= 0
     b = tl.maximum(b, 0)
@@ -77,7 +81,7 @@ def _varlen_prefill_kernel(
 ):  # fmt: skip
     # A head's dimensions in two power-of-two parts, [0, DA) and [DA, DA + DB) (DB = 0: one):
     # 192 is 128 + 64, with no padding to 256 to hold in registers and multiply.
-    h = tl.program_id(2)
+    h = tl.program_id(0)
     seq_start, seq_len, m_block = scheduled_block(cu_ptr, sched_ptr, n_sched, SCHEDULED)
     if m_block * BLOCK_M >= seq_len:  # the grid covers the longest prompt
         return
@@ -162,12 +166,15 @@ def prefill_tiles(head_dim: int, capability: tuple = (0, 0), tokens: int | None 
 
 def prefill_schedule(lengths: list, block_m: int, size: int) -> array.array:
     """The [2, size] table of a scheduled launch, flattened into an int64 array: row 0 the
-    prompt of each q-block (-1 past the last), row 1 the block's index within its prompt."""
+    prompt of each q-block (-1 past the last), row 1 the block's index within its prompt. The
+    q-blocks come by index, highest first (the most keys under the causal mask), prompts in
+    order within an index: the longest work starts first (`scheduled_block`)."""
     prompts, blocks = array.array("q"), array.array("q")
-    for b, n in enumerate(lengths):  # array slices and repeats: this runs every prefill call
-        count = -(-n // block_m)  # (triton.cdiv goes through the JIT's call path: ~7 us)
-        prompts += int_fill(b, count)
-        blocks += int_range(0, count)
+    counts = [-(-n // block_m) for n in lengths]  # (triton.cdiv goes through the JIT: ~7 us)
+    for index in range(max(counts, default=0) - 1, -1, -1):
+        having = array.array("q", [b for b, count in enumerate(counts) if count > index])
+        prompts += having
+        blocks += int_fill(index, len(having))
     if len(prompts) > size:
         raise ValueError(f"{len(prompts)} q-blocks exceed the schedule's {size}")
     pad = size - len(prompts)
@@ -204,10 +211,10 @@ def varlen_prefill_attention(
         assert schedule is None, "a schedule is built for prefill_tiles' BLOCK_M"
         block_m, block_n, warps, stages = tiles
     if schedule is None:
-        grid = (triton.cdiv(max_seqlen, block_m), cu_seqlens.numel() - 1, heads)
+        grid = (heads, cu_seqlens.numel() - 1, triton.cdiv(max_seqlen, block_m))
         sched, n_sched = cu_seqlens, 0
     else:
-        grid = (schedule.shape[1], 1, heads)
+        grid = (heads, schedule.shape[1], 1)
         sched, n_sched = schedule, schedule.shape[1]
     _varlen_prefill_kernel[grid](
         q, k, v, out, cu_seqlens, sched, n_sched,

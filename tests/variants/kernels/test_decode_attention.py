@@ -163,6 +163,15 @@ def test_many_splits_some_empty():
     check(paged_case(RAGGED, 2, 1, 24, 16), 16, 8)
 
 
+@pytest.mark.parametrize("num_splits,parts", [(32, None), (64, None), (64, (128, 64))])
+def test_combine_of_many_splits_in_column_chunks(num_splits, parts):
+    """32 and 64 splits of a 192-wide head: the combine sums [splits, columns] in chunks of
+    columns (a 256-wide part in 2 or 4, a 128-wide one in 2) and must equal the reference;
+    rows of 1-300 tokens leave 1-64 splits working, 16-token splits."""
+    case = paged_case([300, 150, 17, 1], 2, 2, 192, 16)
+    check(case, 16, num_splits, atol=1e-5, rtol=1e-5, split_tokens=4, parts=parts)
+
+
 def test_gqa_group_4_odd_block_size():
     check(paged_case([9, 21], 8, 2, 24, 5), 5, 2)
 

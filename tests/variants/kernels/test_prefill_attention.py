@@ -129,9 +129,12 @@ def test_single_prompt_gqa_group_3():
     run_case([40], 3, 1, 16)
 
 
-def test_schedule_lists_each_prompts_q_blocks_then_padding():
-    assert prefill_schedule([1, 70, 64], 32, 8).tolist() == [0, 1, 1, 1, 2, 2, -1, -1,
-                                                              0, 0, 1, 2, 0, 1, 0, 0]  # fmt: skip
+def test_schedule_lists_q_blocks_highest_index_first_then_padding():
+    """Prompts of 1, 3 and 2 q-blocks: index 2 (prompt 1), index 1 (prompts 1, 2), index 0
+    (all three), then two padding programs."""
+    assert prefill_schedule([1, 70, 64], 32, 8).tolist() == [1, 1, 2, 0, 1, 2, -1, -1,
+                                                              2, 1, 1, 0, 0, 0, 0, 0]  # fmt: skip
+    assert prefill_schedule([], 32, 2).tolist() == [-1, -1, 0, 0]
     with pytest.raises(ValueError, match="q-blocks"):
         prefill_schedule([100], 32, 3)
 
