@@ -31,7 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from scripts.bench_few_row import graph_us  # noqa: E402
 from variants.kernels import decode_layer  # noqa: E402
-from variants.kernels.decode_attention import choose_num_splits, paged_decode_attention  # noqa: E402
+from variants.kernels.decode_attention import (  # noqa: E402
+    choose_num_splits,
+    graph_context_buckets,
+    paged_decode_attention,
+)
 from variants.kernels.device import device_sm_count  # noqa: E402
 from variants.kernels.few_row_linear import few_row_linear  # noqa: E402
 from variants.kernels.grid_barrier import grid_barrier, leave  # noqa: E402
@@ -109,7 +113,9 @@ def inputs(spec, rows: int, ctx: int):
 
 def fused_calls(spec, t, sms: int) -> list:
     d, eps, rows = spec.head_dim, spec.rms_norm_eps, t.x.shape[0]
-    splits = choose_num_splits(spec.max_positions, rows, spec.num_kv_heads, sms)
+    ctx = int(t.lens[0])  # the splits of the decode graph that serves this context
+    bucket = next(c for c in graph_context_buckets(spec.max_positions) if c >= ctx)
+    splits = choose_num_splits(bucket, rows, spec.num_kv_heads, sms)
 
     def layer(w, k_pool, v_pool):
         def call():

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from variants.kernels.decode_attention import (  # noqa: E402
     SPLIT_TOKENS,
     choose_num_splits,
+    graph_context_buckets,
     paged_decode_attention,
 )
 
@@ -76,7 +77,8 @@ def sweep_shape(batch, ctx, layout, sms, tiles, split_tokens, graph) -> dict:
     scale = 1 / math.sqrt(HEAD_DIM)
     read = 2 * batch * ctx * KV_HEADS * HEAD_DIM * k.element_size()
     want = paged_decode_attention(q, k, v, table, lens, block, scale, 1)
-    default_splits = choose_num_splits(MAX_POS, batch, KV_HEADS, sms)  # what a graph captures
+    bucket = next(c for c in graph_context_buckets(MAX_POS) if c >= ctx)  # a graph's context
+    default_splits = choose_num_splits(bucket, batch, KV_HEADS, sms)  # what it captures
     rows = []
     arrivals = torch.zeros(batch * KV_HEADS, device="cuda", dtype=torch.int32)
     split_counts = sorted({1, 2, 4, 8, 16, default_splits})

@@ -9,7 +9,11 @@ import math
 
 import torch
 
-from variants.kernels.decode_attention import choose_num_splits, paged_decode_attention
+from variants.kernels.decode_attention import (
+    choose_num_splits,
+    graph_context_buckets,
+    paged_decode_attention,
+)
 from variants.kernels.device import device_sm_count
 from variants.kernels.prefill_attention import varlen_prefill_attention
 
@@ -24,6 +28,12 @@ class TritonAttention:
         # every layer and graph. A larger batch adds a buffer; none is freed, since captured
         # graphs keep pointing at the one they were captured with.
         self.arrivals: list = []
+
+    def graph_contexts(self, max_positions: int) -> list:
+        """The context buckets decode graphs are captured at. A graph fixes the decode grid's
+        splits for its bucket's longest context, and past LONG_CONTEXT few rows get more of
+        them (`choose_num_splits`), which short contexts would pay for."""
+        return graph_context_buckets(max_positions)
 
     def _arrivals(self, batch: int, device) -> torch.Tensor:
         need = batch * self.kv_heads

@@ -79,8 +79,14 @@ class DecodeGraphs:
         self.check_ids = in_graph if check_ids is None else bool(check_ids) and in_graph
         spec, device = engine.spec, engine.device
         self.batches = batch_buckets(policy, largest_batch)
-        in_place = getattr(engine.attention, "reads_cache_in_place", False)
-        self.contexts = [spec.max_positions] if in_place else context_buckets(spec.max_positions)
+        # An attention that reads the cache in place serves every context from one graph a
+        # batch, unless it asks for context buckets of its own (its launch depends on them).
+        if not getattr(engine.attention, "reads_cache_in_place", False):
+            self.contexts = context_buckets(spec.max_positions)
+        elif hasattr(engine.attention, "graph_contexts"):
+            self.contexts = engine.attention.graph_contexts(spec.max_positions)
+        else:
+            self.contexts = [spec.max_positions]
         big, width = self.batches[-1], self.cache.table_width(spec.max_positions)
         self.width = width
         # Per batch bucket b, one buffer: positions [b], write slots [b], context lengths [b],

@@ -15,6 +15,7 @@ from variants.kernels.decode_attention import (  # noqa: E402
     choose_num_splits,
     default_parts,
     default_tiles,
+    graph_context_buckets,
     long_split_programs,
     paged_decode_attention,
     split_tokens_for,
@@ -297,6 +298,26 @@ def test_choose_num_splits():
     assert choose_num_splits(2048, 8, 4, 132) == 16  # 32 programs want 17 splits: capped
     assert choose_num_splits(512, 8, 4, 132) == 4  # at least 128 tokens a split
     assert choose_num_splits(1, 1, 1, 132) == 1
+
+
+def test_choose_num_splits_past_long_context():
+    """Past LONG_CONTEXT (2048), below a quarter of an SM a (row, kv head) program, up to 64
+    splits, about 8x the SMs' programs; a bucket that ends at 2048 keeps the rule above."""
+    assert choose_num_splits(4096, 1, 4, 132) == 64
+    assert choose_num_splits(4096, 4, 4, 132) == 64  # 16 programs want 66
+    assert choose_num_splits(4096, 8, 4, 132) == 33
+    assert choose_num_splits(4096, 16, 4, 132) == 16  # 64 programs: a quarter of an SM or more
+    assert choose_num_splits(4096, 64, 4, 132) == 9
+    assert choose_num_splits(2048, 4, 4, 132) == 16
+    assert choose_num_splits(2100, 1, 4, 132) == 64  # 2100 // 32 = 65
+    assert choose_num_splits(2100, 1, 4, 4) == 16  # 4 SMs: one program is a quarter of them
+
+
+def test_graph_context_buckets():
+    assert graph_context_buckets(4096) == [2048, 4096]
+    assert graph_context_buckets(2049) == [2048, 2049]
+    assert graph_context_buckets(2048) == [2048]
+    assert graph_context_buckets(512) == [512]
 
 
 # ------------------------------------------------------------------ GPU, public model sizes
