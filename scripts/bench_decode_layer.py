@@ -114,8 +114,9 @@ def inputs(spec, rows: int, ctx: int):
 def fused_calls(spec, t, sms: int) -> list:
     d, eps, rows = spec.head_dim, spec.rms_norm_eps, t.x.shape[0]
     ctx = int(t.lens[0])  # the splits of the decode graph that serves this context
-    bucket = next(c for c in graph_context_buckets(spec.max_positions) if c >= ctx)
-    splits = choose_num_splits(bucket, rows, spec.num_kv_heads, sms)
+    capability = torch.cuda.get_device_capability()
+    bucket = next(c for c in graph_context_buckets(spec.max_positions, capability) if c >= ctx)
+    splits = choose_num_splits(bucket, rows, spec.num_kv_heads, sms, capability)
 
     def layer(w, k_pool, v_pool):
         def call():

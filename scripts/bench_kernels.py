@@ -58,7 +58,7 @@ def bench_decode(batch: int, ctx: int, dtype, sms: int) -> dict:
     q = torch.randn(batch, HEADS, HEAD_DIM, device="cuda", dtype=dtype)
     lens = torch.full((batch,), ctx, device="cuda", dtype=torch.int32)
     scale = 1 / math.sqrt(HEAD_DIM)
-    splits = choose_num_splits(ctx, batch, KV_HEADS, sms)
+    splits = choose_num_splits(ctx, batch, KV_HEADS, sms, torch.cuda.get_device_capability())
     out = torch.empty_like(q)
 
     def triton_fn():

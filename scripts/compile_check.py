@@ -30,6 +30,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from variants.kernels.decode_attention import (  # noqa: E402
     _decode_split_kernel,
+    choose_num_splits,
     default_parts,
     default_tiles,
     long_split_programs,
@@ -175,10 +176,17 @@ def cases(sms: int, pdl: bool = False, arch: int = 86) -> list:
                default_parts(192, rows, 4, sms, capability),
                rows if long_split_programs(rows, 4, sms, capability) else 1)
               for rows in (8, 32, 64))  # fmt: skip
-    for (block_n, warps, stages), (da, db), block_b in dict.fromkeys(picked):
-        consts = dict(GROUP=1, HEAD_DIM=192, NUM_SPLITS=16, BLOCK_S=16, BLOCK_G=1,
-                      BLOCK_N=block_n, BLOCK_DA=da, BLOCK_DB=db, USE_DOT=False, PDL=pdl,
-                      PREFETCH=pdl, LONG_SPLITS=block_b > 1, BLOCK_B=block_b)  # fmt: skip
+    picked = [(*shape, 16) for shape in dict.fromkeys(picked)]
+    # and the graph of 4 rows past LONG_CONTEXT where it has more splits (Hopper: 64)
+    splits = choose_num_splits(4096, 4, 4, sms, capability)
+    if splits > 16:
+        picked.append((default_tiles(4, 4, 256, sms, capability),
+                       default_parts(192, 4, 4, sms, capability), 1, splits))  # fmt: skip
+    for (block_n, warps, stages), (da, db), block_b, splits in picked:
+        consts = dict(GROUP=1, HEAD_DIM=192, NUM_SPLITS=splits,
+                      BLOCK_S=triton.next_power_of_2(splits), BLOCK_G=1, BLOCK_N=block_n,
+                      BLOCK_DA=da, BLOCK_DB=db, USE_DOT=False, PDL=pdl, PREFETCH=pdl,
+                      LONG_SPLITS=block_b > 1, BLOCK_B=block_b)  # fmt: skip
         found.append(("decode_attention", _decode_split_kernel, attention, consts, warps, stages))
     spec = ModelSpec.from_config(json.loads(Path("target/model_config.json").read_text()))
     runner = DecodeLayers(spec, 8, spec.max_positions, "cpu", torch.float16, sms)

@@ -77,8 +77,9 @@ def sweep_shape(batch, ctx, layout, sms, tiles, split_tokens, graph) -> dict:
     scale = 1 / math.sqrt(HEAD_DIM)
     read = 2 * batch * ctx * KV_HEADS * HEAD_DIM * k.element_size()
     want = paged_decode_attention(q, k, v, table, lens, block, scale, 1)
-    bucket = next(c for c in graph_context_buckets(MAX_POS) if c >= ctx)  # a graph's context
-    default_splits = choose_num_splits(bucket, batch, KV_HEADS, sms)  # what it captures
+    capability = torch.cuda.get_device_capability()
+    bucket = next(c for c in graph_context_buckets(MAX_POS, capability) if c >= ctx)  # a graph's
+    default_splits = choose_num_splits(bucket, batch, KV_HEADS, sms, capability)  # splits
     rows = []
     arrivals = torch.zeros(batch * KV_HEADS, device="cuda", dtype=torch.int32)
     split_counts = sorted({1, 2, 4, 8, 16, default_splits})

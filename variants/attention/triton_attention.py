@@ -14,7 +14,7 @@ from variants.kernels.decode_attention import (
     graph_context_buckets,
     paged_decode_attention,
 )
-from variants.kernels.device import device_sm_count
+from variants.kernels.device import device_capability, device_sm_count
 from variants.kernels.prefill_attention import varlen_prefill_attention
 
 
@@ -29,11 +29,11 @@ class TritonAttention:
         # graphs keep pointing at the one they were captured with.
         self.arrivals: list = []
 
-    def graph_contexts(self, max_positions: int) -> list:
+    def graph_contexts(self, max_positions: int, device) -> list:
         """The context buckets decode graphs are captured at. A graph fixes the decode grid's
         splits for its bucket's longest context, and past LONG_CONTEXT few rows get more of
         them (`choose_num_splits`), which short contexts would pay for."""
-        return graph_context_buckets(max_positions)
+        return graph_context_buckets(max_positions, device_capability(torch.device(device)))
 
     def _arrivals(self, batch: int, device) -> torch.Tensor:
         need = batch * self.kv_heads
@@ -52,7 +52,8 @@ class TritonAttention:
     def decode_from_cache(self, q, cache, layer: int, plan, pdl: bool = False):
         """`pdl`: launch with programmatic dependent launch (the fused layers on Hopper)."""
         sms = device_sm_count(q.device)
-        splits = choose_num_splits(plan.max_len, q.shape[0], self.kv_heads, sms)
+        capability = device_capability(q.device)
+        splits = choose_num_splits(plan.max_len, q.shape[0], self.kv_heads, sms, capability)
         out = paged_decode_attention(
             q, cache.k[layer], cache.v[layer], plan.table, plan.kv_lens,
             cache.kernel_block_size, self.scale, splits,

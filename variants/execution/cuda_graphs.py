@@ -84,7 +84,7 @@ class DecodeGraphs:
         if not getattr(engine.attention, "reads_cache_in_place", False):
             self.contexts = context_buckets(spec.max_positions)
         elif hasattr(engine.attention, "graph_contexts"):
-            self.contexts = engine.attention.graph_contexts(spec.max_positions)
+            self.contexts = engine.attention.graph_contexts(spec.max_positions, device)
         else:
             self.contexts = [spec.max_positions]
         big, width = self.batches[-1], self.cache.table_width(spec.max_positions)

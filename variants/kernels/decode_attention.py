@@ -288,13 +288,17 @@ def _decode_split_kernel(
 LONG_CONTEXT = 2048
 
 
-def graph_context_buckets(max_positions: int) -> list:
-    """The context buckets the decode graphs capture the split-K grid at: up to LONG_CONTEXT,
-    and the rest (`choose_num_splits`)."""
-    return [LONG_CONTEXT, max_positions] if max_positions > LONG_CONTEXT else [max_positions]
+def graph_context_buckets(max_positions: int, capability=(0, 0)) -> list:
+    """The context buckets the decode graphs capture the split-K grid at: on Hopper up to
+    LONG_CONTEXT and the rest (`choose_num_splits`); elsewhere one."""
+    if tuple(capability) >= (9, 0) and max_positions > LONG_CONTEXT:
+        return [LONG_CONTEXT, max_positions]
+    return [max_positions]
 
 
-def choose_num_splits(max_kv_len: int, batch: int, kv_heads: int, sm_count: int) -> int:
+def choose_num_splits(
+    max_kv_len: int, batch: int, kv_heads: int, sm_count: int, capability=(0, 0)
+) -> int:
     """The grid's splits for contexts up to max_kv_len (a graph's bucket): enough (row, kv
     head, split) programs to fill about 16x the SMs, at most one per 128 tokens of the bucket,
     at most 16. How many of them work follows each row's live length in the kernel
@@ -303,17 +307,17 @@ def choose_num_splits(max_kv_len: int, batch: int, kv_heads: int, sm_count: int)
     2-16 splits all read 2.4-2.7 TB/s; with Hopper's 32-token tiles of one warp now, 4-8 splits
     read 3.06-3.08 TB/s, and 9 splits 3.35 with the head in two parts
     (scripts/tune_decode_attention.py, docs/PERF.md, runs 90 and 93).
-    Past LONG_CONTEXT, below a quarter of an SM a (row, kv head) program (1-8 rows at 4 kv
-    heads), up to 64 splits, about 8x the SMs' programs: 8 rows get 33, 1-4 rows 64. The
+    On Hopper past LONG_CONTEXT, below a quarter of an SM a (row, kv head) program (1-8 rows
+    at 4 kv heads), up to 64 splits, about 8x the SMs' programs: 8 rows get 33, 1-4 rows 64. The
     decode step on the H200 (docs/PERF.md, runs 104-105, us, 16 splits -> these): 1 x 2048
     557 -> 392, 2 x 2048 577 -> 424, 4 x 2048 613 -> 481, 8 x 2048 711 -> 638, 4 x 4000 883 ->
     693. Those grids cost 11-16 us a step at short contexts (8 x 150 334 -> 345, 1 x 150 300 ->
     316, 4 x 1000 424 -> 439), so the decode graphs capture a bucket that ends at LONG_CONTEXT
-    (`graph_context_buckets`)."""
+    (`graph_context_buckets`). Other GPUs keep the rule above: nothing was measured there."""
     programs = max(1, batch * kv_heads)
     wanted = -(-16 * sm_count // programs)
     splits = max(1, min(16, wanted, max_kv_len // 128))
-    if max_kv_len > LONG_CONTEXT and 4 * programs < sm_count:
+    if tuple(capability) >= (9, 0) and max_kv_len > LONG_CONTEXT and 4 * programs < sm_count:
         splits = max(splits, min(64, -(-8 * sm_count // programs), max_kv_len // 32))
     return splits
 

@@ -137,16 +137,18 @@ def test_a_bad_id_raises_by_name_and_leaves_the_requests_as_they_were(
 def test_triton_attention_graphs_fix_their_splits_per_context_bucket(
     tiny_config, sharp_weights, monkeypatch
 ):
-    """The Triton attention asks for two context buckets (LONG_CONTEXT lowered to 64 here, the
-    SM count raised to the H200's 132): steps up to 64 tokens of context replay the first graph,
-    with one split a row (at most one per 128 tokens of a short bucket); past 64, the second,
-    with 16 (few rows, long bucket: `choose_num_splits`). Every step matches the reference."""
+    """On Hopper the Triton attention asks for two context buckets (LONG_CONTEXT lowered to 64
+    here, the capability and SM count the H200's): steps up to 64 tokens of context replay the
+    first graph, with one split a row (at most one per 128 tokens of a short bucket); past 64,
+    the second, with 16 (few rows, long bucket: `choose_num_splits`). Every step matches the
+    reference."""
     pytest.importorskip("triton")
     import variants.attention.triton_attention as triton_attention
     import variants.kernels.decode_attention as decode_attention
 
     monkeypatch.setattr(decode_attention, "LONG_CONTEXT", 64)
     monkeypatch.setattr(triton_attention, "device_sm_count", lambda device: 132)
+    monkeypatch.setattr(triton_attention, "device_capability", lambda device: (9, 0))
     splits, launch = [], triton_attention.paged_decode_attention
     monkeypatch.setattr(
         triton_attention, "paged_decode_attention",
@@ -166,3 +168,12 @@ def test_triton_attention_graphs_fix_their_splits_per_context_bucket(
         assert splits == [want_splits] * tiny_config["num_hidden_layers"]
         want = ref.forward(torch.tensor(history)[None])[0, -1].float()
         assert (out[0] - want).abs().max().item() < 1e-4
+
+
+def test_triton_attention_graphs_before_hopper_keep_one_context_bucket(tiny_config, tiny_weights):
+    pytest.importorskip("triton")
+    engine = build_engine(
+        tiny_config, tiny_weights, "cpu", Variant(cache="slab", attention="triton")
+    )
+    graphs = _emulated(engine, largest=2)
+    assert graphs.contexts == [tiny_config["max_position_embeddings"]]

@@ -301,23 +301,28 @@ def test_choose_num_splits():
 
 
 def test_choose_num_splits_past_long_context():
-    """Past LONG_CONTEXT (2048), below a quarter of an SM a (row, kv head) program, up to 64
-    splits, about 8x the SMs' programs; a bucket that ends at 2048 keeps the rule above."""
-    assert choose_num_splits(4096, 1, 4, 132) == 64
-    assert choose_num_splits(4096, 4, 4, 132) == 64  # 16 programs want 66
-    assert choose_num_splits(4096, 8, 4, 132) == 33
-    assert choose_num_splits(4096, 16, 4, 132) == 16  # 64 programs: a quarter of an SM or more
-    assert choose_num_splits(4096, 64, 4, 132) == 9
-    assert choose_num_splits(2048, 4, 4, 132) == 16
-    assert choose_num_splits(2100, 1, 4, 132) == 64  # 2100 // 32 = 65
-    assert choose_num_splits(2100, 1, 4, 4) == 16  # 4 SMs: one program is a quarter of them
+    """On Hopper past LONG_CONTEXT (2048), below a quarter of an SM a (row, kv head) program,
+    up to 64 splits, about 8x the SMs' programs; a bucket that ends at 2048, and other GPUs,
+    keep the rule above."""
+    hopper = (9, 0)
+    assert choose_num_splits(4096, 1, 4, 132, hopper) == 64
+    assert choose_num_splits(4096, 4, 4, 132, hopper) == 64  # 16 programs want 66
+    assert choose_num_splits(4096, 8, 4, 132, hopper) == 33
+    assert choose_num_splits(4096, 16, 4, 132, hopper) == 16  # a quarter of an SM or more
+    assert choose_num_splits(4096, 64, 4, 132, hopper) == 9
+    assert choose_num_splits(2048, 4, 4, 132, hopper) == 16
+    assert choose_num_splits(2100, 1, 4, 132, hopper) == 64  # 2100 // 32 = 65
+    assert choose_num_splits(2100, 1, 4, 4, hopper) == 16  # 4 SMs: one program is a quarter
+    assert choose_num_splits(4096, 4, 4, 82, (8, 6)) == 16
+    assert choose_num_splits(4096, 4, 4, 132) == 16
 
 
 def test_graph_context_buckets():
-    assert graph_context_buckets(4096) == [2048, 4096]
-    assert graph_context_buckets(2049) == [2048, 2049]
-    assert graph_context_buckets(2048) == [2048]
-    assert graph_context_buckets(512) == [512]
+    assert graph_context_buckets(4096, (9, 0)) == [2048, 4096]
+    assert graph_context_buckets(2049, (10, 0)) == [2048, 2049]
+    assert graph_context_buckets(2048, (9, 0)) == [2048]
+    assert graph_context_buckets(512, (9, 0)) == [512]
+    assert graph_context_buckets(4096, (8, 6)) == [4096]
 
 
 # ------------------------------------------------------------------ GPU, public model sizes
