@@ -177,11 +177,13 @@ def cases(sms: int, pdl: bool = False, arch: int = 86) -> list:
                rows if long_split_programs(rows, 4, sms, capability) else 1)
               for rows in (8, 32, 64))  # fmt: skip
     picked = [(*shape, 16) for shape in dict.fromkeys(picked)]
-    # and the graph of 4 rows past LONG_CONTEXT where it has more splits (Hopper: 64)
-    splits = choose_num_splits(4096, 4, 4, sms, capability)
-    if splits > 16:
-        picked.append((default_tiles(4, 4, 256, sms, capability),
-                       default_parts(192, 4, 4, sms, capability), 1, splits))  # fmt: skip
+    # and the graphs of 4 and 8 rows past LONG_CONTEXT where they have more splits (Hopper: 64
+    # splits with 16-token tiles of two warps; 33 splits with 16-token tiles of one warp)
+    for rows in (4, 8):
+        splits = choose_num_splits(4096, rows, 4, sms, capability)
+        if splits > 16:
+            picked.append((default_tiles(rows, 4, 256, sms, capability, splits),
+                           default_parts(192, rows, 4, sms, capability), 1, splits))  # fmt: skip
     for (block_n, warps, stages), (da, db), block_b, splits in picked:
         consts = dict(GROUP=1, HEAD_DIM=192, NUM_SPLITS=splits,
                       BLOCK_S=triton.next_power_of_2(splits), BLOCK_G=1, BLOCK_N=block_n,

@@ -285,7 +285,7 @@ def _decode_split_kernel(
 
 
 # Past this many tokens, a graph's context bucket gives few rows more, shorter splits.
-LONG_CONTEXT = 2048
+LONG_CONTEXT = 1024
 
 
 def graph_context_buckets(max_positions: int, capability=(0, 0)) -> list:
@@ -300,7 +300,7 @@ def choose_num_splits(
     max_kv_len: int, batch: int, kv_heads: int, sm_count: int, capability=(0, 0)
 ) -> int:
     """The grid's splits for contexts up to max_kv_len (a graph's bucket): enough (row, kv
-    head, split) programs to fill about 16x the SMs, at most one per 128 tokens of the bucket,
+    head, split) programs to fill about 16x the SMs, at most one per 64 tokens of the bucket,
     at most 16. How many of them work follows each row's live length in the kernel
     (SPLIT_TOKENS). With 32-token tiles at 64 rows x 2048 tokens on the H200, 16 splits read
     the cache at 1.77-1.88 TB/s and 2-3 splits at 1.4-1.7; with 128-token tiles of four warps,
@@ -309,17 +309,24 @@ def choose_num_splits(
     (scripts/tune_decode_attention.py, docs/PERF.md, runs 90 and 93).
     On Hopper past LONG_CONTEXT, below a quarter of an SM a (row, kv head) program (1-8 rows
     at 4 kv heads), up to 64 splits, about 8x the SMs' programs: 8 rows get 33, 1-4 rows 64. The
-    decode step on the H200 (docs/PERF.md, runs 104-105, us, 16 splits -> these): 1 x 2048
-    557 -> 392, 2 x 2048 577 -> 424, 4 x 2048 613 -> 481, 8 x 2048 711 -> 638, 4 x 4000 883 ->
-    693. Those grids cost 11-16 us a step at short contexts (8 x 150 334 -> 345, 1 x 150 300 ->
-    316, 4 x 1000 424 -> 439), so the decode graphs capture a bucket that ends at LONG_CONTEXT
-    (`graph_context_buckets`). Other GPUs keep the rule above: nothing was measured there."""
+    decode step on the H200 (docs/PERF.md, runs 104-105 and 110, us, 16 splits -> these): 1 x
+    1100 425 -> 357, 1 x 1500 461 -> 362, 4 x 1500 500 -> 442, 1 x 2048 557 -> 392, 4 x 2048
+    613 -> 481, 8 x 2048 711 -> 638, 4 x 4000 883 -> 693. Those grids cost 11-16 us a step at
+    short contexts (8 x 150 334 -> 345, 1 x 150 300 -> 316, 4 x 1000 424 -> 439), so the decode
+    graphs capture a bucket that ends at LONG_CONTEXT (`graph_context_buckets`), whose 1024
+    tokens still give 16 splits. Other GPUs keep the rule above: nothing was measured there."""
     programs = max(1, batch * kv_heads)
     wanted = -(-16 * sm_count // programs)
-    splits = max(1, min(16, wanted, max_kv_len // 128))
-    if tuple(capability) >= (9, 0) and max_kv_len > LONG_CONTEXT and 4 * programs < sm_count:
+    splits = max(1, min(16, wanted, max_kv_len // 64))
+    if long_context_rule(max_kv_len, programs, sm_count, capability):
         splits = max(splits, min(64, -(-8 * sm_count // programs), max_kv_len // 32))
     return splits
+
+
+def long_context_rule(max_kv_len: int, programs: int, sm_count: int, capability=(0, 0)) -> bool:
+    """Whether (row, kv head) `programs` at contexts up to max_kv_len take the long-context
+    splits: Hopper, past LONG_CONTEXT, below a quarter of an SM a program."""
+    return tuple(capability) >= (9, 0) and max_kv_len > LONG_CONTEXT and 4 * programs < sm_count
 
 
 # The fewest live tokens a split gets with tiles of 32 tokens or more. At 8 x 150 on the H200
@@ -399,7 +406,7 @@ def paged_decode_attention(
         if min_programs is None:  # measured with the default tiles and splits only
             given = tiles is not None or split_tokens is not None
             min_programs = 0 if given else long_split_programs(batch, kv_heads, sms, capability)
-        tiles = tiles or default_tiles(batch, kv_heads, block_d, sms, capability)
+        tiles = tiles or default_tiles(batch, kv_heads, block_d, sms, capability, num_splits)
         parts = parts or default_parts(d, batch, kv_heads, sms, capability)
     da, db = parts
     assert da >= 16 and (db == 0 or db >= 16) and da + db >= d, f"{parts} for head_dim {d}"
@@ -463,8 +470,10 @@ def default_parts(d: int, batch: int, kv_heads: int, sm_count: int, capability=(
     return max(16, triton.next_power_of_2(d)), 0
 
 
-def default_tiles(batch: int, kv_heads: int, block_d: int, sm_count: int, capability=(0, 0)):
-    """(BLOCK_N, warps, stages).
+def default_tiles(
+    batch: int, kv_heads: int, block_d: int, sm_count: int, capability=(0, 0), num_splits: int = 1
+):
+    """(BLOCK_N, warps, stages) for a grid of `num_splits` splits.
     - Narrow heads (BLOCK_D <= 64): 64-token tiles, four warps.
     - Hopper and newer (measured on the H200, docs/PERF.md):
       - 32-token tiles (and splits of 32 tokens) of one warp once there is a (row, kv head)
@@ -475,7 +484,12 @@ def default_tiles(batch: int, kv_heads: int, block_d: int, sm_count: int, capabi
         split's chain is one short tile. One warp a program from a quarter of an SM a program
         up (the whole decode step at 32 x 512: 703 us against 871 with 64-token tiles of four
         warps; 16 x 1000: 589 against 709), two warps below (8 x 40: 314 against 320; 1 x 150:
-        300 against 311; 8 x 1000: 493 against 513), runs 81-83.
+        300 against 311; 8 x 1000: 493 against 513), runs 81-83;
+      - with the long-context splits (more than 16), one warp again from a sixth of an SM a
+        program (8 rows at 4 kv heads, 33 splits; the whole decode step, run 110: 8 x 1100 531
+        -> 513, 8 x 1500 573 -> 546, 8 x 2048 642 -> 613, 8 x 3100 773 -> 742). At 1-4 rows
+        (64 splits) two warps stay: 4 x 2048 482 against 505 (run 107), 4 x 3100 542 against
+        568, 1 x 4000 434 against 465, though 4 x 4000 is 697 against 603 (run 110).
     - Other GPUs keep 32-token tiles of four warps: nothing else was measured there (an RTX
       3090 has the same registers a thread but 99 KiB of shared memory a block)."""
     if block_d <= 64:
@@ -484,5 +498,7 @@ def default_tiles(batch: int, kv_heads: int, block_d: int, sm_count: int, capabi
     if tuple(capability) >= (9, 0):
         if programs >= sm_count:
             return 32, 1, 2
-        return (16, 1, 2) if 4 * programs >= sm_count else (16, 2, 2)
+        if 4 * programs >= sm_count or (num_splits > 16 and 6 * programs >= sm_count):
+            return 16, 1, 2
+        return 16, 2, 2
     return 32, 4, 2

@@ -139,7 +139,7 @@ def test_triton_attention_graphs_fix_their_splits_per_context_bucket(
 ):
     """On Hopper the Triton attention asks for two context buckets (LONG_CONTEXT lowered to 64
     here, the capability and SM count the H200's): steps up to 64 tokens of context replay the
-    first graph, with one split a row (at most one per 128 tokens of a short bucket); past 64,
+    first graph, with one split a row (at most one per 64 tokens of a short bucket); past 64,
     the second, with 16 (few rows, long bucket: `choose_num_splits`). Every step matches the
     reference."""
     pytest.importorskip("triton")

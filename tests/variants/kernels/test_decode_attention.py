@@ -12,6 +12,7 @@ import triton.language as tl  # noqa: E402
 
 import variants.kernels.decode_attention as decode_module  # noqa: E402
 from variants.kernels.decode_attention import (  # noqa: E402
+    LONG_CONTEXT,
     choose_num_splits,
     default_parts,
     default_tiles,
@@ -164,11 +165,12 @@ def test_many_splits_some_empty():
     check(paged_case(RAGGED, 2, 1, 24, 16), 16, 8)
 
 
-@pytest.mark.parametrize("num_splits,parts", [(32, None), (64, None), (64, (128, 64))])
+@pytest.mark.parametrize("num_splits,parts", [(32, None), (33, None), (64, None), (64, (128, 64))])
 def test_combine_of_many_splits_in_column_chunks(num_splits, parts):
-    """32 and 64 splits of a 192-wide head: the combine sums [splits, columns] in chunks of
+    """32-64 splits of a 192-wide head: the combine sums [splits, columns] in chunks of
     columns (a 256-wide part in 2 or 4, a 128-wide one in 2) and must equal the reference;
-    rows of 1-300 tokens leave 1-64 splits working, 16-token splits."""
+    rows of 1-300 tokens leave 1-64 splits working, 16-token splits (33: a grid that is not a
+    power of two, as 8 rows past LONG_CONTEXT get on the H200)."""
     case = paged_case([300, 150, 17, 1], 2, 2, 192, 16)
     check(case, 16, num_splits, atol=1e-5, rtol=1e-5, split_tokens=4, parts=parts)
 
@@ -248,6 +250,13 @@ def test_default_tiles():
     assert default_tiles(32, 4, 256, 132, hopper) == (16, 1, 2)  # from a quarter of that
     assert default_tiles(9, 4, 256, 132, hopper) == (16, 1, 2)
     assert default_tiles(8, 4, 256, 132, hopper) == (16, 2, 2)  # few rows: more splits work
+    # the long-context splits: one warp again from a sixth of an SM a program
+    assert default_tiles(8, 4, 256, 132, hopper, num_splits=33) == (16, 1, 2)
+    assert default_tiles(6, 4, 256, 132, hopper, num_splits=44) == (16, 1, 2)
+    assert default_tiles(5, 4, 256, 132, hopper, num_splits=53) == (16, 2, 2)
+    assert default_tiles(4, 4, 256, 132, hopper, num_splits=64) == (16, 2, 2)
+    assert default_tiles(8, 4, 256, 132, hopper, num_splits=16) == (16, 2, 2)
+    assert default_tiles(8, 4, 256, 82, (8, 6), num_splits=33) == (32, 4, 2)
     assert default_tiles(64, 4, 256, 82, (8, 6)) == (32, 4, 2)  # not measured off Hopper
     assert default_tiles(8, 4, 64, 132, (8, 6)) == (64, 4, 2)  # narrow heads: always 64
 
@@ -291,26 +300,30 @@ def test_a_tile_the_gpu_refuses_falls_back_to_the_small_one(monkeypatch):
 
 
 def test_choose_num_splits():
-    assert choose_num_splits(150, 8, 4, 82) == 1  # short context: no split
+    assert choose_num_splits(150, 8, 4, 82) == 2  # short context: one split per 64 tokens
+    assert choose_num_splits(63, 8, 4, 82) == 1
     assert choose_num_splits(2048, 1, 4, 82) == 16  # one long row: capped
     assert choose_num_splits(2048, 64, 4, 82) == 6  # 256 programs x 6 splits: over 16x 82 SMs
     assert choose_num_splits(4096, 64, 4, 132) == 9  # the graph's bucket at 64 rows, H200
     assert choose_num_splits(2048, 8, 4, 132) == 16  # 32 programs want 17 splits: capped
-    assert choose_num_splits(512, 8, 4, 132) == 4  # at least 128 tokens a split
+    assert choose_num_splits(512, 8, 4, 132) == 8  # at least 64 tokens a split
+    assert choose_num_splits(1024, 8, 4, 132) == 16  # the short graph bucket keeps 16
     assert choose_num_splits(1, 1, 1, 132) == 1
 
 
 def test_choose_num_splits_past_long_context():
-    """On Hopper past LONG_CONTEXT (2048), below a quarter of an SM a (row, kv head) program,
-    up to 64 splits, about 8x the SMs' programs; a bucket that ends at 2048, and other GPUs,
+    """On Hopper past LONG_CONTEXT (1024), below a quarter of an SM a (row, kv head) program,
+    up to 64 splits, about 8x the SMs' programs; a bucket that ends at 1024, and other GPUs,
     keep the rule above."""
     hopper = (9, 0)
+    assert LONG_CONTEXT == 1024
     assert choose_num_splits(4096, 1, 4, 132, hopper) == 64
     assert choose_num_splits(4096, 4, 4, 132, hopper) == 64  # 16 programs want 66
     assert choose_num_splits(4096, 8, 4, 132, hopper) == 33
     assert choose_num_splits(4096, 16, 4, 132, hopper) == 16  # a quarter of an SM or more
     assert choose_num_splits(4096, 64, 4, 132, hopper) == 9
-    assert choose_num_splits(2048, 4, 4, 132, hopper) == 16
+    assert choose_num_splits(1024, 4, 4, 132, hopper) == 16
+    assert choose_num_splits(1025, 4, 4, 132, hopper) == 32  # 1025 // 32
     assert choose_num_splits(2100, 1, 4, 132, hopper) == 64  # 2100 // 32 = 65
     assert choose_num_splits(2100, 1, 4, 4, hopper) == 16  # 4 SMs: one program is a quarter
     assert choose_num_splits(4096, 4, 4, 82, (8, 6)) == 16
@@ -318,9 +331,9 @@ def test_choose_num_splits_past_long_context():
 
 
 def test_graph_context_buckets():
-    assert graph_context_buckets(4096, (9, 0)) == [2048, 4096]
-    assert graph_context_buckets(2049, (10, 0)) == [2048, 2049]
-    assert graph_context_buckets(2048, (9, 0)) == [2048]
+    assert graph_context_buckets(4096, (9, 0)) == [1024, 4096]
+    assert graph_context_buckets(1025, (10, 0)) == [1024, 1025]
+    assert graph_context_buckets(1024, (9, 0)) == [1024]
     assert graph_context_buckets(512, (9, 0)) == [512]
     assert graph_context_buckets(4096, (8, 6)) == [4096]
 
@@ -343,6 +356,19 @@ def test_gpu_paged_public_sizes(batch, ctx, splits):
     case = paged_case(lens, 4, 4, 192, 16, torch.float16, "cuda")
     n = choose_num_splits(ctx, batch, 4, _sms()) if splits == "auto" else splits
     check(case, 16, n, atol=2e-3, rtol=1e-2)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("batch,ctx", [(1, 1100), (4, 3000), (8, 1500)])
+def test_gpu_long_context_splits_and_tiles(batch, ctx):
+    """The split count and tiles this GPU's graphs take past LONG_CONTEXT (on the H200: 64
+    splits of two-warp tiles at 1-4 rows, 33 of one-warp tiles at 8) against the reference."""
+    lens = [ctx - (i * 37) % 64 for i in range(batch)]
+    case = paged_case(lens, 4, 4, 192, 16, torch.float16, "cuda")
+    capability = torch.cuda.get_device_capability()
+    n = choose_num_splits(4096, batch, 4, _sms(), capability)
+    check(case, 16, n, atol=2e-3, rtol=1e-2, split_tokens=None)  # the engine's split lengths
 
 
 @pytest.mark.gpu
