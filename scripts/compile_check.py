@@ -31,6 +31,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from variants.kernels.decode_attention import (  # noqa: E402
     _decode_split_kernel,
     choose_num_splits,
+    default_max_registers,
     default_parts,
     default_tiles,
     long_split_programs,
@@ -84,15 +85,22 @@ def ptxas_report(ptx: str) -> dict:
     }
 
 
-def check(name, fn, types, consts, warps, stages, arch) -> dict:
+def check(name, fn, types, consts, warps, stages, arch, cap=None) -> dict:
+    """`cap`: the launcher's register cap rule (None: none). As the launcher does
+    (`register_cap`), the build is capped only where ptxas alone takes fewer registers."""
     target = GPUTarget("cuda", arch, 32)
-    kernel = triton.compile(
-        source(fn, types, consts), target=target, options={"num_warps": warps, "num_stages": stages}
-    )
+    options = {"num_warps": warps, "num_stages": stages}
+    kernel = triton.compile(source(fn, types, consts), target=target, options=options)
+    report = ptxas_report(kernel.asm["ptx"])
+    maxnreg = cap if cap and report["registers"] < cap else None
+    if maxnreg:
+        options["maxnreg"] = maxnreg
+        kernel = triton.compile(source(fn, types, consts), target=target, options=options)
+        report = ptxas_report(kernel.asm["ptx"])
     shared = kernel.metadata.shared
     ptx = kernel.asm["ptx"]
-    row = {"kernel": name, **consts, "warps": warps, "stages": stages,
-           "shared_bytes": shared, **ptxas_report(ptx)}  # fmt: skip
+    row = {"kernel": name, **consts, "warps": warps, "stages": stages, "cap": cap,
+           "maxnreg": maxnreg, "shared_bytes": shared, **report}  # fmt: skip
     if consts.get("PDL"):
         row.update(pdl_order(ptx))
     return row
@@ -169,27 +177,32 @@ def cases(sms: int, pdl: bool = False, arch: int = 86) -> list:
     for n in _decode_split_kernel.arg_names:
         if n.startswith("stride_"):
             attention[n] = strides
-    # the tiles and head parts the launcher picks at 8, 32 and 64 rows on this capability
-    # (Hopper: 16-token tiles of two warps with one padded part, then 16-token tiles of one
-    # warp with the head as 128 + 64, then 32-token tiles of one warp with the head as 128 + 64)
-    picked = ((default_tiles(rows, 4, 256, sms, capability),
-               default_parts(192, rows, 4, sms, capability),
-               rows if long_split_programs(rows, 4, sms, capability) else 1)
+
+    # the tiles, head parts and register cap the launcher picks at 8, 32 and 64 rows on this
+    # capability (Hopper: 16-token tiles of two warps with one padded part and at most 168
+    # registers, then 16-token tiles of one warp with the head as 128 + 64, then 32-token tiles
+    # of one warp with the head as 128 + 64)
+    def launch(rows: int, splits: int) -> tuple:
+        tiles = default_tiles(rows, 4, 256, sms, capability, splits)
+        return (tiles, default_parts(192, rows, 4, sms, capability),
+                default_max_registers(tiles, rows, 4, splits, sms, capability))  # fmt: skip
+
+    picked = ((*launch(rows, 16), rows if long_split_programs(rows, 4, sms, capability) else 1)
               for rows in (8, 32, 64))  # fmt: skip
     picked = [(*shape, 16) for shape in dict.fromkeys(picked)]
-    # and the graphs of 4 and 8 rows past LONG_CONTEXT where they have more splits (Hopper: 64
+    # and the graphs of 4 and 8 rows past LONG_CONTEXT where they have more splits (Hopper: 49
     # splits with 16-token tiles of two warps; 33 splits with 16-token tiles of one warp)
     for rows in (4, 8):
         splits = choose_num_splits(4096, rows, 4, sms, capability)
         if splits > 16:
-            picked.append((default_tiles(rows, 4, 256, sms, capability, splits),
-                           default_parts(192, rows, 4, sms, capability), 1, splits))  # fmt: skip
-    for (block_n, warps, stages), (da, db), block_b, splits in picked:
+            picked.append((*launch(rows, splits), 1, splits))
+    for (block_n, warps, stages), (da, db), regs, block_b, splits in picked:
         consts = dict(GROUP=1, HEAD_DIM=192, NUM_SPLITS=splits,
                       BLOCK_S=triton.next_power_of_2(splits), BLOCK_G=1, BLOCK_N=block_n,
                       BLOCK_DA=da, BLOCK_DB=db, USE_DOT=False, PDL=pdl, PREFETCH=pdl,
                       LONG_SPLITS=block_b > 1, BLOCK_B=block_b)  # fmt: skip
-        found.append(("decode_attention", _decode_split_kernel, attention, consts, warps, stages))
+        found.append(("decode_attention", _decode_split_kernel, attention, consts, warps, stages,
+                      regs))  # fmt: skip
     spec = ModelSpec.from_config(json.loads(Path("target/model_config.json").read_text()))
     runner = DecodeLayers(spec, 8, spec.max_positions, "cpu", torch.float16, sms)
     layer = {n: strides for n in _decode_layer_kernel.arg_names if n.startswith("stride_")}
@@ -241,8 +254,8 @@ def main() -> int:
     p.add_argument("--json", default=None)
     args = p.parse_args()
     found = cases(args.sms, args.pdl, args.arch)
-    rows = [check(name, fn, types, consts, warps, stages, args.arch)
-            for name, fn, types, consts, warps, stages in found]  # fmt: skip
+    rows = [check(name, fn, types, consts, warps, stages, args.arch, *regs)
+            for name, fn, types, consts, warps, stages, *regs in found]  # fmt: skip
     for row in rows:
         print(json.dumps(row), flush=True)
     meta = {"triton": triton.__version__, "arch": args.arch, "sms": args.sms, "pdl": args.pdl}

@@ -308,18 +308,25 @@ def choose_num_splits(
     read 3.06-3.08 TB/s, and 9 splits 3.35 with the head in two parts
     (scripts/tune_decode_attention.py, docs/PERF.md, runs 90 and 93).
     On Hopper past LONG_CONTEXT, below a quarter of an SM a (row, kv head) program (1-8 rows
-    at 4 kv heads), up to 64 splits, about 8x the SMs' programs: 8 rows get 33, 1-4 rows 64. The
-    decode step on the H200 (docs/PERF.md, runs 104-105 and 110, us, 16 splits -> these): 1 x
-    1100 425 -> 357, 1 x 1500 461 -> 362, 4 x 1500 500 -> 442, 1 x 2048 557 -> 392, 4 x 2048
-    613 -> 481, 8 x 2048 711 -> 638, 4 x 4000 883 -> 693. Those grids cost 11-16 us a step at
-    short contexts (8 x 150 334 -> 345, 1 x 150 300 -> 316, 4 x 1000 424 -> 439), so the decode
-    graphs capture a bucket that ends at LONG_CONTEXT (`graph_context_buckets`), whose 1024
-    tokens still give 16 splits. Other GPUs keep the rule above: nothing was measured there."""
+    at 4 kv heads), up to 64 splits, as many as fit in one wave: 6 programs an SM with the
+    two-warp tiles (1-4 rows: 64, 64, 64, 49 splits), 8 with the one-warp tiles of 5-8 rows
+    (`default_tiles`; 8 rows: 33). The decode step on the H200 (docs/PERF.md, runs 104-105 and
+    110, us, 16 splits -> 64 or 33): 1 x 1100 425 -> 357, 1 x 1500 461 -> 362, 4 x 1500 500 ->
+    442, 1 x 2048 557 -> 392, 4 x 2048 613 -> 481, 8 x 2048 711 -> 638. At 4 rows 64 splits of
+    two warps (146 registers, 6 programs an SM) outgrow one wave once more than about 800 of
+    them work, and the step jumps (runs 112 and 114, 64 -> 49 splits: 4 x 1800 517 -> 466, 4 x
+    2000 522 -> 483, 4 x 2800 603 -> 550, 4 x 4000 698 -> 635; 4 x 2048 482 -> 486, 4 x 3100
+    540 -> 558, where 64 happen to fit). Those grids cost
+    11-16 us a step at short contexts (8 x 150 334 -> 345, 1 x 150 300 -> 316, 4 x 1000 424 ->
+    439), so the decode graphs capture a bucket that ends at LONG_CONTEXT
+    (`graph_context_buckets`), whose 1024 tokens still give 16 splits. Other GPUs keep the rule
+    above: nothing was measured there."""
     programs = max(1, batch * kv_heads)
     wanted = -(-16 * sm_count // programs)
     splits = max(1, min(16, wanted, max_kv_len // 64))
     if long_context_rule(max_kv_len, programs, sm_count, capability):
-        splits = max(splits, min(64, -(-8 * sm_count // programs), max_kv_len // 32))
+        per_sm = 8 if one_warp_long_tiles(programs, sm_count) else 6
+        splits = max(splits, min(64, per_sm * sm_count // programs, max_kv_len // 32))
     return splits
 
 
@@ -327,6 +334,12 @@ def long_context_rule(max_kv_len: int, programs: int, sm_count: int, capability=
     """Whether (row, kv head) `programs` at contexts up to max_kv_len take the long-context
     splits: Hopper, past LONG_CONTEXT, below a quarter of an SM a program."""
     return tuple(capability) >= (9, 0) and max_kv_len > LONG_CONTEXT and 4 * programs < sm_count
+
+
+def one_warp_long_tiles(programs: int, sm_count: int) -> bool:
+    """Whether the long-context splits of `programs` (row, kv head) programs take 16-token
+    tiles of one warp (from a sixth of an SM a program: 8 rows at 4 kv heads) rather than two."""
+    return 6 * programs >= sm_count
 
 
 # The fewest live tokens a split gets with tiles of 32 tokens or more. At 8 x 150 on the H200
@@ -373,6 +386,7 @@ def paged_decode_attention(
     prefetch: bool = True,
     parts: tuple | None = None,
     min_programs: int | None = None,
+    max_registers: int | None = None,
 ) -> torch.Tensor:
     """q [B, heads, d]; pools [slots, kv_heads, d]; block_table [B, W] (int32 or int64; slab:
     W=1 and block_size=max_positions); kv_lens [B] (a row of length 0 gets zeros). Returns
@@ -385,7 +399,8 @@ def paged_decode_attention(
     (pdl.py), each split's keys and values prefetched into L2 before the wait unless `prefetch`
     is False. `parts` = (DA, DB) overrides how the head is cut (`default_parts`).
     `min_programs` > 0 lets splits grow to 2x or 4x `split_tokens` while that many (row, kv
-    head, split) programs still work (`long_split_programs`; 0: never)."""
+    head, split) programs still work (`long_split_programs`; 0: never). `max_registers` caps
+    ptxas's registers a thread (None: `default_max_registers` of the tiles; 0: no cap)."""
     batch, heads, d = q.shape
     kv_heads = k_pool.shape[1]
     group = heads // kv_heads
@@ -401,16 +416,20 @@ def paged_decode_attention(
     use_dot = group > 1
     if use_dot:
         block_g = max(16, block_g)  # tl.dot needs 16 rows
-    if tiles is None or parts is None or min_programs is None:
+    num_splits = max(1, int(num_splits))
+    if tiles is None or parts is None or min_programs is None or max_registers is None:
         sms, capability = device_sm_count(q.device), device_capability(q.device)
         if min_programs is None:  # measured with the default tiles and splits only
             given = tiles is not None or split_tokens is not None
             min_programs = 0 if given else long_split_programs(batch, kv_heads, sms, capability)
         tiles = tiles or default_tiles(batch, kv_heads, block_d, sms, capability, num_splits)
         parts = parts or default_parts(d, batch, kv_heads, sms, capability)
+        if max_registers is None:
+            max_registers = default_max_registers(
+                tiles, batch, kv_heads, num_splits, sms, capability
+            )
     da, db = parts
     assert da >= 16 and (db == 0 or db >= 16) and da + db >= d, f"{parts} for head_dim {d}"
-    num_splits = max(1, int(num_splits))
     if split_tokens is None:
         split_tokens = split_tokens_for(tiles[0])
     if arrivals is None:  # the kernel compiles its counter code even when one split never uses it
@@ -435,6 +454,10 @@ def paged_decode_attention(
         BLOCK_B=triton.next_power_of_2(batch) if min_programs > 0 else 1,
         **launch_options(pdl, q.device),
     )  # fmt: skip
+    if max_registers and q.is_cuda:
+        meta.update(
+            register_cap(int(max_registers), (batch, kv_heads, num_splits), args, meta, tiles)
+        )
     key = (q.device, tiles, parts, block_g)
     if key in _TOO_BIG:  # this GPU refused the tile before: the small one, without retrying
         tiles = (32, 4, 2)
@@ -449,6 +472,24 @@ def paged_decode_attention(
 
 
 _TOO_BIG: set = set()
+# registers a thread ptxas takes alone, per build (`register_cap`)
+_OWN_REGISTERS: dict = {}
+
+
+def register_cap(cap: int, grid: tuple, args: tuple, meta: dict, tiles: tuple) -> dict:
+    """{"maxnreg": cap} where ptxas alone takes fewer registers for this build, else {}: a cap
+    never forces a build below its own count (Triton 3.9's ptxas takes 227 for 8 rows' 33
+    splits of one warp, where Triton 3.6's takes 154; capped at 168 it would spill). Compiles
+    the build without the cap once (cached) to read its count."""
+    block_n, warps, stages = tiles
+    key = (args[0].device, tiles, tuple(sorted(meta.items())))
+    if key not in _OWN_REGISTERS:
+        build = _decode_split_kernel.warmup(
+            *args, grid=grid, **meta, BLOCK_N=block_n, num_warps=warps, num_stages=stages
+        )
+        build._init_handles()
+        _OWN_REGISTERS[key] = build.n_regs
+    return {"maxnreg": cap} if _OWN_REGISTERS[key] < cap else {}
 
 
 def _launch(grid: tuple, args: tuple, meta: dict, tiles: tuple) -> None:
@@ -488,8 +529,9 @@ def default_tiles(
       - with the long-context splits (more than 16), one warp again from a sixth of an SM a
         program (8 rows at 4 kv heads, 33 splits; the whole decode step, run 110: 8 x 1100 531
         -> 513, 8 x 1500 573 -> 546, 8 x 2048 642 -> 613, 8 x 3100 773 -> 742). At 1-4 rows
-        (64 splits) two warps stay: 4 x 2048 482 against 505 (run 107), 4 x 3100 542 against
-        568, 1 x 4000 434 against 465, though 4 x 4000 is 697 against 603 (run 110).
+        two warps stay (64 splits; 49 at 4 rows): 1 x 4000 432 against 462, 1 x 1500 362
+        against 380 (run 113), 4 x 2048 at 49 splits 486 against 505 with 64 of one warp (run
+        112), though past 3300 tokens one warp wins at 4 rows (4 x 4000 635 against 603).
     - Other GPUs keep 32-token tiles of four warps: nothing else was measured there (an RTX
       3090 has the same registers a thread but 99 KiB of shared memory a block)."""
     if block_d <= 64:
@@ -498,7 +540,28 @@ def default_tiles(
     if tuple(capability) >= (9, 0):
         if programs >= sm_count:
             return 32, 1, 2
-        if 4 * programs >= sm_count or (num_splits > 16 and 6 * programs >= sm_count):
+        long_one_warp = num_splits > 16 and one_warp_long_tiles(programs, sm_count)
+        if 4 * programs >= sm_count or long_one_warp:
             return 16, 1, 2
         return 16, 2, 2
     return 32, 4, 2
+
+
+def default_max_registers(
+    tiles: tuple, batch: int, kv_heads: int, num_splits: int, sm_count: int, capability=(0, 0)
+) -> int | None:
+    """A register cap for ptxas (Triton's `maxnreg`), or None to leave it its own count.
+    Hopper's 16-token tiles below a quarter of an SM a (row, kv head) program, in a grid of at
+    most 8 warps an SM: 168. Given that cap, above what it picks alone, ptxas takes more
+    registers for these builds (Triton 3.6: 102 -> 142 at 16 splits of two warps, 146 -> 144
+    at 64, 154 -> 168 at 33 splits of one warp) and the step runs faster (H200, docs/PERF.md,
+    run 115, step graph us: 8 x 40 312.9 -> 310.2, 1 x 150 299.0 -> 293.2, 4 x 1000 423.6 ->
+    405.2, 1 x 1500 360.1 -> 353.6, 2 x 3000 447.9 -> 436.4, 8 x 1200 525.4 -> 497.1, 8 x 2048
+    612.5 -> 576.2, 8 x 3100 740.0 -> 680.5). A fuller grid loses: 4 rows' 49 splits of two
+    warps (12 warps an SM) at 112 -> 140 registers, 4 x 1300 420.9 -> 441.8, 4 x 2048 483.1 ->
+    492.1; from a quarter of an SM a program up it does not pay (run 114, capped at 168 / 200:
+    32 x 512 647 -> 647 / 704, 64 x 256 646 -> 661 / 656)."""
+    programs = batch * kv_heads
+    if tuple(capability) < (9, 0) or tiles[0] != 16 or 4 * programs >= sm_count:
+        return None
+    return 168 if tiles[1] * programs * num_splits <= 8 * sm_count else None

@@ -14,6 +14,7 @@ import variants.kernels.decode_attention as decode_module  # noqa: E402
 from variants.kernels.decode_attention import (  # noqa: E402
     LONG_CONTEXT,
     choose_num_splits,
+    default_max_registers,
     default_parts,
     default_tiles,
     graph_context_buckets,
@@ -261,6 +262,53 @@ def test_default_tiles():
     assert default_tiles(8, 4, 64, 132, (8, 6)) == (64, 4, 2)  # narrow heads: always 64
 
 
+def test_default_max_registers():
+    """Hopper's 16-token tiles below a quarter of an SM a program, in a grid of at most 8 warps
+    an SM: ptxas capped at 168 registers; nothing elsewhere."""
+    hopper = (9, 0)
+    assert default_max_registers((16, 2, 2), 8, 4, 16, 132, hopper) == 168  # 1024 warps
+    assert default_max_registers((16, 2, 2), 1, 4, 64, 132, hopper) == 168
+    assert default_max_registers((16, 1, 2), 8, 4, 33, 132, hopper) == 168  # 1056 warps
+    assert default_max_registers((16, 2, 2), 4, 4, 49, 132, hopper) is None  # 1568 warps
+    assert default_max_registers((16, 2, 2), 3, 4, 64, 132, hopper) is None  # 1536 warps
+    assert default_max_registers((16, 1, 2), 9, 4, 16, 132, hopper) is None  # a quarter of an SM
+    assert default_max_registers((32, 1, 2), 64, 4, 9, 132, hopper) is None
+    assert default_max_registers((32, 4, 2), 8, 4, 16, 82, (8, 6)) is None
+
+
+def test_register_cap_never_below_the_builds_own_count(monkeypatch):
+    """`register_cap` compiles the build once without the cap (cached) and caps it only where
+    ptxas alone takes fewer registers."""
+    compiled = []
+
+    class Build:
+        def __init__(self, regs):
+            self.n_regs = regs
+
+        def _init_handles(self):
+            pass
+
+    class Kernel:
+        regs = 154
+
+        def warmup(self, *args, grid, **meta):
+            compiled.append((grid, meta["NUM_SPLITS"], meta["num_warps"]))
+            return Build(self.regs)
+
+    kernel = Kernel()
+    monkeypatch.setattr(decode_module, "_decode_split_kernel", kernel)
+    monkeypatch.setattr(decode_module, "_OWN_REGISTERS", {})
+    args, tiles = (torch.zeros(1),), (16, 1, 2)
+    meta = {"NUM_SPLITS": 33}
+    assert decode_module.register_cap(168, (8, 4, 33), args, meta, tiles) == {"maxnreg": 168}
+    assert decode_module.register_cap(168, (8, 4, 33), args, meta, tiles) == {"maxnreg": 168}
+    assert compiled == [((8, 4, 33), 33, 1)]  # once a build
+    kernel.regs = 227  # another compiler: its own count is above the cap
+    assert decode_module.register_cap(168, (8, 4, 16), args, {"NUM_SPLITS": 16}, tiles) == {}
+    assert decode_module.register_cap(168, (8, 4, 16), args, {"NUM_SPLITS": 16}, tiles) == {}
+    assert len(compiled) == 2
+
+
 def test_sixteen_token_tiles_split_at_sixteen_tokens():
     """The H200's tiles below a program an SM: 16 tokens, one or two warps; left to its
     default, a split then gets 16 tokens (lengths 1 to 100 over a grid of 8 splits)."""
@@ -313,17 +361,20 @@ def test_choose_num_splits():
 
 def test_choose_num_splits_past_long_context():
     """On Hopper past LONG_CONTEXT (1024), below a quarter of an SM a (row, kv head) program,
-    up to 64 splits, about 8x the SMs' programs; a bucket that ends at 1024, and other GPUs,
-    keep the rule above."""
+    up to 64 splits, one wave of them: 6 programs an SM with two-warp tiles, 8 with the
+    one-warp tiles from a sixth of an SM a program; a bucket that ends at 1024, and other
+    GPUs, keep the rule above."""
     hopper = (9, 0)
     assert LONG_CONTEXT == 1024
     assert choose_num_splits(4096, 1, 4, 132, hopper) == 64
-    assert choose_num_splits(4096, 4, 4, 132, hopper) == 64  # 16 programs want 66
-    assert choose_num_splits(4096, 8, 4, 132, hopper) == 33
+    assert choose_num_splits(4096, 2, 4, 132, hopper) == 64
+    assert choose_num_splits(4096, 3, 4, 132, hopper) == 64  # 6 programs an SM: 66
+    assert choose_num_splits(4096, 4, 4, 132, hopper) == 49  # 6 programs an SM: 49
+    assert choose_num_splits(4096, 8, 4, 132, hopper) == 33  # one-warp tiles: 8 an SM
     assert choose_num_splits(4096, 16, 4, 132, hopper) == 16  # a quarter of an SM or more
     assert choose_num_splits(4096, 64, 4, 132, hopper) == 9
     assert choose_num_splits(1024, 4, 4, 132, hopper) == 16
-    assert choose_num_splits(1025, 4, 4, 132, hopper) == 32  # 1025 // 32
+    assert choose_num_splits(1025, 1, 4, 132, hopper) == 32  # 1025 // 32
     assert choose_num_splits(2100, 1, 4, 132, hopper) == 64  # 2100 // 32 = 65
     assert choose_num_splits(2100, 1, 4, 4, hopper) == 16  # 4 SMs: one program is a quarter
     assert choose_num_splits(4096, 4, 4, 82, (8, 6)) == 16
@@ -369,6 +420,20 @@ def test_gpu_long_context_splits_and_tiles(batch, ctx):
     capability = torch.cuda.get_device_capability()
     n = choose_num_splits(4096, batch, 4, _sms(), capability)
     check(case, 16, n, atol=2e-3, rtol=1e-2, split_tokens=None)  # the engine's split lengths
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("regs", [0, 168])
+def test_gpu_register_cap(regs):
+    """A register cap (or none) on the 8-row build of 33 splits of one warp: the reference."""
+    case = paged_case([1500 - 37 * i for i in range(8)], 4, 4, 192, 16, torch.float16, "cuda")
+    q, k_pool, v_pool, table, lens = case
+    got = paged_decode_attention(
+        q, k_pool, v_pool, table, lens, 16, 192**-0.5, 33, tiles=(16, 1, 2), max_registers=regs
+    )
+    want = reference_decode(q, k_pool, v_pool, table, lens, 16)
+    torch.testing.assert_close(got, want, atol=2e-3, rtol=1e-2)
 
 
 @pytest.mark.gpu
