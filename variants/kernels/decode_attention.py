@@ -482,7 +482,8 @@ def register_cap(cap: int, grid: tuple, args: tuple, meta: dict, tiles: tuple) -
     splits of one warp, where Triton 3.6's takes 154; capped at 168 it would spill). Compiles
     the build without the cap once (cached) to read its count."""
     block_n, warps, stages = tiles
-    key = (args[0].device, tiles, tuple(sorted(meta.items())))
+    signature = tuple(a.dtype if isinstance(a, torch.Tensor) else a for a in args)
+    key = (args[0].device, tiles, tuple(sorted(meta.items())), signature)
     if key not in _OWN_REGISTERS:
         build = _decode_split_kernel.warmup(
             *args, grid=grid, **meta, BLOCK_N=block_n, num_warps=warps, num_stages=stages

@@ -303,10 +303,13 @@ def test_register_cap_never_below_the_builds_own_count(monkeypatch):
     assert decode_module.register_cap(168, (8, 4, 33), args, meta, tiles) == {"maxnreg": 168}
     assert decode_module.register_cap(168, (8, 4, 33), args, meta, tiles) == {"maxnreg": 168}
     assert compiled == [((8, 4, 33), 33, 1)]  # once a build
+    half = (torch.zeros(1, dtype=torch.float16),)  # another signature: another build
+    assert decode_module.register_cap(168, (8, 4, 33), half, meta, tiles) == {"maxnreg": 168}
+    assert len(compiled) == 2
     kernel.regs = 227  # another compiler: its own count is above the cap
     assert decode_module.register_cap(168, (8, 4, 16), args, {"NUM_SPLITS": 16}, tiles) == {}
     assert decode_module.register_cap(168, (8, 4, 16), args, {"NUM_SPLITS": 16}, tiles) == {}
-    assert len(compiled) == 2
+    assert len(compiled) == 3
 
 
 def test_sixteen_token_tiles_split_at_sixteen_tokens():
