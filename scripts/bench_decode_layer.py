@@ -31,11 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from scripts.bench_few_row import graph_us  # noqa: E402
 from variants.kernels import decode_layer  # noqa: E402
-from variants.kernels.decode_attention import (  # noqa: E402
-    choose_num_splits,
-    graph_context_buckets,
-    paged_decode_attention,
-)
+from variants.kernels.decode_attention import paged_decode_attention  # noqa: E402
+from variants.kernels.decode_attention_rules import choose_num_splits, graph_context_buckets  # noqa: E402
 from variants.kernels.device import device_sm_count  # noqa: E402
 from variants.kernels.few_row_linear import few_row_linear  # noqa: E402
 from variants.kernels.grid_barrier import grid_barrier, leave  # noqa: E402

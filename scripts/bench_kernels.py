@@ -46,7 +46,8 @@ def record(kernel: str, case: str, triton_ms: float, torch_ms: float, **extra) -
 
 
 def bench_decode(batch: int, ctx: int, dtype, sms: int) -> dict:
-    from variants.kernels.decode_attention import choose_num_splits, paged_decode_attention
+    from variants.kernels.decode_attention import paged_decode_attention
+    from variants.kernels.decode_attention_rules import choose_num_splits
 
     gen = torch.Generator().manual_seed(0)
     width = -(-ctx // BLOCK_SIZE)

@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from variants.kernels.decode_attention import (  # noqa: E402
-    _decode_split_kernel,
+from variants.kernels.decode_attention import _decode_split_kernel  # noqa: E402
+from variants.kernels.decode_attention_rules import (  # noqa: E402
     choose_num_splits,
     default_max_registers,
     default_parts,

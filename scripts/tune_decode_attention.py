@@ -21,11 +21,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from variants.kernels.decode_attention import (  # noqa: E402
+from variants.kernels.decode_attention import paged_decode_attention  # noqa: E402
+from variants.kernels.decode_attention_rules import (  # noqa: E402
     SPLIT_TOKENS,
     choose_num_splits,
     graph_context_buckets,
-    paged_decode_attention,
 )
 
 HEADS, KV_HEADS, HEAD_DIM, MAX_POS = 4, 4, 192, 4096

@@ -9,11 +9,8 @@ import math
 
 import torch
 
-from variants.kernels.decode_attention import (
-    choose_num_splits,
-    graph_context_buckets,
-    paged_decode_attention,
-)
+from variants.kernels.decode_attention import paged_decode_attention
+from variants.kernels.decode_attention_rules import choose_num_splits, graph_context_buckets
 from variants.kernels.device import device_capability, device_sm_count
 from variants.kernels.prefill_attention import varlen_prefill_attention
 

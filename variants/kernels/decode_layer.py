@@ -29,7 +29,8 @@ import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-from variants.kernels.decode_attention import SPLIT_TOKENS, attend_split, default_tiles
+from variants.kernels.decode_attention import attend_split
+from variants.kernels.decode_attention_rules import SPLIT_TOKENS, default_tiles
 from variants.kernels.device import device_capability
 from variants.kernels.few_row_linear import linear_tile
 from variants.kernels.grid_barrier import grid_barrier, leave

@@ -144,9 +144,9 @@ def test_triton_attention_graphs_fix_their_splits_per_context_bucket(
     reference."""
     pytest.importorskip("triton")
     import variants.attention.triton_attention as triton_attention
-    import variants.kernels.decode_attention as decode_attention
+    import variants.kernels.decode_attention_rules as rules
 
-    monkeypatch.setattr(decode_attention, "LONG_CONTEXT", 64)
+    monkeypatch.setattr(rules, "LONG_CONTEXT", 64)
     monkeypatch.setattr(triton_attention, "device_sm_count", lambda device: 132)
     monkeypatch.setattr(triton_attention, "device_capability", lambda device: (9, 0))
     splits, launch = [], triton_attention.paged_decode_attention
