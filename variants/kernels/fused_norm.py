@@ -8,13 +8,16 @@ import torch
 import triton
 import triton.language as tl
 
+from variants.kernels.pdl import launch_options, wait_previous
+
 
 @triton.jit
 def _add_rms_norm_kernel(
     x_ptr, delta_ptr, w_ptr, new_x_ptr, normed_ptr,
     stride_x, stride_d, stride_nx, stride_o, hidden, eps,
-    HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    wait_previous(PDL)  # x and delta come from the kernels before
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < hidden
@@ -33,10 +36,15 @@ def _add_rms_norm_kernel(
 
 
 def add_rms_norm(
-    x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+    x: torch.Tensor,
+    delta: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    pdl: bool = False,
 ) -> tuple:
     """x, delta [N, H] (rows may be strided); weight [H]. Returns (x + delta, rms_norm of it);
-    without delta, (x, rms_norm(x))."""
+    without delta, (x, rms_norm(x)). `pdl`: launched with programmatic dependent launch
+    (kernels/pdl.py), so its programs start while the kernel before finishes."""
     rows, hidden = x.shape
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -50,6 +58,7 @@ def add_rms_norm(
         x, delta if delta is not None else x, weight, new_x, normed,
         x.stride(0), delta.stride(0) if delta is not None else 0, new_x.stride(0),
         normed.stride(0), hidden, eps,
-        HAS_DELTA=delta is not None, BLOCK=block, num_warps=min(16, max(1, block // 256)),
+        HAS_DELTA=delta is not None, BLOCK=block, PDL=pdl,
+        num_warps=min(16, max(1, block // 256)), **launch_options(pdl, x.device),
     )  # fmt: skip
     return new_x, normed

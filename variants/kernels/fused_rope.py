@@ -8,6 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
+from variants.kernels.pdl import launch_options, wait_previous
 from variants.kernels.split_k import host_cdiv
 
 
@@ -52,7 +53,9 @@ def _rope_cache_write_kernel(
     stride_vph, stride_ot, stride_oh, stride_kot, stride_koh,
     HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr,
     BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr, STORE_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
+    wait_previous(PDL)  # q, k and v come from the projection before
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     t_mask = t < tokens
     j = tl.arange(0, BLOCK_D // 2)
@@ -104,13 +107,15 @@ def rope_and_cache_write(
     write_index: torch.Tensor,
     k_out: torch.Tensor | None = None,
     launch: tuple | None = None,
+    pdl: bool = False,
 ) -> torch.Tensor:
     """q [N, heads, d], k/v [N, kv_heads, d] (any strides); cos/sin [N, d/2] in the compute
     dtype; pools [slots, kv_heads, d] with unit last stride; write_index [N] token slot per row.
     Writes RoPE(k) and v into the pools in place and returns RoPE(q) as a new [N, heads, d].
     `k_out` ([N, kv_heads, d], unit last stride) also receives RoPE(k) in its dtype: a prefill
     attends over it without reading the keys back from the pool. `launch` = (tokens a program,
-    warps) overrides `rope_launch`."""
+    warps) overrides `rope_launch`. `pdl`: launched with programmatic dependent launch
+    (kernels/pdl.py)."""
     tokens, heads, d = q.shape
     kv_heads = k.shape[1]
     assert d % 2 == 0 and k_pool.stride(-1) == 1 and v_pool.stride(-1) == 1
@@ -127,7 +132,7 @@ def rope_and_cache_write(
         q_out.stride(0), q_out.stride(1), ko.stride(0), ko.stride(1),
         HEADS=heads, KV_HEADS=kv_heads, HEAD_DIM=d, BLOCK_T=block_t,
         BLOCK_HQ=triton.next_power_of_2(heads), BLOCK_HK=triton.next_power_of_2(kv_heads),
-        BLOCK_D=max(2, triton.next_power_of_2(d)), STORE_K=k_out is not None,
-        num_warps=warps,
+        BLOCK_D=max(2, triton.next_power_of_2(d)), STORE_K=k_out is not None, PDL=pdl,
+        num_warps=warps, **launch_options(pdl, q.device),
     )  # fmt: skip
     return q_out

@@ -7,11 +7,15 @@ import torch
 import triton
 import triton.language as tl
 
+from variants.kernels.pdl import launch_options, wait_previous
+
 
 @triton.jit
 def _silu_mul_kernel(
-    g_ptr, u_ptr, o_ptr, stride_g, stride_u, stride_o, cols, BLOCK: tl.constexpr
+    g_ptr, u_ptr, o_ptr, stride_g, stride_u, stride_o, cols, BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
+    wait_previous(PDL)  # gate and up come from the kernel before
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < cols
@@ -23,8 +27,9 @@ def _silu_mul_kernel(
     tl.store(o_ptr + row * stride_o + offs, out, mask=mask)
 
 
-def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """gate, up [N, I] with unit column stride -> silu(gate) * up as a new [N, I] tensor."""
+def silu_mul(gate: torch.Tensor, up: torch.Tensor, pdl: bool = False) -> torch.Tensor:
+    """gate, up [N, I] with unit column stride -> silu(gate) * up as a new [N, I] tensor.
+    `pdl`: launched with programmatic dependent launch (kernels/pdl.py)."""
     assert gate.shape == up.shape and gate.stride(-1) == 1 and up.stride(-1) == 1
     rows, cols = gate.shape
     out = torch.empty(rows, cols, device=gate.device, dtype=gate.dtype)
@@ -32,6 +37,6 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     grid = (rows, triton.cdiv(cols, block))
     _silu_mul_kernel[grid](
         gate, up, out, gate.stride(0), up.stride(0), out.stride(0), cols, BLOCK=block,
-        num_warps=4,
+        PDL=pdl, num_warps=4, **launch_options(pdl, gate.device),
     )  # fmt: skip
     return out

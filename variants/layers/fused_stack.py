@@ -32,7 +32,7 @@ HEAD_MAX_ROWS = 64  # the fused head wins up to 64 rows (11.9 us against 21.6 at
 
 def run_fused_stack(engine, tokens, positions, plan, batch, pdl: bool = False):
     if batch is not None or tokens.shape[0] > (PDL_MAX_ROWS if pdl else FUSED_MAX_ROWS):
-        return run_triton_stack(engine, tokens, positions, plan, batch)
+        return run_triton_stack(engine, tokens, positions, plan, batch, pdl=pdl)
     spec, cache = engine.spec, engine.cache
     heads, d, eps = spec.num_heads, spec.head_dim, spec.rms_norm_eps
     sms = device_sm_count(engine.device)

@@ -1,7 +1,13 @@
 """The decoder stack on our fused Triton kernels: residual add + RMSNorm in one kernel, RoPE on
 q and k with the cache write in one kernel, silu(gate) * up in one kernel. About 10 launches a
 layer instead of ~35, which is what a launch-bound decode step (and a CUDA-graph replay of it)
-pays for. Needs CUDA, Triton >= 3.0, fp16/bf16 and a slab or paged pool."""
+pays for. Needs CUDA, Triton >= 3.0, fp16/bf16 and a slab or paged pool.
+
+With `pdl` (the fused-pdl layers' decode steps past their row limit, Hopper) each of our
+kernels in a decode step launches with programmatic dependent launch: its programs start while
+the kernel before finishes and wait there (kernels/pdl.py); the attention must then be ours too.
+On the H200 that took 64 x 256 from 648 to 637 us of step graph and 48 x 300 from 692 to 665;
+a prefill stays without it, which made 4 x 128 slower (544 -> 565 us; docs/PERF.md, run 120)."""
 
 import torch.nn.functional as F
 
@@ -11,14 +17,15 @@ from variants.kernels.fused_silu import silu_mul
 from variants.layers.projections import project_gate_up, project_qkv
 
 
-def run_triton_stack(engine, tokens, positions, plan, batch):
+def run_triton_stack(engine, tokens, positions, plan, batch, pdl: bool = False):
     spec, cache = engine.spec, engine.cache
+    launch = {"pdl": True} if pdl and batch is None else {}
     heads, kv_heads, d, eps = spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.rms_norm_eps
     x = engine.weights.embed[tokens]
     cos, sin = engine.rope.at(positions)
     delta = None
     for n, w in enumerate(engine.weights.layers):
-        x, h = add_rms_norm(x, delta, w.input_norm, eps)
+        x, h = add_rms_norm(x, delta, w.input_norm, eps, **launch)
         q, k, v = project_qkv(h, w.qkv, heads * d, kv_heads * d)
         k, v = k.view(-1, kv_heads, d), v.view(-1, kv_heads, d)
         # A prefill attends over its own keys as the cache holds them: rotated (the kernel
@@ -26,12 +33,12 @@ def run_triton_stack(engine, tokens, positions, plan, batch):
         k_rot = None if batch is None else k.new_empty(k.shape, dtype=cache.k[n].dtype)
         q = rope_and_cache_write(
             q.view(-1, heads, d), k, v, cos, sin, cache.k[n], cache.v[n], plan.write_index,
-            k_out=k_rot,
+            k_out=k_rot, **launch,
         )  # fmt: skip
         if batch is not None:
             o = engine.attention.prefill(q, k_rot, v.to(cache.v[n].dtype), batch)
         else:
-            o = engine.attention.decode_from_cache(q, cache, n, plan)
-        x, h = add_rms_norm(x, F.linear(o, w.o), w.post_norm, eps)
-        delta = F.linear(silu_mul(*project_gate_up(h, w.gate_up)), w.down)
+            o = engine.attention.decode_from_cache(q, cache, n, plan, **launch)
+        x, h = add_rms_norm(x, F.linear(o, w.o), w.post_norm, eps, **launch)
+        delta = F.linear(silu_mul(*project_gate_up(h, w.gate_up), **launch), w.down)
     return x + delta

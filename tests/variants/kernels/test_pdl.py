@@ -1,6 +1,7 @@
 """Programmatic dependent launch: refused with a reason where it cannot run; on a Hopper GPU each
 decode-step kernel launched with it (weights prefetched or not) gives exactly the plain launch's
-result, alone and in a CUDA graph of dependent launches, where a missing wait would race."""
+result, alone and in a CUDA graph of dependent launches, where a missing wait would race: the
+fused layers' chain, and the Triton stack's kernels after cuBLAS projections."""
 
 import pytest
 import torch
@@ -10,6 +11,9 @@ pytest.importorskip("triton", reason="triton is not installed")
 from variants.kernels import pdl  # noqa: E402
 from variants.kernels.decode_attention import paged_decode_attention  # noqa: E402
 from variants.kernels.few_row_linear import few_row_linear  # noqa: E402
+from variants.kernels.fused_norm import add_rms_norm  # noqa: E402
+from variants.kernels.fused_rope import rope_and_cache_write  # noqa: E402
+from variants.kernels.fused_silu import silu_mul  # noqa: E402
 from variants.kernels.norm_qkv_rope import norm_qkv_rope  # noqa: E402
 from variants.kernels.norm_swiglu import norm_swiglu  # noqa: E402
 
@@ -111,3 +115,66 @@ def test_gpu_a_graph_of_dependent_launches_matches_the_plain_chain():
         torch.cuda.synchronize()
         gap = (static_out.float() - want.float()).abs().max().item()
         assert torch.equal(static_out, want), f"replay {replay}: off by up to {gap}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 64, 300])
+def test_gpu_each_stack_kernel_matches_its_plain_launch(rows):
+    """The Triton stack's own kernels (add + RMSNorm, RoPE + cache write, SiLU-mul)."""
+    _hopper()
+    h, inter, heads, d = 768, 3072, 4, 192
+    x, delta, norm = _half(rows, h, scale=1.0), _half(rows, h, scale=1.0), 1 + _half(h)
+    for a, b in zip(
+        add_rms_norm(x, delta, norm, 1e-5), add_rms_norm(x, delta, norm, 1e-5, pdl=True)
+    ):
+        assert torch.equal(b, a)
+    gate, up = _half(rows, inter, scale=2.0), _half(rows, inter, scale=2.0)
+    assert torch.equal(silu_mul(gate, up, pdl=True), silu_mul(gate, up))
+    q, k, v = (_half(rows, heads, d, scale=1.0) for _ in range(3))
+    cos, sin = (
+        torch.rand(rows, d // 2, device="cuda").half(),
+        torch.rand(rows, d // 2, device="cuda").half(),
+    )
+    slots = torch.randperm(2 * rows, device="cuda")[:rows]
+    pools = [torch.zeros(2 * rows, heads, d, device="cuda", dtype=torch.half) for _ in range(4)]
+    k_out = [torch.empty(rows, heads, d, device="cuda", dtype=torch.half) for _ in range(2)]
+    plain = rope_and_cache_write(q, k, v, cos, sin, pools[0], pools[1], slots, k_out=k_out[0])
+    on = rope_and_cache_write(
+        q, k, v, cos, sin, pools[2], pools[3], slots, k_out=k_out[1], pdl=True
+    )
+    assert torch.equal(on, plain) and torch.equal(k_out[1], k_out[0])
+    assert torch.equal(pools[2], pools[0]) and torch.equal(pools[3], pools[1])
+
+
+@pytest.mark.gpu
+def test_gpu_stack_kernels_after_cublas_in_a_graph_match_the_plain_chain():
+    """The Triton stack's shape of a layer, 12 times over: cuBLAS projections, each followed by
+    one of our kernels launched with PDL (which must wait for the projection's output), captured
+    and replayed 20 times against the plain launches."""
+    _hopper()
+    rows, h, inter = 64, 768, 3072
+    norm, gate_up = 1 + _half(h), _half(2 * inter, h)
+    o_w, down = _half(h, h, scale=0.02), _half(h, inter, scale=0.02)
+
+    def chain(x, on):
+        x, normed = add_rms_norm(x, None, norm, 1e-5, pdl=on)
+        for _ in range(12):
+            x, normed = add_rms_norm(x, torch.nn.functional.linear(normed, o_w), norm, 1e-5, pdl=on)
+            gate, up = torch.nn.functional.linear(normed, gate_up).chunk(2, dim=-1)
+            act = silu_mul(gate, up, pdl=on)
+            x, normed = add_rms_norm(x, torch.nn.functional.linear(act, down), norm, 1e-5, pdl=on)
+        return x
+
+    start = _half(rows, h, scale=1.0)
+    want = chain(start, False)
+    assert want.isfinite().all() and not torch.equal(want, start)
+    static_in = start.clone()
+    chain(static_in, True)  # compile before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = chain(static_in, True)
+    for replay in range(20):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_out, want), f"replay {replay}"

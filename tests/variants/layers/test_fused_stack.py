@@ -80,8 +80,9 @@ def test_gpu_graphed_fused_engine_matches_the_reference(layers, cache, tmp_path,
 
 def _plain_pdl_engine(tiny_config, sharp_weights, monkeypatch) -> tuple:
     """A fused-pdl engine whose kernels run plain (the CPU has no PDL), and the list of
-    (kernel, pdl asked) of every fused launch."""
+    (kernel, pdl asked) of every launch of our kernels but the prefill's (which take no PDL)."""
     from variants.attention import triton_attention
+    from variants.layers import triton_stack
 
     asked = []
 
@@ -96,6 +97,8 @@ def _plain_pdl_engine(tiny_config, sharp_weights, monkeypatch) -> tuple:
 
     for name in ("few_row_linear", "norm_qkv_rope", "norm_swiglu"):
         plain(fused_stack, name)
+    for name in ("add_rms_norm", "rope_and_cache_write", "silu_mul"):
+        plain(triton_stack, name)
     plain(triton_attention, "paged_decode_attention")
     engine = assemble_engine(
         tiny_config, sharp_weights, "cpu", Variant(cache="slab", attention="triton"),
@@ -108,13 +111,16 @@ def _plain_pdl_engine(tiny_config, sharp_weights, monkeypatch) -> tuple:
 
 def test_pdl_stack_asks_every_fused_kernel_for_pdl(tiny_config, sharp_weights, reference_gap,
                                                    monkeypatch):  # fmt: skip
-    """fused-pdl's step and head launch each fused kernel with pdl=True (here each is run
-    plain: the CPU has no PDL), and the engine still matches the reference."""
+    """fused-pdl's steps and heads launch each fused kernel with pdl=True (here each is run
+    plain: the CPU has no PDL); its prefill runs the Triton stack without PDL. The engine still
+    matches the reference."""
     engine, asked = _plain_pdl_engine(tiny_config, sharp_weights, monkeypatch)
     assert reference_gap(engine) < 1e-4
-    kernels = {name for name, _ in asked}
-    assert kernels == {"few_row_linear", "norm_qkv_rope", "norm_swiglu", "paged_decode_attention"}
-    assert {on for _, on in asked} == {True}
+    assert set(asked) == {
+        ("few_row_linear", True), ("norm_qkv_rope", True), ("norm_swiglu", True),
+        ("paged_decode_attention", True),  # the decode steps and the heads
+        ("add_rms_norm", False), ("rope_and_cache_write", False), ("silu_mul", False),  # prefill
+    }  # fmt: skip
 
 
 def test_pdl_stack_routes_by_its_own_limit(
@@ -125,7 +131,13 @@ def test_pdl_stack_routes_by_its_own_limit(
     1 rows stay fused and only the two 4-row steps (and the prefill) take the Triton stack."""
     monkeypatch.setattr(fused_stack, "FUSED_MAX_ROWS", 1)
     monkeypatch.setattr(fused_stack, "PDL_MAX_ROWS", 3)
-    engine, _ = _plain_pdl_engine(tiny_config, sharp_weights, monkeypatch)
+    engine, asked = _plain_pdl_engine(tiny_config, sharp_weights, monkeypatch)
     calls = count_calls(fused_stack, ["run_triton_stack"])
     assert reference_gap(engine) < 1e-4
     assert calls == {"run_triton_stack": 3}
+    # The 4-row steps' Triton stack launches its kernels with PDL; the prefill's does not.
+    stack = {
+        (n, on) for n, on in asked if n in ("add_rms_norm", "rope_and_cache_write", "silu_mul")
+    }
+    assert stack == {(n, on) for n in ("add_rms_norm", "rope_and_cache_write", "silu_mul")
+                     for on in (False, True)}  # fmt: skip
