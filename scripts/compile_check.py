@@ -44,6 +44,7 @@ from variants.kernels.norm_swiglu import _norm_swiglu_kernel, swiglu_tiles  # no
 from variants.kernels.prefill_attention import (  # noqa: E402
     _varlen_prefill_kernel,
     head_parts,
+    prefill_stages,
     prefill_tiles,
 )
 from variants.kernels.row_dot import few_row_tiles, norm_chunks  # noqa: E402
@@ -226,7 +227,8 @@ def prefill_cases(arch: int) -> list:
     da, db = head_parts(192)
     return [("prefill_attention", _varlen_prefill_kernel, types,
              dict(GROUP=1, HEAD_DIM=192, BLOCK_M=bm, BLOCK_N=bn, BLOCK_DA=da, BLOCK_DB=db,
-                  SCHEDULED=True), warps, 2) for bm, bn, warps in sorted(tiles)]  # fmt: skip
+                  SCHEDULED=True), warps, prefill_stages(divmod(arch, 10)))
+            for bm, bn, warps in sorted(tiles)]  # fmt: skip
 
 
 def rope_cases() -> list:

@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from variants.kernels.device import device_capability  # noqa: E402
 from variants.kernels.prefill_attention import (  # noqa: E402
+    prefill_stages,
     prefill_tiles,
     varlen_prefill_attention,
 )
@@ -59,9 +60,10 @@ def sweep_shape(prompts: int, length: int, tiles: list, head_dim: int) -> dict:
     cu = torch.arange(0, tokens + 1, length, device="cuda", dtype=torch.int32)
     scale = 1 / math.sqrt(head_dim)
     want = reference(q, k, v, lengths)
-    default = prefill_tiles(head_dim, device_capability(q.device), tokens)
+    capability = device_capability(q.device)
+    default = (*prefill_tiles(head_dim, capability, tokens), prefill_stages(capability))
     rows = []
-    for tile in [(default[0], default[1], default[2], 2)] + tiles:
+    for tile in [default] + tiles:
         try:
             fn = functools.partial(varlen_prefill_attention, q, k, v, cu, length, scale, tiles=tile)
             err = (fn().float() - want.float()).abs().max().item()

@@ -12,6 +12,7 @@ from variants.kernels.device import device_capability  # noqa: E402
 from variants.kernels.prefill_attention import (  # noqa: E402
     head_parts,
     prefill_schedule,
+    prefill_stages,
     prefill_tiles,
     varlen_prefill_attention,
 )
@@ -63,9 +64,18 @@ def run_case(lengths, heads, kv_heads, d, dtype=torch.float32, device=DEVICE, se
     )
 
 
-@pytest.mark.parametrize("heads,kv_heads,d", [(2, 2, 24), (4, 2, 48)])
+@pytest.mark.parametrize("heads,kv_heads,d", [(2, 2, 24), (4, 2, 48), (2, 2, 32)])
 def test_ragged_with_length_one(heads, kv_heads, d):
+    """d 24: a second part masked past HEAD_DIM; 48: two parts that fit; 32: one part."""
     run_case([1, 70, 5, 64], heads, kv_heads, d)
+
+
+@pytest.mark.parametrize("d", [24, 32])
+def test_key_tiles_before_the_diagonal_need_no_mask(d):
+    """16-row q-blocks over 16-key tiles: a 100-token prompt's later blocks walk up to six
+    whole key tiles unmasked before their diagonal one (and the 37-token prompt's last block
+    ends mid-tile)."""
+    run_case([100, 37], 2, 2, d, tiles=(16, 16, 4, 2))
 
 
 @pytest.mark.parametrize("tiles", [(16, 16, 4, 2), (32, 16, 4, 3)])
@@ -92,6 +102,11 @@ def test_tiles_follow_head_dim_and_capability():
     assert prefill_tiles(128, (9, 0)) == (64, 64, 4)
     assert prefill_tiles(192) == prefill_tiles(192, (8, 6)) == (32, 32, 8)
     assert prefill_tiles(192, (9, 0)) == prefill_tiles(256, (10, 0)) == (128, 64, 8)
+
+
+def test_three_pipeline_stages_on_hopper_only():
+    assert prefill_stages((9, 0)) == prefill_stages((10, 0)) == 3
+    assert prefill_stages((8, 6)) == prefill_stages() == 2
 
 
 def test_hopper_tiles_follow_the_call_size():
