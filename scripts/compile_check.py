@@ -240,7 +240,7 @@ def rope_cases() -> list:
     launches = ((tokens, *rope_launch(tokens)) for tokens in (64, 512))
     return [("rope_cache_write", _rope_cache_write_kernel, types,
              dict(HEADS=4, KV_HEADS=4, HEAD_DIM=192, BLOCK_T=block_t, BLOCK_HQ=4, BLOCK_HK=4,
-                  BLOCK_D=256, STORE_K=tokens > 64), warps, 1)
+                  BLOCK_D=256, STORE_K=tokens > 64, PDL=False), warps, 1)
             for tokens, block_t, warps in launches]  # fmt: skip
 
 

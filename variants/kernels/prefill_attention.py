@@ -85,11 +85,12 @@ def _store_part(o_ptr, part, rows, stride_ot, head_offset, row_mask, FIRST: tl.c
 
 
 @triton.jit
-def _key_tile(q_a, q_b, acc_a, acc_b, m_i, l_i, k_ptr, v_ptr, kv, n0, end, offs_n, offs_m,
-              qk_scale_log2, HEAD_DIM: tl.constexpr, BLOCK_DA: tl.constexpr,
-              BLOCK_DB: tl.constexpr, MASKED: tl.constexpr):  # fmt: skip
-    """Keys n0..n0+BLOCK_N of the prompt into the running output (both parts of the head)."""
-    seq_start, k_off, v_off, stride_kt, stride_vt = kv
+def _key_tile(q_a, q_b, acc_a, acc_b, m_i, l_i, k_ptr, v_ptr, seq_start, k_off, v_off,
+              stride_kt, stride_vt, n0, end, offs_n, offs_m, qk_scale_log2,
+              HEAD_DIM: tl.constexpr, BLOCK_DA: tl.constexpr, BLOCK_DB: tl.constexpr,
+              MASKED: tl.constexpr):  # fmt: skip
+    """Keys n0..n0+BLOCK_N of the prompt into the running output (both parts of the head).
+    (Scalars one by one: Triton 3.0 passes no tuples to a jit function.)"""
     pos = n0 + offs_n
     n_mask = pos < end
     keys = seq_start + pos
@@ -147,19 +148,21 @@ def _varlen_prefill_kernel(
     # a key tile keeps one loop: its whole tiles are few, and a second loop's pipeline start
     # cost more than their masks (4 x 128 at 16 x 64 tiles: 5.3 -> 5.9 us, H200).
     end = tl.minimum((m_block + 1) * BLOCK_M, seq_len)
-    kv = (seq_start, kvh * stride_kh, kvh * stride_vh, stride_kt, stride_vt)
+    k_off, v_off = kvh * stride_kh, kvh * stride_vh
     first_masked = 0
     if BLOCK_M >= BLOCK_N:
         first_masked = (m_block * BLOCK_M) // BLOCK_N * BLOCK_N
         for n0 in range(0, first_masked, BLOCK_N):
             acc_a, acc_b, m_i, l_i = _key_tile(
-                q_a, q_b, acc_a, acc_b, m_i, l_i, k_ptr, v_ptr, kv, n0, end, offs_n, offs_m,
-                qk_scale_log2, HEAD_DIM, BLOCK_DA, BLOCK_DB, False,
+                q_a, q_b, acc_a, acc_b, m_i, l_i, k_ptr, v_ptr, seq_start, k_off, v_off,
+                stride_kt, stride_vt, n0, end, offs_n, offs_m, qk_scale_log2, HEAD_DIM,
+                BLOCK_DA, BLOCK_DB, False,
             )  # fmt: skip
     for n0 in range(first_masked, end, BLOCK_N):
         acc_a, acc_b, m_i, l_i = _key_tile(
-            q_a, q_b, acc_a, acc_b, m_i, l_i, k_ptr, v_ptr, kv, n0, end, offs_n, offs_m,
-            qk_scale_log2, HEAD_DIM, BLOCK_DA, BLOCK_DB, True,
+            q_a, q_b, acc_a, acc_b, m_i, l_i, k_ptr, v_ptr, seq_start, k_off, v_off,
+            stride_kt, stride_vt, n0, end, offs_n, offs_m, qk_scale_log2, HEAD_DIM, BLOCK_DA,
+            BLOCK_DB, True,
         )  # fmt: skip
 
     o_off = h * stride_oh
