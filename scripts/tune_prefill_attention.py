@@ -1,9 +1,11 @@
 """Tile sweep of our varlen prefill attention on the GPU: for each packed shape (prompts x
 length, head_dim: public 192 by default), every (BLOCK_M, BLOCK_N, warps, stages) tile, timed with
-triton.testing.do_bench against the tile the launcher picks, each checked against causal SDPA
-per prompt (max abs difference). Tiles the GPU refuses are listed as failed.
+triton.testing.do_bench (or replayed in a CUDA graph, `--graph`, as the prefill graphs run it:
+do_bench's eager launches made calls under ~30 us swing by up to 5x, docs/PERF.md, run 123)
+against the tile the launcher picks, each checked against causal SDPA per prompt (max abs
+difference). Tiles the GPU refuses are listed as failed.
 
-    python scripts/tune_prefill_attention.py [--json PATH] [--shape 1x2048 ...]
+    python scripts/tune_prefill_attention.py [--json PATH] [--graph] [--shape 1x2048 ...]
         [--tiles 64,64,8,2 ...] [--head-dim 128 ...]
 """
 
@@ -30,10 +32,13 @@ TILES = [(32, 32, 8, 2), (64, 32, 8, 2), (64, 64, 8, 2), (128, 32, 8, 2), (128, 
          (64, 64, 4, 2), (64, 64, 8, 3), (128, 64, 8, 3)]  # fmt: skip
 
 
-def median_ms(fn) -> float:
-    from triton.testing import do_bench
+def median_ms(fn, graph: bool = False) -> float:
+    from triton.testing import do_bench, do_bench_cudagraph
 
-    result = do_bench(fn, quantiles=[0.5], warmup=5, rep=30)
+    if graph:
+        result = do_bench_cudagraph(fn, rep=30, quantiles=[0.5])
+    else:
+        result = do_bench(fn, quantiles=[0.5], warmup=5, rep=30)
     return float(result[0] if isinstance(result, (list, tuple)) else result)
 
 
@@ -50,7 +55,7 @@ def reference(q, k, v, lengths):
     return torch.cat(rows)
 
 
-def sweep_shape(prompts: int, length: int, tiles: list, head_dim: int) -> dict:
+def sweep_shape(prompts: int, length: int, tiles: list, head_dim: int, graph: bool = False) -> dict:
     gen = torch.Generator(device="cuda").manual_seed(0)
     tokens = prompts * length
     make = lambda h: torch.randn(tokens, h, head_dim, device="cuda", dtype=torch.float16,
@@ -67,7 +72,7 @@ def sweep_shape(prompts: int, length: int, tiles: list, head_dim: int) -> dict:
         try:
             fn = functools.partial(varlen_prefill_attention, q, k, v, cu, length, scale, tiles=tile)
             err = (fn().float() - want.float()).abs().max().item()
-            ms = median_ms(fn)
+            ms = median_ms(fn, graph)
         except Exception as exc:  # out of resources: the tile does not fit this GPU
             rows.append({"tiles": list(tile), "error": str(exc)[:80]})
             continue
@@ -80,6 +85,7 @@ def sweep_shape(prompts: int, length: int, tiles: list, head_dim: int) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--json", default=None)
+    p.add_argument("--graph", action="store_true", help="time CUDA-graph replays")
     p.add_argument("--shape", action="append", default=[], help="PROMPTSxLENGTH; repeatable")
     p.add_argument("--tiles", action="append", default=[], help="BLOCK_M,BLOCK_N,WARPS,STAGES")
     p.add_argument("--head-dim", type=int, action="append", default=[], help="default 192")
@@ -92,7 +98,7 @@ def main() -> int:
     for head_dim in args.head_dim or [192]:
         for shape in args.shape or ["4x128", "1x2048", "4x2048"]:
             prompts, length = (int(x) for x in shape.split("x"))
-            results.append(sweep_shape(prompts, length, tiles, head_dim))
+            results.append(sweep_shape(prompts, length, tiles, head_dim, args.graph))
             print(json.dumps(results[-1]), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
