@@ -33,6 +33,7 @@ from variants.kernels.decode_attention_rules import (  # noqa: E402
     choose_num_splits,
     default_max_registers,
     default_parts,
+    default_prefetch_tiles,
     default_tiles,
     long_split_programs,
 )
@@ -183,24 +184,27 @@ def cases(sms: int, pdl: bool = False, arch: int = 86) -> list:
     # capability (Hopper: 16-token tiles of two warps with one padded part and at most 168
     # registers, then 16-token tiles of one warp with the head as 128 + 64, then 32-token tiles
     # of one warp with the head as 128 + 64)
+    def prefetch_tiles(rows: int, splits: int) -> int:  # as the launcher: only with PDL
+        return default_prefetch_tiles(rows, 4, splits, capability) if pdl else 0
+
     def launch(rows: int, splits: int) -> tuple:
         tiles = default_tiles(rows, 4, 256, sms, capability, splits)
         return (tiles, default_parts(192, rows, 4, sms, capability),
                 default_max_registers(tiles, rows, 4, splits, sms, capability))  # fmt: skip
 
-    picked = ((*launch(rows, 16), rows if long_split_programs(rows, 4, sms, capability) else 1)
-              for rows in (8, 32, 64))  # fmt: skip
+    picked = ((*launch(rows, 16), rows if long_split_programs(rows, 4, sms, capability) else 1,
+               prefetch_tiles(rows, 16)) for rows in (8, 32, 64))  # fmt: skip
     picked = [(*shape, 16) for shape in dict.fromkeys(picked)]
     # and the graphs of 4 and 8 rows past LONG_CONTEXT where they have more splits (Hopper: 49
     # splits with 16-token tiles of two warps; 33 splits with 16-token tiles of one warp)
     for rows in (4, 8):
         splits = choose_num_splits(4096, rows, 4, sms, capability)
         if splits > 16:
-            picked.append((*launch(rows, splits), 1, splits))
-    for (block_n, warps, stages), (da, db), regs, block_b, splits in picked:
+            picked.append((*launch(rows, splits), 1, prefetch_tiles(rows, splits), splits))
+    for (block_n, warps, stages), (da, db), regs, block_b, ahead, splits in picked:
         consts = dict(GROUP=1, HEAD_DIM=192, NUM_SPLITS=splits,
                       BLOCK_S=triton.next_power_of_2(splits), BLOCK_G=1, BLOCK_N=block_n,
-                      BLOCK_DA=da, BLOCK_DB=db, USE_DOT=False, PDL=pdl, PREFETCH=pdl,
+                      BLOCK_DA=da, BLOCK_DB=db, USE_DOT=False, PDL=pdl, PREFETCH=ahead,
                       LONG_SPLITS=block_b > 1, BLOCK_B=block_b)  # fmt: skip
         found.append(("decode_attention", _decode_split_kernel, attention, consts, warps, stages,
                       regs))  # fmt: skip

@@ -7,6 +7,7 @@ the live context / time), next to the defaults the launcher picks today.
 
     python scripts/tune_decode_attention.py [--json PATH] [--quick] [--graph]
         [--shape 64x2048:paged64 ...] [--tiles 32,4,2 ...] [--split-tokens 64,128]
+        [--splits 16,32,49,64]
 """
 
 import argparse
@@ -70,7 +71,7 @@ def run_all(calls: list) -> None:
         fn()
 
 
-def sweep_shape(batch, ctx, layout, sms, tiles, split_tokens, graph) -> dict:
+def sweep_shape(batch, ctx, layout, sms, tiles, split_tokens, graph, splits=None) -> dict:
     q, k, v, table, lens, block = make_case(batch, ctx, layout)
     copies = cold_copies(k, graph)
     pools = [(k, v)] + [(k.clone(), v.clone()) for _ in range(copies - 1)]
@@ -82,7 +83,7 @@ def sweep_shape(batch, ctx, layout, sms, tiles, split_tokens, graph) -> dict:
     default_splits = choose_num_splits(bucket, batch, KV_HEADS, sms, capability)  # splits
     rows = []
     arrivals = torch.zeros(batch * KV_HEADS, device="cuda", dtype=torch.int32)
-    split_counts = sorted({1, 2, 4, 8, 16, default_splits})
+    split_counts = sorted(set(splits or (1, 2, 4, 8, 16)) | {default_splits})
     for (bn, warps, stages), splits, per_split in itertools.product(
         tiles, split_counts, split_tokens
     ):
@@ -133,6 +134,12 @@ def main() -> int:
     p.add_argument("--shape", action="append", default=[], help="BATCHxCTX:LAYOUT; repeatable")
     p.add_argument("--tiles", action="append", default=[], help="BLOCK_N,WARPS,STAGES")
     p.add_argument("--split-tokens", default=str(SPLIT_TOKENS), help="comma-separated")
+    p.add_argument(
+        "--splits",
+        default="1,2,4,8,16",
+        help="split counts, comma-separated "
+        "(the launcher's own count at the shape's graph bucket is always added)",
+    )
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("error: needs a CUDA device", file=sys.stderr)
@@ -152,7 +159,10 @@ def main() -> int:
     split_tokens = [int(x) for x in args.split_tokens.split(",")]
     results = []
     for batch, ctx, layout in shapes:
-        results.append(sweep_shape(batch, ctx, layout, sms, tiles, split_tokens, args.graph))
+        splits = [int(x) for x in args.splits.split(",")]
+        results.append(
+            sweep_shape(batch, ctx, layout, sms, tiles, split_tokens, args.graph, splits)
+        )
         r = results[-1]
         print(json.dumps({k: r[k] for k in ("batch", "ctx", "layout", "default")}), flush=True)
         for best in r["best"][:3]:

@@ -19,6 +19,7 @@ from triton.runtime.errors import OutOfResources
 from variants.kernels.decode_attention_rules import (
     default_max_registers,
     default_parts,
+    default_prefetch_tiles,
     default_tiles,
     long_split_programs,
     split_tokens_for,
@@ -213,20 +214,18 @@ def attend_split(
                 tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
 
 
-PREFETCH_TILES = tl.constexpr(2)
-
-
 @triton.jit
 def _prefetch_split(
     b, kvh, split, k_ptr, v_ptr, table_ptr, lens_ptr, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_tb, block_size, split_tokens, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    BLOCK_N: tl.constexpr, TILES: tl.constexpr,
 ):  # fmt: skip
-    """Prefetch into L2 the keys and values of the first PREFETCH_TILES tiles split `split` of
-    row b's kv head will read, before the PDL wait (at 8 x 150 a split is one tile; the cap
-    keeps long contexts from asking for more than L2 holds). The lengths and the block table
-    are staged before the step's first kernel, so they are complete here (pdl.py); the newest
-    key may still be being written, which a prefetch, a hint, cannot get wrong."""
+    """Prefetch into L2 the keys and values of the first TILES tiles split `split` of row b's
+    kv head will read, before the PDL wait (at 8 x 150 a split is one tile; the cap keeps long
+    contexts from asking for more than L2 holds), in one gather of the block table and one
+    round of prefetches. The lengths and the block table are staged before the step's first
+    kernel, so they are complete here (pdl.py); the newest key may still be being written,
+    which a prefetch, a hint, cannot get wrong."""
     kv_len = tl.load(lens_ptr + b).to(tl.int32)
     live = tl.minimum(tl.maximum(tl.cdiv(kv_len, split_tokens), 1), NUM_SPLITS)
     if split < live:
@@ -238,12 +237,12 @@ def _prefetch_split(
         )
         per_line: tl.constexpr = 1024 // k_ptr.dtype.element_ty.primitive_bitwidth
         offs_d = tl.minimum(tl.arange(0, lines) * per_line, HEAD_DIM - 1)  # a row's lines
-        for n0 in range(start, tl.minimum(end, start + PREFETCH_TILES * BLOCK_N), BLOCK_N):
-            pos = tl.minimum(n0 + tl.arange(0, BLOCK_N), end - 1)
-            block = tl.load(table_ptr + b * stride_tb + pos // block_size)
-            slot = block.to(tl.int64) * block_size + pos % block_size
-            prefetch_at(k_ptr + slot[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :])
-            prefetch_at(v_ptr + slot[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :])
+        # past the split's end: its last position again
+        pos = tl.minimum(start + tl.arange(0, TILES * BLOCK_N), end - 1)
+        block = tl.load(table_ptr + b * stride_tb + pos // block_size)
+        slot = block.to(tl.int64) * block_size + pos % block_size
+        prefetch_at(k_ptr + slot[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :])
+        prefetch_at(v_ptr + slot[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :])
 
 
 @triton.jit
@@ -275,11 +274,11 @@ def _decode_split_kernel(
         split_tokens = _grid_split_tokens(
             lens_ptr, split_tokens, min_programs, tl.num_programs(0), tl.num_programs(1), BLOCK_B
         )
-    if PREFETCH:
+    if PREFETCH > 0:  # the tiles a split prefetches
         _prefetch_split(
             tl.program_id(0), tl.program_id(1), tl.program_id(2), k_ptr, v_ptr, table_ptr,
             lens_ptr, stride_kt, stride_kh, stride_vt, stride_vh, stride_tb, block_size,
-            split_tokens, HEAD_DIM, NUM_SPLITS, BLOCK_N,
+            split_tokens, HEAD_DIM, NUM_SPLITS, BLOCK_N, PREFETCH,
         )  # fmt: skip
     wait_previous(PDL)  # q (and this step's key) come from the kernel before
     attend_split(
@@ -309,6 +308,7 @@ def paged_decode_attention(
     parts: tuple | None = None,
     min_programs: int | None = None,
     max_registers: int | None = None,
+    prefetch_tiles: int | None = None,
 ) -> torch.Tensor:
     """q [B, heads, d]; pools [slots, kv_heads, d]; block_table [B, W] (int32 or int64; slab:
     W=1 and block_size=max_positions); kv_lens [B] (a row of length 0 gets zeros). Returns
@@ -318,8 +318,10 @@ def paged_decode_attention(
     B x kv_heads, that the kernel leaves zero (a CUDA graph keeps one; allocated when None).
     `tiles` = (BLOCK_N, num_warps, num_stages) overrides the defaults
     (scripts/tune_decode_attention.py). `pdl`: launched with programmatic dependent launch
-    (pdl.py), each split's keys and values prefetched into L2 before the wait unless `prefetch`
-    is False. `parts` = (DA, DB) overrides how the head is cut (`default_parts`).
+    (pdl.py), the first `prefetch_tiles` tiles (a power of two; None:
+    `default_prefetch_tiles`) of each split's keys and values prefetched into L2 before the
+    wait unless `prefetch` is False. `parts` = (DA, DB) overrides how the head
+    is cut (`default_parts`).
     `min_programs` > 0 lets splits grow to 2x or 4x `split_tokens` while that many (row, kv
     head, split) programs still work (`long_split_programs`; 0: never). `max_registers` caps
     ptxas's registers a thread (None: `default_max_registers` of the tiles; 0: no cap)."""
@@ -339,8 +341,11 @@ def paged_decode_attention(
     if use_dot:
         block_g = max(16, block_g)  # tl.dot needs 16 rows
     num_splits = max(1, int(num_splits))
-    if tiles is None or parts is None or min_programs is None or max_registers is None:
+    defaults = (tiles, parts, min_programs, max_registers, prefetch_tiles)
+    if any(x is None for x in defaults):
         sms, capability = device_sm_count(q.device), device_capability(q.device)
+        if prefetch_tiles is None:
+            prefetch_tiles = default_prefetch_tiles(batch, kv_heads, num_splits, capability)
         if min_programs is None:  # measured with the default tiles and splits only
             given = tiles is not None or split_tokens is not None
             min_programs = 0 if given else long_split_programs(batch, kv_heads, sms, capability)
@@ -351,6 +356,9 @@ def paged_decode_attention(
                 tiles, batch, kv_heads, num_splits, sms, capability
             )
     da, db = parts
+    assert prefetch_tiles >= 0 and prefetch_tiles & (prefetch_tiles - 1) == 0, (
+        f"prefetch_tiles {prefetch_tiles} must be 0 or a power of two"
+    )
     assert da >= 16 and (db == 0 or db >= 16) and da + db >= d, f"{parts} for head_dim {d}"
     if split_tokens is None:
         split_tokens = split_tokens_for(tiles[0])
@@ -372,7 +380,8 @@ def paged_decode_attention(
     meta = dict(
         GROUP=group, HEAD_DIM=d, NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
         BLOCK_G=block_g, BLOCK_DA=da, BLOCK_DB=db, USE_DOT=use_dot, PDL=pdl,
-        PREFETCH=pdl and prefetch, LONG_SPLITS=min_programs > 0,
+        PREFETCH=prefetch_tiles if pdl and prefetch else 0,
+        LONG_SPLITS=min_programs > 0,
         BLOCK_B=triton.next_power_of_2(batch) if min_programs > 0 else 1,
         **launch_options(pdl, q.device),
     )  # fmt: skip

@@ -92,6 +92,18 @@ def long_split_programs(batch: int, kv_heads: int, sm_count: int, capability=(0,
     return 0
 
 
+def default_prefetch_tiles(batch: int, kv_heads: int, num_splits: int, capability=(0, 0)) -> int:
+    """Tiles of its keys and values a split prefetches into L2 before its PDL wait: two; one in
+    Hopper's long-context grids (more than 16 splits) from 8 (row, kv head) programs up (2 rows
+    at 4 kv heads). The decode step on the H200 (docs/PERF.md, runs 129-131, step graph us, two
+    tiles -> one): 4 x 2048 484 -> 477, 3 x 2048 488 -> 481, 2 x 3000 441 -> 434, 4 x 1100 413
+    -> 408, 8 x 1500 520 -> 515, 8 x 2048 577 -> 572; at 1 row two tiles win (1 x 2048 387 ->
+    392, 1 x 1100 347 -> 353), and in the short grids (32 x 512 647 -> 652; none: 666)."""
+    if tuple(capability) >= (9, 0) and num_splits > 16 and batch * kv_heads >= 8:
+        return 1
+    return 2
+
+
 def default_parts(d: int, batch: int, kv_heads: int, sm_count: int, capability=(0, 0)):
     """(DA, DB): how the kernel cuts a head of d dimensions. Hopper from a quarter of an SM a
     (row, kv head) program up: two power-of-two parts (`head_parts`, 192 = 128 + 64), no

@@ -10,6 +10,7 @@ from variants.kernels.decode_attention_rules import (  # noqa: E402
     choose_num_splits,
     default_max_registers,
     default_parts,
+    default_prefetch_tiles,
     default_tiles,
     graph_context_buckets,
     long_split_programs,
@@ -61,6 +62,17 @@ def test_default_max_registers():
     assert default_max_registers((16, 1, 2), 9, 4, 16, 132, hopper) is None  # a quarter of an SM
     assert default_max_registers((32, 1, 2), 64, 4, 9, 132, hopper) is None
     assert default_max_registers((32, 4, 2), 8, 4, 16, 82, (8, 6)) is None
+
+
+def test_default_prefetch_tiles():
+    hopper = (9, 0)
+    assert default_prefetch_tiles(4, 4, 49, hopper) == 1  # long_prompts' steps
+    assert default_prefetch_tiles(2, 4, 64, hopper) == 1  # 8 programs
+    assert default_prefetch_tiles(8, 4, 33, hopper) == 1
+    assert default_prefetch_tiles(1, 4, 64, hopper) == 2  # one row keeps two
+    assert default_prefetch_tiles(32, 4, 16, hopper) == 2  # the short grids keep two
+    assert default_prefetch_tiles(8, 4, 16, hopper) == 2
+    assert default_prefetch_tiles(4, 4, 49, (8, 6)) == 2
 
 
 def test_choose_num_splits():

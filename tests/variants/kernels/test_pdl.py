@@ -72,16 +72,31 @@ def test_gpu_each_kernel_matches_its_plain_launch(rows, prefetch):
 
 
 @pytest.mark.gpu
-def test_gpu_attention_matches_its_plain_launch():
+@pytest.mark.parametrize(
+    "batch, ctx, splits",
+    [(8, 150, 16), (4, 2100, 49), (1, 2100, 64)],
+    ids=["short", "4-long", "1-long"],
+)
+@pytest.mark.parametrize("tiles_ahead", [None, 0, 1, 2, 4])
+def test_gpu_attention_matches_its_plain_launch(batch, ctx, splits, tiles_ahead):
+    """Whatever it prefetches (None: the launcher's rule), in short and long-context grids."""
     _hopper()
-    batch, heads, d, ctx = 8, 4, 192, 150
+    heads, d = 4, 192
     q = _half(batch, heads, d, scale=1.0)
     k_pool, v_pool = _half(batch * ctx, heads, d, scale=1.0), _half(batch * ctx, heads, d)
     table = torch.arange(batch, device="cuda", dtype=torch.int32)[:, None]  # a slab: row b
     lens = torch.randint(1, ctx, (batch,), device="cuda", dtype=torch.int32)
-    args = (q, k_pool, v_pool, table, lens, ctx, d**-0.5, 16)
+    args = (q, k_pool, v_pool, table, lens, ctx, d**-0.5, splits)
     plain = paged_decode_attention(*args)
-    assert torch.equal(paged_decode_attention(*args, pdl=True), plain)
+    got = paged_decode_attention(*args, pdl=True, prefetch_tiles=tiles_ahead)
+    assert torch.equal(got, plain)
+
+
+def test_prefetch_tiles_must_be_a_power_of_two():
+    q, pool = torch.zeros(1, 4, 32), torch.zeros(8, 4, 32)
+    table, lens = torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
+    with pytest.raises(AssertionError, match="prefetch_tiles 3 must be 0 or a power of two"):
+        paged_decode_attention(q, pool, pool, table, lens, 8, 1.0, 1, prefetch_tiles=3)
 
 
 @pytest.mark.gpu
