@@ -109,17 +109,22 @@ def check(name, fn, types, consts, warps, stages, arch, cap=None) -> dict:
 
 
 def pdl_order(ptx: str) -> dict:
-    """Where the PDL wait sits: whether the kernel has one, and how many global loads (plain or
-    cp.async) and stores or atomics its PTX has before it. Before the wait a kernel may write
-    nothing and read only what the step staged before its first kernel (pdl.py): the
-    projections read nothing there, the attention a row's length and block table."""
+    """Where the PDL wait sits: whether the kernel has one, how many global loads (plain or
+    cp.async) its PTX has before it and of which kinds (`ld.global.b64`, ...: a vector kind
+    would be a tile of data, not an index), and how many stores or atomics. Before the wait
+    a kernel may write nothing and read only what the step staged before its first kernel
+    (pdl.py): the projections read nothing there, the attention a row's length and block
+    table."""
     at = ptx.find("griddepcontrol.wait")
     before = ptx[:at].splitlines() if at >= 0 else []
 
     def count(pattern: str) -> int:
         return sum(1 for line in before if re.search(pattern, line))
 
+    found = (re.search(r"\bld\.global\S*|cp\.async\S*", line) for line in before)
+    kinds = {m.group(0) for m in found if m}
     return {"pdl_wait": at >= 0, "loads_before_wait": count(r"\bld\.global|cp\.async"),
+            "load_kinds_before_wait": sorted(kinds),
             "stores_before_wait": count(r"\bst\.global|\batom\.|\bred\.")}  # fmt: skip
 
 

@@ -81,8 +81,11 @@ def test_the_pdl_build_waits_before_it_reads_an_earlier_kernel(tmp_path):
         else:
             assert r["cap"] is None or r["registers"] >= r["cap"]
     # the projections load nothing before the wait; the attention the length and the block
-    # table (the 16-token one-warp build issues them as three load instructions), and at 64
-    # rows the lengths of all rows too
+    # table entries of the tiles it prefetches (one gather, which the two-warp build with two
+    # tiles and the 33-split build issue as two load instructions), and at 64 rows the
+    # lengths of all rows too (two more); each a scalar index load, none a vector of data
     assert {r["loads_before_wait"] for r in rows if r["kernel"] != "decode_attention"} == {0}
-    assert [r["loads_before_wait"] for r in attention] == [2, 3, 4, 2, 3]
+    assert [r["loads_before_wait"] for r in attention] == [3, 2, 5, 2, 3]
+    assert [r["PREFETCH"] for r in attention] == [2, 2, 2, 1, 1]
+    assert {k for r in attention for k in r["load_kinds_before_wait"]} == {"ld.global.b64"}
     assert [r["LONG_SPLITS"] for r in attention] == [False, False, True, False, False]
