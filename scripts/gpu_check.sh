@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check, run on the device machine (H200) over a copy of the tree:
 #   bash scripts/gpu_check.sh [STAGE...]   stages: env tests kernels fewrow decodelayer tune tuneprefill
-#   profile anatomy hostprofile graphlaunch sweep flex table study soak
+#   profile timeline ncu anatomy hostprofile graphlaunch sweep flex table study soak
 # (default: all). Writes logs and JSON under $OUT (or workspace/gpu_check) and a summary.txt.
 # Optuna is not installed there: wheels in .whl/ (carried) are installed into /tmp/site first.
 set -uo pipefail
@@ -10,7 +10,7 @@ OUT=${OUT:-workspace/gpu_check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PYTHON:-python3}
-STAGES=${*:-env tests kernels fewrow decodelayer tune tuneprefill profile anatomy hostprofile graphlaunch sweep flex table study soak}
+STAGES=${*:-env tests kernels fewrow decodelayer tune tuneprefill profile timeline ncu anatomy hostprofile graphlaunch sweep flex table study soak}
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 note() { echo "$*" | tee -a "$SUMMARY"; }
@@ -70,6 +70,16 @@ if stage profile; then
     timed profile "${PROFILE_LIMIT:-180}" "$PY" scripts/decode_step_profile.py "${args[@]}" \
         --shape 8x150 --shape 64x2048 --json "$OUT/profile.json"
 fi
+# one decode step's kernels in time order (TIMELINE_SHAPES, e.g. "4x2048,8x150")
+stage timeline && timed timeline "${TIMELINE_LIMIT:-120}" "$PY" scripts/step_timeline.py \
+    --shapes "${TIMELINE_SHAPES:-4x2048,4x150}" --json "$OUT/timeline.json"
+# Nsight Compute on the decode attention alone, the GPU's clocks left alone (NCU_ARGS, e.g.
+# "--shape 4x2048 --splits 49 --tiles 16,2,2")
+stage ncu && ! command -v ncu > /dev/null && note "[ncu] skipped: Nsight Compute not installed"
+stage ncu && command -v ncu > /dev/null && timed ncu "${NCU_LIMIT:-120}" ncu --clock-control none \
+    --kernel-name regex:_decode_split --launch-skip 2 --launch-count 1 --section SpeedOfLight \
+    --section Occupancy --section LaunchStats --section WarpStateStats \
+    --section MemoryWorkloadAnalysis "$PY" scripts/ncu_decode_attention.py ${NCU_ARGS:-}
 ANATOMY_VARIANT=${ANATOMY_VARIANT:-'{"cache":"paged","block_size":64,"attention":"triton","layers":"fused","graphs":"pow2","prefill_graphs":"pow2"}'}
 stage anatomy && timed anatomy "${ANATOMY_LIMIT:-180}" "$PY" scripts/trace_anatomy.py \
     --variant "$ANATOMY_VARIANT" --json "$OUT/anatomy.json"  # host or GPU, call by call
