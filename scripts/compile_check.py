@@ -55,14 +55,42 @@ from variants.spec import ModelSpec  # noqa: E402
 F16, F32, I32, I64 = "*fp16", "*fp32", "*i32", "*i64"
 
 
-def source(fn, types: dict, consts: dict) -> ASTSource:
-    """Triton 3.0/3.1 key the signature and constants by argument index; later ones by name."""
+def aligned(fn, types: dict) -> list:
+    """The arguments a launch specializes as divisible by 16 at the public model's shapes, as
+    Triton's launcher does from the values it is given: every pointer (torch's allocations,
+    and the views the launchers pass start at multiples of 16 bytes) and every `stride_*`
+    (multiples of 192 or 768 elements), but the block table's row stride (1 on a slab). Other
+    integers are left unspecialized, so a build here may still differ from a launch's."""
+
+    def specialized(n: str) -> bool:
+        return types.get(n, "").startswith("*") or (n.startswith("stride_") and n != "stride_tb")
+
+    return [n for n in fn.arg_names if specialized(n)]
+
+
+def _divisibility(indices: set):
+    """Triton's compile attributes for arguments divisible by 16: a dict by argument path from
+    Triton 3.3, an AttrsDescriptor before (3.0, 3.1); None where neither form is taken."""
+    from triton.compiler import compiler
+
+    if not hasattr(compiler, "AttrsDescriptor"):
+        return {(i,): [["tt.divisibility", 16]] for i in sorted(indices)}
     try:
-        return ASTSource(fn, {n: types.get(n, "constexpr") for n in fn.arg_names}, consts)
+        return compiler.AttrsDescriptor(divisible_by_16=indices)
+    except TypeError:  # 3.2's descriptor takes other arguments: unspecialized there
+        return None
+
+
+def source(fn, types: dict, consts: dict) -> ASTSource:
+    """The kernel as a launch at the public model's shapes builds it (`aligned`). Triton
+    3.0/3.1 key the signature and constants by argument index; later ones by name."""
+    index = {n: i for i, n in enumerate(fn.arg_names)}
+    attrs = _divisibility({index[n] for n in aligned(fn, types)})
+    try:
+        return ASTSource(fn, {n: types.get(n, "constexpr") for n in fn.arg_names}, consts, attrs)
     except (TypeError, AssertionError):
-        index = {n: i for i, n in enumerate(fn.arg_names)}
         sig = {index[n]: types.get(n, "constexpr") for n in fn.arg_names}
-        return ASTSource(fn, sig, {index[n]: v for n, v in consts.items()})
+        return ASTSource(fn, sig, {index[n]: v for n, v in consts.items()}, attrs)
 
 
 def ptxas_report(ptx: str) -> dict:

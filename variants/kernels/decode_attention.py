@@ -409,9 +409,9 @@ _OWN_REGISTERS: dict = {}
 
 def register_cap(cap: int, grid: tuple, args: tuple, meta: dict, tiles: tuple) -> dict:
     """{"maxnreg": cap} where ptxas alone takes fewer registers for this build, else {}: a cap
-    never forces a build below its own count (Triton 3.9's ptxas takes 227 for 8 rows' 33
-    splits of one warp, where Triton 3.6's takes 154; capped at 168 it would spill). Compiles
-    the build without the cap once (cached) to read its count."""
+    never forces a build below its own count, which another Triton or GPU may put above the
+    cap (capped there, it would spill). Compiles the build without the cap once (cached) to
+    read its count."""
     block_n, warps, stages = tiles
     signature = tuple(a.dtype if isinstance(a, torch.Tensor) else a for a in args)
     key = (args[0].device, tiles, tuple(sorted(meta.items())), signature)
