@@ -89,3 +89,35 @@ def test_the_pdl_build_waits_before_it_reads_an_earlier_kernel(tmp_path):
     assert [r["PREFETCH"] for r in attention] == [2, 2, 2, 1, 1]
     assert {k for r in attention for k in r["load_kinds_before_wait"]} == {"ld.global.b64"}
     assert [r["LONG_SPLITS"] for r in attention] == [False, False, True, False, False]
+
+
+SPECIALIZED = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import compile_check as check
+import triton
+from triton.backends.compiler import GPUTarget
+attention = next(c for c in check.cases(132, arch=90) if c[0] == "decode_attention")
+_, fn, types, consts, warps, stages, *_ = attention
+options = {"num_warps": warps, "num_stages": stages}
+kernel = triton.compile(check.source(fn, types, consts), target=GPUTarget("cuda", 90, 32),
+                        options=options)
+print(json.dumps({"marked": check.aligned(fn, types), "ptx": kernel.asm["ptx"]}))
+"""
+
+
+def test_a_build_is_specialized_as_a_launch_is():
+    """Pointers and strides are marked divisible by 16, as a launch at the public shapes marks
+    them (not the block table's row stride, 1 on a slab): the attention's keys and values then
+    load as 16-byte vectors, where an unmarked build loads them 2 bytes at a time. (In a
+    process of its own: this one's kernels are the interpreter's.)"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run(
+        [sys.executable, "-c", SPECIALIZED, str(SCRIPT.parent)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    found = json.loads(run.stdout.strip().splitlines()[-1])
+    assert "k_ptr" in found["marked"] and "stride_kt" in found["marked"]
+    assert "stride_tb" not in found["marked"] and "block_size" not in found["marked"]
+    assert "ld.global.v4.b32" in found["ptx"]
