@@ -49,21 +49,39 @@ from variants.kernels.prefill_attention import (  # noqa: E402
     prefill_tiles,
 )
 from variants.kernels.row_dot import few_row_tiles, norm_chunks  # noqa: E402
-from variants.kernels.split_k import LONG_K_TILES, default_split_k, host_cdiv  # noqa: E402
+from variants.kernels.split_k import (  # noqa: E402
+    LONG_K_TILES,
+    default_split_k,
+    host_cdiv,
+    split_range,
+)
+from variants.kernels.staged_dot import default_stage, short_staged_tiles, stage_chunks  # noqa: E402
 from variants.spec import ModelSpec  # noqa: E402
 
 F16, F32, I32, I64 = "*fp16", "*fp32", "*i32", "*i64"
 
 
+# Integer arguments (by name) that are multiples of 16 at the public model's shapes: the
+# projections' widths and reduction lengths (768, 2304, 3072, 4096) and their splits' lengths
+# (384-768). A launch specializes on them as on pointers: with them unmarked the projections'
+# masks hide the 16-byte alignment, and their weight loads build as 2-byte loads outside the
+# pipeline (168 registers for the output projection at sm_90 under Triton 3.9, against 48).
+MULTIPLES_OF_16 = ("N", "K", "INTER", "split_len")
+
+
 def aligned(fn, types: dict) -> list:
     """The arguments a launch specializes as divisible by 16 at the public model's shapes, as
     Triton's launcher does from the values it is given: every pointer (torch's allocations,
-    and the views the launchers pass start at multiples of 16 bytes) and every `stride_*`
-    (multiples of 192 or 768 elements), but the block table's row stride (1 on a slab). Other
-    integers are left unspecialized, so a build here may still differ from a launch's."""
+    and the views the launchers pass start at multiples of 16 bytes), every `stride_*`
+    (multiples of 192 or 768 elements) but the block table's row stride (1 on a slab), and the
+    integers of MULTIPLES_OF_16. Other integers (the row count, block sizes, lengths) are left
+    unspecialized, so a build here may still differ from a launch's."""
 
     def specialized(n: str) -> bool:
-        return types.get(n, "").startswith("*") or (n.startswith("stride_") and n != "stride_tb")
+        pointer_or_stride = types.get(n, "").startswith("*") or (
+            n.startswith("stride_") and n != "stride_tb"
+        )
+        return pointer_or_stride or (n in MULTIPLES_OF_16 and types.get(n) == "i32")
 
     return [n for n in fn.arg_names if specialized(n)]
 
@@ -170,16 +188,24 @@ def cases(sms: int, pdl: bool = False, arch: int = 86) -> list:
                   counter_ptr=I32, eps="fp32", **scalars)  # fmt: skip
     for n in ("stride_xm", "stride_wn", "stride_rm", "stride_om"):
         linear[n] = strides
+    # the output projection, the down projection (K = 3072, split) and the head; under PDL at 8
+    # rows staged as the launcher stages them (`default_stage`), the short ones at their tiles
+    stage = default_stage(pdl, 8)
     short = few_row_tiles(8, 768, sms)
-    down = few_row_tiles(8, 768, sms, prefer=LONG_K_TILES)  # K = 3072, split
+    if stage and short_staged_tiles(short[0], 768, 2):
+        short = (short[0], *short_staged_tiles(short[0], 768, 2))
+    down = few_row_tiles(8, 768, sms, prefer=LONG_K_TILES)
     down_split = default_split_k(host_cdiv(768, down[1]), 3072, down[2], sms)
-    for tiles, split, norm, residual in (
-        (short, 1, False, True), (down, down_split, False, True), (short, 1, True, False)
+    for tiles, k, split, norm, residual in (
+        (short, 768, 1, False, True), (down, 3072, down_split, False, True),
+        (short, 768, 1, True, False),
     ):  # fmt: skip
         bm, bn, bk, warps, stages = tiles
-        consts = dict(NORM_CHUNKS=norm_chunks(768, bk, norm), RESIDUAL=residual, SPLIT_K=split,
+        split_len = split_range(k, bk, split)
+        staged = stage_chunks(bm, bn, bk, warps, split_len, 2) if stage else 0
+        consts = dict(NORM_CHUNKS=norm_chunks(k, bk, norm), RESIDUAL=residual, SPLIT_K=split,
                       BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl, PREFETCH=pdl,
-                      LANES=32 * warps)  # fmt: skip
+                      LANES=32 * warps, STAGED=staged)  # fmt: skip
         found.append(("few_row_linear", _few_row_linear_kernel, linear, consts, warps, stages))
     swiglu = dict(x_ptr=F16, norm_ptr=F16, w_ptr=F16, out_ptr=F16, ws_ptr=F32, counter_ptr=I32,
                   stride_xm=strides, stride_wn=strides, stride_om=strides, eps="fp32",
@@ -191,8 +217,8 @@ def cases(sms: int, pdl: bool = False, arch: int = 86) -> list:
         bm, bn, bk, warps, stages = tiles
         for split in (1, 2):
             consts = dict(NORM_CHUNKS=norm_chunks(768, bk), SPLIT_K=split, BLOCK_M=bm,
-                          BLOCK_N=bn, BLOCK_K=bk, PDL=pdl, PREFETCH=pdl,
-                          LANES=32 * warps)  # fmt: skip
+                          BLOCK_N=bn, BLOCK_K=bk, PDL=pdl, PREFETCH=pdl, LANES=32 * warps,
+                          STAGED=0)  # fmt: skip
             found.append(("norm_swiglu", _norm_swiglu_kernel, swiglu, consts, warps, stages))
     qkv = dict(x_ptr=F16, norm_ptr=F16, w_ptr=F16, cos_ptr=F16, sin_ptr=F16, index_ptr=I64,
                q_ptr=F16, k_pool_ptr=F16, v_pool_ptr=F16, ws_ptr=F32, counter_ptr=I32,
@@ -204,7 +230,7 @@ def cases(sms: int, pdl: bool = False, arch: int = 86) -> list:
     for split in (1, 2):
         consts = dict(Q_DIM=768, KV_DIM=768, HEAD_DIM=192, NORM_CHUNKS=norm_chunks(768, bk),
                       SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl, PREFETCH=pdl,
-                      LANES=32 * warps)  # fmt: skip
+                      LANES=32 * warps, STAGED=0)  # fmt: skip
         found.append(("norm_qkv_rope", _norm_qkv_rope_kernel, qkv, consts, warps, stages))
     attention = dict(q_ptr=F16, k_ptr=F16, v_ptr=F16, table_ptr=I64, lens_ptr=I64, out_ptr=F16,
                      m_ptr=F32, l_ptr=F32, acc_ptr=F32, arrivals_ptr=I32, qk_scale_log2="fp32",

@@ -5,10 +5,15 @@ for each setting in turn, rounds interleaved; the logits of each setting against
     python scripts/step_kernels.py --shapes 8x40,8x150 --setting base=default \\
         --setting o4=o:-/4 --setting qkv2=qkv:16,256,4,3/2+o:-/2
 
-A setting is `default` or overrides joined by `+`, each KERNEL:TILES[/SPLIT_K] where KERNEL is
-qkv (norm + QKV + RoPE), o (the output projection), gateup (norm + gate-up + SiLU-mul), down or
-head, TILES is BLOCK_N,BLOCK_K,WARPS,STAGES or `-` (the launcher's own), and SPLIT_K the K
-splits (default: the launcher's)."""
+    python scripts/step_kernels.py --shapes 8x150 --setting base=o:-@off+down:-@off \
+        --setting staged=default --setting o2=o:32,128,4,3/2@on
+
+A setting is `default` or overrides joined by `+`, each KERNEL:TILES[/SPLIT_K][@STAGE] where
+KERNEL is qkv (norm + QKV + RoPE), o (the output projection), gateup (norm + gate-up +
+SiLU-mul), down or head, TILES is BLOCK_N,BLOCK_K,WARPS,STAGES or `-` (the launcher's own),
+SPLIT_K the K splits (default: the launcher's) and STAGE `on` or `off`: the weight staged in
+registers before the PDL wait (where it fits, `staged_dot.stage_chunks`) or not (default: the
+launcher's rule)."""
 
 import sys
 from pathlib import Path
@@ -27,7 +32,8 @@ KERNELS = ("qkv", "o", "gateup", "down", "head")
 
 
 def parse(setting: str) -> dict:
-    """{kernel: {"tiles": tuple | None, "split_k": int | None}} of a setting."""
+    """{kernel: {"tiles": tuple | None, "split_k": int | None[, "stage": bool]}} of a
+    setting."""
     if setting == "default":
         return {}
     out = {}
@@ -35,11 +41,16 @@ def parse(setting: str) -> dict:
         kernel, spec = part.split(":")
         if kernel not in KERNELS:
             raise ValueError(f"unknown kernel {kernel!r}; one of {', '.join(KERNELS)}")
+        spec, _, stage = spec.partition("@")
         tiles, _, split = spec.partition("/")
         out[kernel] = {
             "tiles": None if tiles == "-" else tuple(int(v) for v in tiles.split(",")),
             "split_k": int(split) if split else None,
         }
+        if stage:
+            if stage not in ("on", "off"):
+                raise ValueError(f"stage {stage!r} of {part!r}: on or off")
+            out[kernel]["stage"] = stage == "on"
     return out
 
 

@@ -41,9 +41,10 @@ def test_decode_kernels_compile_for_sm86_without_spills(tmp_path):
 
 def test_the_pdl_build_waits_before_it_reads_an_earlier_kernel(tmp_path):
     """Hopper's PDL build (sm_90, the installed Triton): every kernel waits; before the wait
-    nothing is stored, the projections load nothing, and the attention loads what is staged
-    before the step's first kernel: the row's length and its block table (and at 64 rows every
-    row's length, which sizes the splits)."""
+    nothing is stored, the projections load nothing but the staged ones their weight (which no
+    kernel writes), and the attention loads what is staged before the step's first kernel: the
+    row's length and its block table (and at 64 rows every row's length, which sizes the
+    splits)."""
     from variants.kernels.pdl import triton_has_pdl
 
     if not triton_has_pdl():
@@ -84,7 +85,16 @@ def test_the_pdl_build_waits_before_it_reads_an_earlier_kernel(tmp_path):
     # table entries of the tiles it prefetches (one gather, which the two-warp build with two
     # tiles and the 33-split build issue as two load instructions), and at 64 rows the
     # lengths of all rows too (two more); each a scalar index load, none a vector of data
-    assert {r["loads_before_wait"] for r in rows if r["kernel"] != "decode_attention"} == {0}
+    unstaged = [r for r in rows if r["kernel"] != "decode_attention" and not r.get("STAGED")]
+    assert {r["loads_before_wait"] for r in unstaged} == {0}
+    # the staged projections at 8 rows (output, down, head) load their weight share there and
+    # nothing else (no x): one 16-byte vector a thread per 16 bytes of their chunks
+    staged = [r for r in rows if r.get("STAGED")]
+    assert [(r["kernel"], r["STAGED"]) for r in staged] == [("few_row_linear", 3)] * 3
+    for r in staged:
+        share = r["STAGED"] * r["BLOCK_N"] * r["BLOCK_K"] * 2  # bytes of float16 weight
+        assert r["loads_before_wait"] == share // (32 * r["warps"] * 16)
+        assert r["load_kinds_before_wait"] == ["ld.global.v4.b32"]
     assert [r["loads_before_wait"] for r in attention] == [3, 2, 5, 2, 3]
     assert [r["PREFETCH"] for r in attention] == [2, 2, 2, 1, 1]
     assert {k for r in attention for k in r["load_kinds_before_wait"]} == {"ld.global.b64"}

@@ -20,6 +20,15 @@ def test_a_setting_parses_into_tiles_and_splits_per_kernel():
     }
 
 
+def test_a_setting_may_force_the_staged_weight_on_or_off():
+    assert step_kernels.parse("o:32,128,4,3/2@on+down:-@off") == {
+        "o": {"tiles": (32, 128, 4, 3), "split_k": 2, "stage": True},
+        "down": {"tiles": None, "split_k": None, "stage": False},
+    }
+    with pytest.raises(ValueError, match="'maybe'"):
+        step_kernels.parse("o:-@maybe")
+
+
 def test_an_unknown_kernel_is_named():
     with pytest.raises(ValueError, match="'proj'"):
         step_kernels.parse("proj:-/2")

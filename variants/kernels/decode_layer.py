@@ -70,13 +70,15 @@ def _decode_layer_kernel(
 ):  # fmt: skip
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
+    # (the tiles' trailing zeros: nothing staged, staged_dot.py)
     if FIRST <= 1 and 1 <= LAST:  # norm + QKV + RoPE, k and v into the cache
         for t in range(pid, tl.cdiv((Q_DIM + 2 * KV_DIM) // 2, QKV_N), grid):
             qkv_tile(
                 0, t, 0, counters_ptr, x_ptr, in_norm_ptr, qkv_ptr, cos_ptr, sin_ptr, index_ptr,
                 q_ptr, k_pool_ptr, v_pool_ptr, ws_ptr, M, H, H, H, H, stride_cos, stride_sin,
                 Q_DIM, stride_kpt, stride_kph, stride_vpt, stride_vph, eps, Q_DIM, KV_DIM,
-                HEAD_DIM, (H + QKV_K - 1) // QKV_K, 1, BLOCK_M, QKV_N, QKV_K,
+                HEAD_DIM, (H + QKV_K - 1) // QKV_K, 1, BLOCK_M, QKV_N, QKV_K, 0, 0, 0, 0, 0, 0, 0,
+                0, 0,
             )  # fmt: skip
     # The later phases' weights, and the next kernel's first (next_ptr), into L2 while the
     # attention leaves HBM idle (issued before the QKV loads, they delayed them by 3 us: run 47).
@@ -103,14 +105,16 @@ def _decode_layer_kernel(
         for t in range(pid, tl.cdiv(H, O_N), grid):
             linear_tile(
                 0, t, 0, counters_ptr, attn_ptr, o_w_ptr, o_w_ptr, x_ptr, xb_ptr, ws_ptr, M, H,
-                Q_DIM, Q_DIM, Q_DIM, Q_DIM, H, H, eps, 0, True, 1, BLOCK_M, O_N, O_K,
+                Q_DIM, Q_DIM, Q_DIM, Q_DIM, H, H, eps, 0, True, 1, BLOCK_M, O_N, O_K, 0, 0, 0, 0,
+                0,
             )  # fmt: skip
     _phase_barrier(barrier_ptr, 3, FIRST, LAST)
     if FIRST <= 4 and 4 <= LAST:  # act = silu(norm(xb) @ Wg.T) * (norm(xb) @ Wu.T)
         for t in range(pid, tl.cdiv(INTER, GU_N), grid):
             swiglu_tile(
                 0, t, 0, counters_ptr, xb_ptr, post_norm_ptr, gu_ptr, act_ptr, ws_ptr, M, INTER,
-                H, H, H, H, INTER, eps, (H + GU_K - 1) // GU_K, 1, BLOCK_M, GU_N, GU_K,
+                H, H, H, H, INTER, eps, (H + GU_K - 1) // GU_K, 1, BLOCK_M, GU_N, GU_K, 0, 0, 0,
+                0, 0, 0, 0, 0, 0,
             )  # fmt: skip
     _phase_barrier(barrier_ptr, 4, FIRST, LAST)
     if FIRST <= 5 and 5 <= LAST:  # x = xb + act @ Wd.T, split over K, tile-major
@@ -119,7 +123,7 @@ def _decode_layer_kernel(
             linear_tile(
                 0, tile, item % DN_SPLITS, counters_ptr + tile, act_ptr, down_ptr, down_ptr,
                 xb_ptr, x_ptr, ws_ptr, M, H, INTER, down_split_len, INTER, INTER, H, H, eps, 0,
-                True, DN_SPLITS, BLOCK_M, DN_N, DN_K,
+                True, DN_SPLITS, BLOCK_M, DN_N, DN_K, 0, 0, 0, 0, 0,
             )  # fmt: skip
     if FIRST < LAST:
         leave(barrier_ptr)

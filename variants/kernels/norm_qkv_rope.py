@@ -26,6 +26,7 @@ from variants.kernels.split_k import (
     splits_for,
     tile_counter,
 )
+from variants.kernels.staged_dot import stage_chunks, stage_chunks_of, staged_dot, staged_inputs
 
 
 @triton.jit
@@ -64,10 +65,12 @@ def qkv_tile(
     stride_sin, stride_qm, stride_kpt, stride_kph, stride_vpt, stride_vph, eps,
     Q_DIM: tl.constexpr, KV_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
     NORM_CHUNKS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, e0, e1, e2, e3, o0, o1, o2, o3,
+    STAGED: tl.constexpr,
 ):  # fmt: skip
     """Row tile m_tile's pairs tile p_tile, reduction split `split` of SPLIT_K (`counter`: the
-    tile's arrival counter when SPLIT_K > 1)."""
+    tile's arrival counter when SPLIT_K > 1). STAGED > 0: the even and odd weight rows are
+    already loaded, in STAGED chunks e0..e3 and o0..o3 (`stage_chunks_of`)."""
     offs_m = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
     pairs = p_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask = offs_m < M
@@ -83,10 +86,19 @@ def qkv_tile(
     s = tl.load(sin_ptr + offs_m[:, None] * stride_sin + (dim // 2)[None, :], mask=cs_mask,
                 other=0.0)  # fmt: skip
     k_lo = split * split_len
-    even, odd = rows_dot(
-        x_ptr, stride_xm, offs_m, m_mask, norm_ptr, eps, w_ptr, stride_wn, col, col + 1, p_mask,
-        K, k_lo, tl.minimum(k_lo + split_len, K), NORM_CHUNKS, True, BLOCK_M, BLOCK_N, BLOCK_K,
-    )  # fmt: skip
+    k_hi = tl.minimum(k_lo + split_len, K)
+    if STAGED > 0:
+        h0, h1, h2, h3 = staged_inputs(
+            x_ptr, stride_xm, offs_m, m_mask, norm_ptr, eps, K, k_lo, k_hi,
+            w_ptr.dtype.element_ty, NORM_CHUNKS, SPLIT_K, STAGED, BLOCK_M, BLOCK_K,
+        )  # fmt: skip
+        even = staged_dot(h0, h1, h2, h3, e0, e1, e2, e3, STAGED, BLOCK_M, BLOCK_N)
+        odd = staged_dot(h0, h1, h2, h3, o0, o1, o2, o3, STAGED, BLOCK_M, BLOCK_N)
+    else:
+        even, odd = rows_dot(
+            x_ptr, stride_xm, offs_m, m_mask, norm_ptr, eps, w_ptr, stride_wn, col, col + 1,
+            p_mask, K, k_lo, k_hi, NORM_CHUNKS, True, BLOCK_M, BLOCK_N, BLOCK_K,
+        )  # fmt: skip
     dt = w_ptr.dtype.element_ty
     if SPLIT_K == 1:
         _rope_store(
@@ -116,9 +128,20 @@ def _norm_qkv_rope_kernel(
     Q_DIM: tl.constexpr, KV_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
     NORM_CHUNKS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
-    LANES: tl.constexpr,
+    LANES: tl.constexpr, STAGED: tl.constexpr,
 ):  # fmt: skip
-    if PREFETCH:  # the weight rows of this tile's pairs, shared out over row tiles and splits
+    e0, e1, e2, e3 = 0, 0, 0, 0  # placeholders unless staged
+    o0, o1, o2, o3 = 0, 0, 0, 0
+    if STAGED > 0:  # this program's even and odd weight rows, in registers before the wait
+        pairs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        p_mask = pairs < (Q_DIM + 2 * KV_DIM) // 2
+        k_lo = tl.program_id(2) * split_len
+        k_hi = tl.minimum(k_lo + split_len, K)
+        e0, e1, e2, e3 = stage_chunks_of(w_ptr, stride_wn, 2 * pairs, p_mask, k_lo, k_hi,
+                                         STAGED, BLOCK_K)  # fmt: skip
+        o0, o1, o2, o3 = stage_chunks_of(w_ptr, stride_wn, 2 * pairs + 1, p_mask, k_lo, k_hi,
+                                         STAGED, BLOCK_K)  # fmt: skip
+    elif PREFETCH:  # the weight rows of this tile's pairs, shared out over row tiles and splits
         c0 = 2 * tl.program_id(0) * BLOCK_N
         prefetch_rows(
             w_ptr, c0, tl.minimum(2 * BLOCK_N, Q_DIM + 2 * KV_DIM - c0), stride_wn,
@@ -130,7 +153,7 @@ def _norm_qkv_rope_kernel(
         norm_ptr, w_ptr, cos_ptr, sin_ptr, index_ptr, q_ptr, k_pool_ptr, v_pool_ptr, ws_ptr, M,
         K, split_len, stride_xm, stride_wn, stride_cos, stride_sin, stride_qm, stride_kpt,
         stride_kph, stride_vpt, stride_vph, eps, Q_DIM, KV_DIM, HEAD_DIM, NORM_CHUNKS, SPLIT_K,
-        BLOCK_M, BLOCK_N, BLOCK_K,
+        BLOCK_M, BLOCK_N, BLOCK_K, e0, e1, e2, e3, o0, o1, o2, o3, STAGED,
     )  # fmt: skip
 
 
@@ -151,13 +174,15 @@ def norm_qkv_rope(
     split_k: int | None = None,
     pdl: bool = False,
     prefetch: bool = True,
+    stage: bool = False,
 ) -> torch.Tensor:
     """x [M, K]; norm [K]; qkv [q_dim + 2 kv_dim, K] (q, k, v rows); cos/sin [M, head_dim/2]
     (each row's position, unit column stride); pools [slots, kv_heads, head_dim]; write_index
     [M] the cache slot of each row. Writes RoPE(k)
     and v into the pools and returns RoPE(q) as a new [M, q_dim]. `tiles` = (BLOCK_N pairs,
     BLOCK_K, warps, stages); `split_k` cuts the reduction into that many programs (default:
-    `default_split_k`); `pdl` and `prefetch` as in `few_row_linear`."""
+    `default_split_k`); `pdl`, `prefetch` and `stage` as in `few_row_linear`, but `stage` is off
+    unless asked: staged pairs of tiles lost on the H200 (docs/PERF.md, runs 140-146)."""
     rows, k = x.shape
     kv_dim = (qkv.shape[0] - q_dim) // 2
     assert head_dim % 2 == 0 and q_dim % head_dim == 0 and kv_dim % head_dim == 0
@@ -171,15 +196,21 @@ def norm_qkv_rope(
         block_n, block_k, warps, stages = tiles
     grid = (host_cdiv(pairs, block_n), host_cdiv(rows, block_m))
     split_k = splits_for(split_k, grid[0] * grid[1], k, block_k, sm_count)
+    split_len = split_range(k, block_k, split_k)
+    staged = 0
+    if stage:
+        staged = stage_chunks(block_m, block_n, block_k, warps, split_len, qkv.element_size(),
+                              weight_tiles=2)  # fmt: skip
     _norm_qkv_rope_kernel[grid + (split_k,)](
         x, norm, qkv, cos, sin, write_index, q, k_pool, v_pool,
         split_workspace(split_k, rows, pairs, x.device, pairs=2),
-        counters_for(x.device, grid[0] * grid[1]), rows, k, split_range(k, block_k, split_k),
+        counters_for(x.device, grid[0] * grid[1]), rows, k, split_len,
         x.stride(0), qkv.stride(0), cos.stride(0), sin.stride(0),
         q.stride(0), k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1), eps,
         Q_DIM=q_dim, KV_DIM=kv_dim, HEAD_DIM=head_dim, NORM_CHUNKS=norm_chunks(k, block_k),
         SPLIT_K=split_k,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PDL=pdl, PREFETCH=pdl and prefetch,
-        LANES=32 * warps, num_warps=warps, num_stages=stages, **launch_options(pdl, x.device),
+        LANES=32 * warps, STAGED=staged, num_warps=warps, num_stages=stages,
+        **launch_options(pdl, x.device),
     )  # fmt: skip
     return q

@@ -22,6 +22,7 @@ from variants.kernels.split_k import (
     splits_for,
     tile_counter,
 )
+from variants.kernels.staged_dot import stage_chunks, stage_chunks_of, staged_dot, staged_inputs
 
 
 @triton.jit
@@ -37,20 +38,30 @@ def swiglu_tile(
     m_tile, j_tile, split, counter, x_ptr, norm_ptr, w_ptr, out_ptr, ws_ptr, M, INTER, K,
     split_len, stride_xm, stride_wn, stride_om, eps,
     NORM_CHUNKS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, g0, g1, g2, g3, u0, u1, u2, u3,
+    STAGED: tl.constexpr,
 ):  # fmt: skip
     """Row tile m_tile's columns tile j_tile, reduction split `split` of SPLIT_K (`counter`:
-    the tile's arrival counter when SPLIT_K > 1)."""
+    the tile's arrival counter when SPLIT_K > 1). STAGED > 0: the gate and up rows are already
+    loaded, in STAGED chunks g0..g3 and u0..u3 (`stage_chunks_of`)."""
     offs_m = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_j = j_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask, j_mask = offs_m < M, offs_j < INTER
     mask = m_mask[:, None] & j_mask[None, :]
     k_lo = split * split_len
-    gate, up = rows_dot(
-        x_ptr, stride_xm, offs_m, m_mask, norm_ptr, eps, w_ptr, stride_wn, offs_j,
-        INTER + offs_j, j_mask, K, k_lo, tl.minimum(k_lo + split_len, K), NORM_CHUNKS, True,
-        BLOCK_M, BLOCK_N, BLOCK_K,
-    )  # fmt: skip
+    k_hi = tl.minimum(k_lo + split_len, K)
+    if STAGED > 0:
+        h0, h1, h2, h3 = staged_inputs(
+            x_ptr, stride_xm, offs_m, m_mask, norm_ptr, eps, K, k_lo, k_hi,
+            w_ptr.dtype.element_ty, NORM_CHUNKS, SPLIT_K, STAGED, BLOCK_M, BLOCK_K,
+        )  # fmt: skip
+        gate = staged_dot(h0, h1, h2, h3, g0, g1, g2, g3, STAGED, BLOCK_M, BLOCK_N)
+        up = staged_dot(h0, h1, h2, h3, u0, u1, u2, u3, STAGED, BLOCK_M, BLOCK_N)
+    else:
+        gate, up = rows_dot(
+            x_ptr, stride_xm, offs_m, m_mask, norm_ptr, eps, w_ptr, stride_wn, offs_j,
+            INTER + offs_j, j_mask, K, k_lo, k_hi, NORM_CHUNKS, True, BLOCK_M, BLOCK_N, BLOCK_K,
+        )  # fmt: skip
     dt = w_ptr.dtype.element_ty
     if SPLIT_K == 1:
         _swiglu_store(gate, up, out_ptr, offs_m, offs_j, mask, stride_om, dt)
@@ -69,9 +80,20 @@ def _norm_swiglu_kernel(
     stride_xm, stride_wn, stride_om, eps,
     NORM_CHUNKS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
-    LANES: tl.constexpr,
+    LANES: tl.constexpr, STAGED: tl.constexpr,
 ):  # fmt: skip
-    if PREFETCH:  # this tile's gate rows and up rows, shared out over its row tiles and splits
+    g0, g1, g2, g3 = 0, 0, 0, 0  # placeholders unless staged
+    u0, u1, u2, u3 = 0, 0, 0, 0
+    if STAGED > 0:  # this program's gate and up rows, in registers before the wait
+        offs_j = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        k_lo = tl.program_id(2) * split_len
+        k_hi = tl.minimum(k_lo + split_len, K)
+        j_mask = offs_j < INTER
+        g0, g1, g2, g3 = stage_chunks_of(w_ptr, stride_wn, offs_j, j_mask, k_lo, k_hi, STAGED,
+                                         BLOCK_K)  # fmt: skip
+        u0, u1, u2, u3 = stage_chunks_of(w_ptr, stride_wn, INTER + offs_j, j_mask, k_lo, k_hi,
+                                         STAGED, BLOCK_K)  # fmt: skip
+    elif PREFETCH:  # this tile's gate rows and up rows, shared out over its row tiles and splits
         j0 = tl.program_id(0) * BLOCK_N
         rows = tl.minimum(BLOCK_N, INTER - j0)
         part = tl.program_id(1) * SPLIT_K + tl.program_id(2)
@@ -82,7 +104,8 @@ def _norm_swiglu_kernel(
     swiglu_tile(
         tl.program_id(1), tl.program_id(0), tl.program_id(2), tile_counter(counter_ptr), x_ptr,
         norm_ptr, w_ptr, out_ptr, ws_ptr, M, INTER, K, split_len, stride_xm, stride_wn,
-        stride_om, eps, NORM_CHUNKS, SPLIT_K, BLOCK_M, BLOCK_N, BLOCK_K,
+        stride_om, eps, NORM_CHUNKS, SPLIT_K, BLOCK_M, BLOCK_N, BLOCK_K, g0, g1, g2, g3, u0, u1,
+        u2, u3, STAGED,
     )  # fmt: skip
 
 
@@ -105,11 +128,13 @@ def norm_swiglu(
     split_k: int | None = None,
     pdl: bool = False,
     prefetch: bool = True,
+    stage: bool = False,
 ) -> torch.Tensor:
     """x [M, K]; norm [K]; gate_up [2I, K] (gate rows, then up rows). Returns [M, I]
     = silu(gate) * up of rms_norm(x) * norm. `tiles` = (BLOCK_N, BLOCK_K, warps, stages);
-    `split_k` cuts the reduction into that many programs (default: `default_split_k`); `pdl`
-    and `prefetch` as in `few_row_linear`."""
+    `split_k` cuts the reduction into that many programs (default: `default_split_k`); `pdl`,
+    `prefetch` and `stage` as in `few_row_linear`, but `stage` is off unless asked: staged
+    pairs of tiles lost on the H200 (docs/PERF.md, runs 140-146)."""
     rows, k = x.shape
     inter = gate_up.shape[0] // 2
     assert gate_up.shape == (2 * inter, k) and gate_up.is_contiguous() and x.stride(-1) == 1
@@ -121,12 +146,17 @@ def norm_swiglu(
         block_n, block_k, warps, stages = tiles
     grid = (host_cdiv(inter, block_n), host_cdiv(rows, block_m))
     split_k = splits_for(split_k, grid[0] * grid[1], k, block_k, sm_count)
+    split_len = split_range(k, block_k, split_k)
+    staged = 0
+    if stage:
+        staged = stage_chunks(block_m, block_n, block_k, warps, split_len,
+                              gate_up.element_size(), weight_tiles=2)  # fmt: skip
     _norm_swiglu_kernel[grid + (split_k,)](
         x, norm, gate_up, out, split_workspace(split_k, rows, inter, x.device, pairs=2),
         counters_for(x.device, grid[0] * grid[1]), rows, inter, k,
-        split_range(k, block_k, split_k), x.stride(0), gate_up.stride(0), out.stride(0), eps,
+        split_len, x.stride(0), gate_up.stride(0), out.stride(0), eps,
         NORM_CHUNKS=norm_chunks(k, block_k), SPLIT_K=split_k, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k, PDL=pdl, PREFETCH=pdl and prefetch, LANES=32 * warps, num_warps=warps,
-        num_stages=stages, **launch_options(pdl, x.device),
+        BLOCK_K=block_k, PDL=pdl, PREFETCH=pdl and prefetch, LANES=32 * warps, STAGED=staged,
+        num_warps=warps, num_stages=stages, **launch_options(pdl, x.device),
     )  # fmt: skip
     return out

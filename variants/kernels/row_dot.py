@@ -23,6 +23,22 @@ def _normed(x, norm_ptr, offs_k, k_mask, inv_rms, dt):
 
 
 @triton.jit
+def norm_stats(x_ptr, stride_xm, offs_m, m_mask, K, eps, NORM_CHUNKS: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    """1 / rms of each row of x over all of K (NORM_CHUNKS chunks of BLOCK_K), float32. Unrolled,
+    squares summed per lane and reduced once: every chunk's load is in flight at once (one
+    round trip, not one a chunk, and no block barrier between them)."""
+    squares = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
+    for c in tl.static_range(NORM_CHUNKS):
+        offs_k = c * BLOCK_K + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+                    mask=m_mask[:, None] & (offs_k < K)[None, :], other=0.0)  # fmt: skip
+        xf = x.to(tl.float32)
+        squares += xf * xf
+    return tl.rsqrt(tl.sum(squares, axis=1) / K + eps)
+
+
+@triton.jit
 def rows_dot(
     x_ptr, stride_xm, offs_m, m_mask, norm_ptr, eps, w_ptr, stride_wn, rows_a, rows_b, w_mask, K,
     k_lo, k_hi, NORM_CHUNKS: tl.constexpr, PAIRED: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -37,16 +53,8 @@ def rows_dot(
     acc_b = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     inv_rms = tl.zeros([BLOCK_M], tl.float32)
     if NORM_CHUNKS > 0:  # a statistics pass first (x is a few rows, read from L2)
-        # Unrolled, squares summed per lane and reduced once: every chunk's load is in flight at
-        # once (one round trip, not one a chunk, and no block barrier between them).
-        squares = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
-        for c in tl.static_range(NORM_CHUNKS):
-            offs_k = c * BLOCK_K + tl.arange(0, BLOCK_K)
-            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
-                        mask=m_mask[:, None] & (offs_k < K)[None, :], other=0.0)  # fmt: skip
-            xf = x.to(tl.float32)
-            squares += xf * xf
-        inv_rms = tl.rsqrt(tl.sum(squares, axis=1) / K + eps)
+        inv_rms = norm_stats(x_ptr, stride_xm, offs_m, m_mask, K, eps, NORM_CHUNKS, BLOCK_M,
+                             BLOCK_K)  # fmt: skip
     for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < k_hi

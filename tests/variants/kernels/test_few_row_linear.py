@@ -7,7 +7,8 @@ import torch.nn.functional as F
 pytest.importorskip("triton", reason="triton is not installed")
 
 from variants.kernels.few_row_linear import few_row_linear  # noqa: E402
-from variants.kernels.split_k import arrival_counters  # noqa: E402
+from variants.kernels.split_k import arrival_counters, split_range  # noqa: E402
+from variants.kernels.staged_dot import stage_chunks  # noqa: E402
 from variants.layers.rmsnorm import rms_norm  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -83,6 +84,50 @@ def test_more_splits_than_chunks_are_cut_to_the_chunks():
     got = few_row_linear(x, w, tiles=(16, 32, 4, 2), split_k=9)  # 2 chunks: 2 splits
     torch.testing.assert_close(got, F.linear(x, w), atol=1e-5, rtol=1e-5)
     assert not arrival_counters(torch.device(DEVICE)).any()
+
+
+@pytest.mark.parametrize(
+    "rows,k,tiles,split_k",
+    [(5, 300, (16, 128, 8, 2), 1), (3, 700, (16, 256, 8, 2), 1), (4, 2048, (32, 128, 8, 2), 4),
+     (4, 300, (16, 64, 8, 2), 2)],
+)  # fmt: skip
+def test_a_staged_weight_gives_the_looped_result_bit_for_bit(rows, k, tiles, split_k):
+    """The weight share loaded at once (`stage=True`) against the pipelined loop, with the norm
+    (its statistics from the staged x when one split covers K, else from a pass of their own)
+    and the residual; float32, so a 16-row tile over 8 warps keeps the share in budget."""
+    block_n, block_k, warps, _ = tiles
+    chunks = stage_chunks(16, block_n, block_k, warps, split_range(k, block_k, split_k), elem=4)
+    assert chunks > 0  # the case stages
+    x, w, norm, res = _case(rows, 72, k, torch.float32, DEVICE, seed=k)
+    for nm in (norm, None):
+        kw = dict(norm=nm, eps=1e-5, residual=res, tiles=tiles, split_k=split_k)
+        staged = few_row_linear(x, w, **kw, stage=True)
+        assert torch.equal(staged, few_row_linear(x, w, **kw, stage=False))
+        want = res + F.linear(rms_norm(x, nm, 1e-5) if nm is not None else x, w)
+        torch.testing.assert_close(staged, want, atol=2e-5, rtol=1e-5)
+    assert not arrival_counters(torch.device(DEVICE)).any()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("rows", [1, 8, 16])
+@pytest.mark.parametrize(
+    "n,k,tiles,split_k", [(768, 3072, None, None), (768, 768, (32, 128, 4, 3), 2),
+                          (4096, 768, (32, 256, 8, 3), 1)],
+)  # fmt: skip
+def test_gpu_staged_half_matches_torch(rows, n, k, tiles, split_k):
+    """The staged builds the decode step may run: the down projection (its own tiles), the
+    output projection over two splits, the head (norm, float32 out)."""
+    x, w, norm, res = _case(rows, n, k, torch.float16, "cuda", seed=rows)
+    kw = dict(tiles=tiles, split_k=split_k, stage=True)
+    want = res + F.linear(x, w)
+    got = few_row_linear(x, w, residual=res, **kw)
+    torch.testing.assert_close(got, want, atol=4e-3 * want.abs().max().item(), rtol=2e-3)
+    assert torch.equal(got, few_row_linear(x, w, residual=res, **dict(kw, stage=False)))
+    head = few_row_linear(x, w, norm=norm, eps=1e-5, out_dtype=torch.float32, **kw)
+    want_head = F.linear(rms_norm(x, norm, 1e-5), w).float()
+    torch.testing.assert_close(head, want_head, atol=4e-3 * want_head.abs().max().item(), rtol=2e-3)
+    assert not arrival_counters(x.device).any()
 
 
 @pytest.mark.gpu

@@ -8,14 +8,16 @@ import torch.nn.functional as F
 pytest.importorskip("triton", reason="triton is not installed")
 
 from variants.kernels.norm_qkv_rope import norm_qkv_rope  # noqa: E402
-from variants.kernels.split_k import arrival_counters  # noqa: E402
+from variants.kernels.split_k import arrival_counters, split_range  # noqa: E402
+from variants.kernels.staged_dot import stage_chunks  # noqa: E402
 from variants.layers.rmsnorm import rms_norm  # noqa: E402
 from variants.layers.rope import RopeTable, apply_rope  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _case(rows, heads, kv_heads, d, k, dtype, device, slots=64, seed=0, tiles=None, split_k=None):
+def _case(rows, heads, kv_heads, d, k, dtype, device, slots=64, seed=0, tiles=None, split_k=None,
+          stage=None):  # fmt: skip
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, k, generator=gen).to(device, dtype)
     qkv = (torch.randn((heads + 2 * kv_heads) * d, k, generator=gen) / k**0.5).to(device, dtype)
@@ -28,7 +30,7 @@ def _case(rows, heads, kv_heads, d, k, dtype, device, slots=64, seed=0, tiles=No
     cos, sin = rope.at(positions)
     q = norm_qkv_rope(
         x, norm, qkv, 1e-5, d, heads * d, cos, sin, k_pool, v_pool, write_index, sm_count=4,
-        tiles=tiles, split_k=split_k,
+        tiles=tiles, split_k=split_k, stage=stage,
     )  # fmt: skip
 
     q_ref, k_ref, v_ref = F.linear(rms_norm(x, norm, 1e-5), qkv).split(
@@ -66,6 +68,34 @@ def test_split_reduction_matches_torch_and_leaves_the_counters_zero(split_k):
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
     assert not arrival_counters(torch.device(DEVICE)).any()
+
+
+@pytest.mark.parametrize("k,tiles,split_k", [(96, (16, 32, 8, 2), 1), (100, (16, 32, 8, 2), 2)])
+def test_staged_pairs_give_the_looped_result_bit_for_bit(k, tiles, split_k):
+    """The even and odd weight rows loaded at once before the (here absent) wait: q and both
+    pools as the pipelined loop writes them, and as torch does."""
+    block_n, block_k, warps, _ = tiles
+    split_len = split_range(k, block_k, split_k)
+    assert stage_chunks(16, block_n, block_k, warps, split_len, elem=4, weight_tiles=2) > 0
+    args = (5, 2, 1, 24, k, torch.float32, DEVICE)
+    staged, want = _case(*args, tiles=tiles, split_k=split_k, stage=True)
+    looped, _ = _case(*args, tiles=tiles, split_k=split_k, stage=False)
+    for s, lp, w in zip(staged, looped, want):
+        assert torch.equal(s, lp)
+        torch.testing.assert_close(s, w, atol=1e-5, rtol=1e-5)
+    assert not arrival_counters(torch.device(DEVICE)).any()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("rows", [1, 8, 16])
+@pytest.mark.parametrize("tiles,split_k", [((32, 128, 8, 3), 2), ((16, 128, 4, 3), 2)])
+def test_gpu_staged_half_matches_torch(rows, tiles, split_k):
+    got, want = _case(rows, 4, 4, 192, 768, torch.float16, "cuda", slots=1024, seed=rows,
+                      tiles=tiles, split_k=split_k, stage=True)  # fmt: skip
+    for g, w in zip(got, want):
+        scale = w.abs().max().item()
+        torch.testing.assert_close(g, w, atol=4e-3 * scale, rtol=2e-3)
 
 
 @pytest.mark.gpu
