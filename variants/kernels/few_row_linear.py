@@ -13,7 +13,7 @@ import triton.language as tl
 
 from variants.kernels.pdl import launch_options, wait_previous
 from variants.kernels.prefetch import prefetch_rows
-from variants.kernels.row_dot import few_row_tiles, norm_chunks, rows_dot
+from variants.kernels.row_dot import few_row_tiles, norm_chunks
 from variants.kernels.split_k import (
     LONG_K,
     LONG_K_TILES,
@@ -30,11 +30,10 @@ from variants.kernels.split_k import (
 )
 from variants.kernels.staged_dot import (
     default_stage,
+    project,
     short_staged_tiles,
     stage_chunks,
     stage_chunks_of,
-    staged_dot,
-    staged_inputs,
 )
 
 
@@ -67,17 +66,11 @@ def linear_tile(
         r = tl.load(res_ptr + offs_m[:, None] * stride_rm + offs_n[None, :], mask=mask, other=0.0)
     k_lo = split * split_len
     k_hi = tl.minimum(k_lo + split_len, K)
-    if STAGED > 0:
-        h0, h1, h2, h3 = staged_inputs(
-            x_ptr, stride_xm, offs_m, m_mask, norm_ptr, eps, K, k_lo, k_hi,
-            w_ptr.dtype.element_ty, NORM_CHUNKS, SPLIT_K, STAGED, BLOCK_M, BLOCK_K,
-        )  # fmt: skip
-        acc = staged_dot(h0, h1, h2, h3, w0, w1, w2, w3, STAGED, BLOCK_M, BLOCK_N)
-    else:
-        acc, _unused = rows_dot(
-            x_ptr, stride_xm, offs_m, m_mask, norm_ptr, eps, w_ptr, stride_wn, offs_n, offs_n,
-            n_mask, K, k_lo, k_hi, NORM_CHUNKS, False, BLOCK_M, BLOCK_N, BLOCK_K,
-        )  # fmt: skip
+    acc, _unused = project(
+        x_ptr, stride_xm, offs_m, m_mask, norm_ptr, eps, w_ptr, stride_wn, offs_n, offs_n, n_mask,
+        K, k_lo, k_hi, w0, w1, w2, w3, 0, 0, 0, 0, NORM_CHUNKS, SPLIT_K, False, STAGED, BLOCK_M,
+        BLOCK_N, BLOCK_K,
+    )  # fmt: skip
     dt = w_ptr.dtype.element_ty
     if SPLIT_K == 1:
         _epilogue(acc, r, out_ptr, offs_m, offs_n, mask, stride_om, dt, RESIDUAL)

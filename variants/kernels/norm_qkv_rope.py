@@ -15,7 +15,7 @@ import triton.language as tl
 from variants.kernels.fused_rope import rotate_pairs
 from variants.kernels.pdl import launch_options, wait_previous
 from variants.kernels.prefetch import prefetch_rows
-from variants.kernels.row_dot import few_row_tiles, norm_chunks, rows_dot
+from variants.kernels.row_dot import few_row_tiles, norm_chunks
 from variants.kernels.split_k import (
     counters_for,
     host_cdiv,
@@ -26,7 +26,7 @@ from variants.kernels.split_k import (
     splits_for,
     tile_counter,
 )
-from variants.kernels.staged_dot import stage_chunks, stage_chunks_of, staged_dot, staged_inputs
+from variants.kernels.staged_dot import project, stage_chunks, stage_chunks_of
 
 
 @triton.jit
@@ -87,18 +87,11 @@ def qkv_tile(
                 other=0.0)  # fmt: skip
     k_lo = split * split_len
     k_hi = tl.minimum(k_lo + split_len, K)
-    if STAGED > 0:
-        h0, h1, h2, h3 = staged_inputs(
-            x_ptr, stride_xm, offs_m, m_mask, norm_ptr, eps, K, k_lo, k_hi,
-            w_ptr.dtype.element_ty, NORM_CHUNKS, SPLIT_K, STAGED, BLOCK_M, BLOCK_K,
-        )  # fmt: skip
-        even = staged_dot(h0, h1, h2, h3, e0, e1, e2, e3, STAGED, BLOCK_M, BLOCK_N)
-        odd = staged_dot(h0, h1, h2, h3, o0, o1, o2, o3, STAGED, BLOCK_M, BLOCK_N)
-    else:
-        even, odd = rows_dot(
-            x_ptr, stride_xm, offs_m, m_mask, norm_ptr, eps, w_ptr, stride_wn, col, col + 1,
-            p_mask, K, k_lo, k_hi, NORM_CHUNKS, True, BLOCK_M, BLOCK_N, BLOCK_K,
-        )  # fmt: skip
+    even, odd = project(
+        x_ptr, stride_xm, offs_m, m_mask, norm_ptr, eps, w_ptr, stride_wn, col, col + 1, p_mask,
+        K, k_lo, k_hi, e0, e1, e2, e3, o0, o1, o2, o3, NORM_CHUNKS, SPLIT_K, True, STAGED,
+        BLOCK_M, BLOCK_N, BLOCK_K,
+    )  # fmt: skip
     dt = w_ptr.dtype.element_ty
     if SPLIT_K == 1:
         _rope_store(

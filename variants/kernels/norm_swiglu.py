@@ -11,7 +11,7 @@ import triton.language as tl
 
 from variants.kernels.pdl import launch_options, wait_previous
 from variants.kernels.prefetch import prefetch_rows
-from variants.kernels.row_dot import few_row_tiles, norm_chunks, rows_dot
+from variants.kernels.row_dot import few_row_tiles, norm_chunks
 from variants.kernels.split_k import (
     counters_for,
     host_cdiv,
@@ -22,7 +22,7 @@ from variants.kernels.split_k import (
     splits_for,
     tile_counter,
 )
-from variants.kernels.staged_dot import stage_chunks, stage_chunks_of, staged_dot, staged_inputs
+from variants.kernels.staged_dot import project, stage_chunks, stage_chunks_of
 
 
 @triton.jit
@@ -50,18 +50,11 @@ def swiglu_tile(
     mask = m_mask[:, None] & j_mask[None, :]
     k_lo = split * split_len
     k_hi = tl.minimum(k_lo + split_len, K)
-    if STAGED > 0:
-        h0, h1, h2, h3 = staged_inputs(
-            x_ptr, stride_xm, offs_m, m_mask, norm_ptr, eps, K, k_lo, k_hi,
-            w_ptr.dtype.element_ty, NORM_CHUNKS, SPLIT_K, STAGED, BLOCK_M, BLOCK_K,
-        )  # fmt: skip
-        gate = staged_dot(h0, h1, h2, h3, g0, g1, g2, g3, STAGED, BLOCK_M, BLOCK_N)
-        up = staged_dot(h0, h1, h2, h3, u0, u1, u2, u3, STAGED, BLOCK_M, BLOCK_N)
-    else:
-        gate, up = rows_dot(
-            x_ptr, stride_xm, offs_m, m_mask, norm_ptr, eps, w_ptr, stride_wn, offs_j,
-            INTER + offs_j, j_mask, K, k_lo, k_hi, NORM_CHUNKS, True, BLOCK_M, BLOCK_N, BLOCK_K,
-        )  # fmt: skip
+    gate, up = project(
+        x_ptr, stride_xm, offs_m, m_mask, norm_ptr, eps, w_ptr, stride_wn, offs_j, INTER + offs_j,
+        j_mask, K, k_lo, k_hi, g0, g1, g2, g3, u0, u1, u2, u3, NORM_CHUNKS, SPLIT_K, True, STAGED,
+        BLOCK_M, BLOCK_N, BLOCK_K,
+    )  # fmt: skip
     dt = w_ptr.dtype.element_ty
     if SPLIT_K == 1:
         _swiglu_store(gate, up, out_ptr, offs_m, offs_j, mask, stride_om, dt)

@@ -13,7 +13,7 @@ them before the wait is safe (pdl.py)."""
 import triton
 import triton.language as tl
 
-from variants.kernels.row_dot import norm_stats
+from variants.kernels.row_dot import norm_stats, rows_dot
 from variants.kernels.split_k import host_cdiv
 
 
@@ -107,6 +107,32 @@ def staged_dot(h0, h1, h2, h3, w0, w1, w2, w3, CHUNKS: tl.constexpr, BLOCK_M: tl
     if CHUNKS > 3:
         acc = tl.dot(h3, tl.trans(w3), acc, input_precision="ieee")
     return acc
+
+
+@triton.jit
+def project(
+    x_ptr, stride_xm, offs_m, m_mask, norm_ptr, eps, w_ptr, stride_wn, rows_a, rows_b, w_mask,
+    K, k_lo, k_hi, a0, a1, a2, a3, b0, b1, b2, b3, NORM_CHUNKS: tl.constexpr,
+    SPLIT_K: tl.constexpr, PAIRED: tl.constexpr, STAGED: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """`row_dot.rows_dot`'s (h @ W[rows_a].T, h @ W[rows_b].T), from the staged chunks a0..a3
+    (and b0..b3 when PAIRED) when STAGED > 0, else through its pipelined loop."""
+    if STAGED > 0:
+        h0, h1, h2, h3 = staged_inputs(
+            x_ptr, stride_xm, offs_m, m_mask, norm_ptr, eps, K, k_lo, k_hi,
+            w_ptr.dtype.element_ty, NORM_CHUNKS, SPLIT_K, STAGED, BLOCK_M, BLOCK_K,
+        )  # fmt: skip
+        acc_a = staged_dot(h0, h1, h2, h3, a0, a1, a2, a3, STAGED, BLOCK_M, BLOCK_N)
+        acc_b = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        if PAIRED:
+            acc_b = staged_dot(h0, h1, h2, h3, b0, b1, b2, b3, STAGED, BLOCK_M, BLOCK_N)
+    else:
+        acc_a, acc_b = rows_dot(
+            x_ptr, stride_xm, offs_m, m_mask, norm_ptr, eps, w_ptr, stride_wn, rows_a, rows_b,
+            w_mask, K, k_lo, k_hi, NORM_CHUNKS, PAIRED, BLOCK_M, BLOCK_N, BLOCK_K,
+        )  # fmt: skip
+    return acc_a, acc_b
 
 
 STAGE_BYTES = 384  # the most bytes a thread holds of staged weight (96 registers), and of x
