@@ -8,8 +8,9 @@ passed its own wait (`wait_previous`), so only one kernel runs ahead. (Letting t
 gate-up's short predecessor launch a kernel earlier made the step slower on the H200: its
 prefetch competed with the attention's reads; docs/PERF.md, run 59.) Before its wait a
 program may read nothing an earlier kernel writes and write nothing at all: it only asks for
-its weight bytes (`prefetch_l2`, a hint that cannot change a result). After the wait everything
-earlier in the stream is complete and visible.
+its weight bytes (`prefetch_l2`, a hint that cannot change a result) or, staged, loads them
+(staged_dot.py: no kernel writes a weight). After the wait everything earlier in the stream is
+complete and visible.
 
 Needs compute capability >= 9.0 and a Triton with grid dependency control and the `launch_pdl`
 launch option (3.3 and newer); elsewhere the search never offers it. The instructions are inline
