@@ -16,7 +16,9 @@ from variants.kernels.split_k import host_cdiv
 
 
 @triton.jit
-def _normed(x, norm_ptr, offs_k, k_mask, inv_rms, dt):
+def rms_normed(x, norm_ptr, offs_k, k_mask, inv_rms, dt):
+    """rms_norm(x) * norm weight over columns offs_k, rounded like the reference: the normed x
+    cast to the compute dtype dt, then the weight applied in float32 and cast again."""
     normed = (x.to(tl.float32) * inv_rms[:, None]).to(dt)
     g = tl.load(norm_ptr + offs_k, mask=k_mask, other=0.0)
     return (normed.to(tl.float32) * g.to(tl.float32)[None, :]).to(dt)
@@ -64,7 +66,7 @@ def rows_dot(
         h = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
                     mask=m_mask[:, None] & k_mask[None, :], other=0.0)  # fmt: skip
         if NORM_CHUNKS > 0:
-            h = _normed(h, norm_ptr, offs_k, k_mask, inv_rms, dt)
+            h = rms_normed(h, norm_ptr, offs_k, k_mask, inv_rms, dt)
         h = h.to(dt)
         acc_a = tl.dot(h, tl.trans(w_a), acc_a, input_precision="ieee")
         if PAIRED:

@@ -13,7 +13,7 @@ them before the wait is safe (pdl.py)."""
 import triton
 import triton.language as tl
 
-from variants.kernels.row_dot import norm_stats, rows_dot
+from variants.kernels.row_dot import norm_stats, rms_normed, rows_dot
 from variants.kernels.split_k import host_cdiv
 
 
@@ -46,12 +46,10 @@ def stage_chunks_of(ptr, stride, rows, r_mask, k_lo, k_hi, CHUNKS: tl.constexpr,
 @triton.jit
 def _normed_chunk(x, norm_ptr, k0, k_hi, inv_rms, NORM: tl.constexpr, BLOCK_K: tl.constexpr,
                   dt):  # fmt: skip
-    """A chunk of h: x, or rms_norm(x) * norm weight rounded as `row_dot._normed` rounds it."""
+    """A chunk of h in the compute dtype dt: x, or `rms_normed` x."""
     if NORM:
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        g = tl.load(norm_ptr + offs_k, mask=offs_k < k_hi, other=0.0)
-        normed = (x.to(tl.float32) * inv_rms[:, None]).to(dt)
-        x = (normed.to(tl.float32) * g.to(tl.float32)[None, :]).to(dt)
+        x = rms_normed(x, norm_ptr, offs_k, offs_k < k_hi, inv_rms, dt)
     return x.to(dt)
 
 
