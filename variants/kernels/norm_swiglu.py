@@ -107,8 +107,10 @@ def swiglu_tiles(rows: int) -> tuple:
     whole decode steps with PDL (docs/PERF.md): 32-column tiles up to one 16-row tile (the best
     of the tile list at 1-8 rows, run 9; 16 columns lost 19-26 us a step at 1-16 rows, run 86);
     16-column tiles, twice the programs, at two 16-row tiles (17 x 100: 468 -> 419 us, 24 x 200:
-    512 -> 487, 32 x 300: 587 -> 567; runs 87-88)."""
-    return (32, 64, 4, 4) if rows <= 16 else (16, 64, 4, 4)
+    512 -> 487, 32 x 300: 587 -> 567; runs 87-88). Six stages at one row tile: five of the 12
+    chunks in flight, not three (-4 to -8 us a step at 1-16 rows, run 149); at two row tiles
+    more stages lost 30-50 us (fewer programs an SM)."""
+    return (32, 64, 4, 6) if rows <= 16 else (16, 64, 4, 4)
 
 
 def norm_swiglu(
