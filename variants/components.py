@@ -45,6 +45,11 @@ HEADS = {
     "fused-pdl": "variants.layers.fused_stack:fused_pdl_head",
     "persistent": "variants.layers.fused_stack:fused_head",
 }
+# the Triton stacks' graphs check and clamp their ids in one kernel (no copy node)
+CHECKS = {
+    layers: "variants.kernels.token_check:checked_ids"
+    for layers in ("triton", "fused", "fused-pdl", "persistent")
+}
 GRAPHS = {
     "pow2": "variants.execution.cuda_graphs:use_cuda_graphs",
     "every8": "variants.execution.cuda_graphs:use_cuda_graphs",
@@ -64,6 +69,8 @@ def component_paths(variant) -> dict:
         paths["head"] = HEADS[variant.layers]
     if variant.graphs != "off":
         paths["capture"] = GRAPHS[variant.graphs]
+    if variant.layers in CHECKS:
+        paths["checked_ids"] = CHECKS[variant.layers]
     if variant.prefill_graphs != "off":
         paths["capture_prefill"] = PREFILL_GRAPHS[variant.prefill_graphs]
     return paths

@@ -23,11 +23,15 @@ from variants.weights import load_weights
 
 
 class Engine:
-    def __init__(self, spec, weights, device, dtype, cache, attention, wrap, stack, head=None):
+    def __init__(
+        self, spec, weights, device, dtype, cache, attention, wrap, stack, head=None,
+        checked_ids=None,
+    ):  # fmt: skip
         """`wrap(fn)` is the execution mode applied to the layer math; `stack(engine, tokens,
         positions, plan, batch)` runs the decoder layers and returns the residual stream;
         `head(spec, output_logits)`, when given, replaces the output head (falling back to the
-        one it is given where it does not apply)."""
+        one it is given where it does not apply); `checked_ids(check, tokens, vocab)`, when
+        given, replaces a graph's range check and clamp (`graph_tokens`)."""
         self.spec, self.weights, self.device, self.dtype = spec, weights, device, dtype
         self.cache, self.attention, self.stack = cache, attention, stack
         self.lengths: dict = {}  # request id -> tokens held in the cache
@@ -42,6 +46,7 @@ class Engine:
         # them waits for the GPU queue); True checks before any state changes, with that wait.
         self.check_device_tokens = device.type != "cuda"
         self.token_check = DeferredRangeCheck(device, in_graph=True)
+        self.checked_ids = checked_ids
         # True where a step's graph starts the deferred check itself (CUDA graphs set them)
         self.decode_checks_ids = self.prefill_checks_ids = False
         self.decode_step = self.eager_decode_step  # CUDA graphs replace these
@@ -193,6 +198,14 @@ class Engine:
         as an out-of-bounds read or a device-side assert first. In-range ids pass unchanged."""
         return torch.clamp(tokens, 0, self.spec.vocab_size - 1, out=out)
 
+    def graph_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """A graph body's ids (its static buffer, copied in unchecked): the deferred range
+        check started on them and the ids clamped in place (`in_vocab`)."""
+        if self.checked_ids is not None:
+            return self.checked_ids(self.token_check, tokens, self.spec.vocab_size)
+        self.token_check.start(tokens)
+        return self.in_vocab(tokens, out=tokens)
+
     def _layers(self, tokens, positions, plan, batch):
         return self.stack(self, tokens, positions, plan, batch)
 
@@ -253,11 +266,12 @@ def kv_capacity_tokens(spec, device, dtype, layout: str) -> int:
 
 def assemble_engine(
     model_config, weight_dir, device, variant, cache_cls, attention_cls, wrap, stack,
-    capture=None, capture_prefill=None, head=None,
+    capture=None, capture_prefill=None, head=None, checked_ids=None,
 ):  # fmt: skip
     """Build an engine from chosen component classes; the standalone file calls this too.
     `capture(engine, variant)` and `capture_prefill(...)`, when given, capture the decode and
-    prefill CUDA graphs after the first warm-up; `head` replaces the output head (see Engine)."""
+    prefill CUDA graphs after the first warm-up; `head` replaces the output head and
+    `checked_ids` a graph's range check (see Engine)."""
     spec = ModelSpec.from_config(model_config)
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
@@ -273,8 +287,9 @@ def assemble_engine(
         cache = cache_cls(spec, device, dtype, capacity)
     attention = attention_cls(spec, dtype, variant)
     engine = Engine(
-        spec, weights, device, dtype, cache, attention, lambda fn: wrap(fn, variant), stack, head
-    )
+        spec, weights, device, dtype, cache, attention, lambda fn: wrap(fn, variant), stack, head,
+        checked_ids,
+    )  # fmt: skip
     engine.warm_up()
     captures = [c for c in (capture, capture_prefill) if c is not None]
     for c in captures:

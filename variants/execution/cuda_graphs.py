@@ -141,9 +141,9 @@ class DecodeGraphs:
         )
         e = self.engine
         tokens = self.tokens[:b]  # the call's ids, copied in unchecked: clamped here (in_vocab)
-        if self.check_ids:  # the padding rows too: ids of earlier calls, clamped already
-            e.token_check.start(tokens)
-        x = e._layers(e.in_vocab(tokens, out=tokens), positions, plan, batch=None)
+        # the padding rows are checked too: ids of earlier calls, clamped already
+        tokens = e.graph_tokens(tokens) if self.check_ids else e.in_vocab(tokens, out=tokens)
+        x = e._layers(tokens, positions, plan, batch=None)
         self.out[:b].copy_(e.output_logits(x, e.weights.norm, e.weights.head))
 
     def _fill(self, rids: list, positions: list, bucket: int) -> None:

@@ -143,9 +143,9 @@ class PrefillGraphs:
         )  # fmt: skip
         e = self.engine
         tokens = self.tokens[:t]  # the call's ids, copied in unchecked: clamped here (in_vocab)
-        if self.check_ids:  # the padding rows too: ids of earlier calls, clamped already
-            e.token_check.start(tokens)
-        x = e._layers(e.in_vocab(tokens, out=tokens), positions, plan, batch=batch)
+        # the padding rows are checked too: ids of earlier calls, clamped already
+        tokens = e.graph_tokens(tokens) if self.check_ids else e.in_vocab(tokens, out=tokens)
+        x = e._layers(tokens, positions, plan, batch=batch)
         torch.index_select(x, 0, last, out=self.hidden)
 
     def _head(self, m: int) -> None:
