@@ -36,11 +36,23 @@ def test_a_check_may_sit_in_a_graph_where_the_events_allow_it():
     assert DeferredRangeCheck(torch.device("cpu"), in_graph=True).in_graph is True
 
 
+def _copy_check(check, tokens):  # torch's min/max, a copy node, the event
+    check.start(tokens)
+
+
+def _kernel_check(check, tokens):  # the Triton stacks': one kernel, then the event
+    from variants.kernels.token_check import checked_ids
+
+    checked_ids(check, tokens, 256)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_a_check_inside_a_graph_is_read_before_the_graph_ends():
+@pytest.mark.parametrize("queue", [_copy_check, _kernel_check], ids=["copy", "kernel"])
+def test_a_check_inside_a_graph_is_read_before_the_graph_ends(queue):
     """Captured into a graph that then sleeps ~50 ms: each replay's answer is its own, and is
-    read while the graph is still running (the event is a node of the graph)."""
+    read while the graph is still running (the event is a node of the graph). The kernel's
+    check also leaves the ids clamped."""
     device = torch.device("cuda")
     check = DeferredRangeCheck(device, in_graph=True)
     assert check.in_graph
@@ -49,7 +61,7 @@ def test_a_check_inside_a_graph_is_read_before_the_graph_ends():
     stream.wait_stream(torch.cuda.current_stream(device))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
-        check.start(tokens)
+        queue(check, tokens)
         torch.cuda._sleep(100_000_000)  # cycles: about 50 ms at the H200's 1.98 GHz
     torch.cuda.synchronize(device)
     finished = torch.cuda.Event()
@@ -61,3 +73,5 @@ def test_a_check_inside_a_graph_is_read_before_the_graph_ends():
         assert not finished.query()  # the graph is still sleeping
         assert message is None if want is None else f"token id {want} is outside" in message
         torch.cuda.synchronize(device)
+        if queue is _kernel_check:
+            assert tokens.tolist() == [min(max(i, 0), 255) for i in ids]
