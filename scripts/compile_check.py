@@ -56,7 +56,7 @@ from variants.kernels.split_k import (  # noqa: E402
     split_range,
 )
 from variants.kernels.staged_dot import default_stage, short_staged_tiles, stage_chunks  # noqa: E402
-from variants.kernels.token_check import CHECK_BLOCK, _check_clamp_kernel  # noqa: E402
+from variants.kernels.token_check import CHECK_BLOCK, EMBED_BLOCK, _check_embed_kernel  # noqa: E402
 from variants.spec import ModelSpec  # noqa: E402
 
 F16, F32, I32, I64 = "*fp16", "*fp32", "*i32", "*i64"
@@ -221,7 +221,8 @@ def cases(sms: int, pdl: bool = False, arch: int = 86) -> list:
                           BLOCK_N=bn, BLOCK_K=bk, PDL=pdl, PREFETCH=pdl, LANES=32 * warps,
                           STAGED=0)  # fmt: skip
             found.append(("norm_swiglu", _norm_swiglu_kernel, swiglu, consts, warps, stages))
-    qkv = dict(x_ptr=F16, norm_ptr=F16, w_ptr=F16, cos_ptr=F16, sin_ptr=F16, index_ptr=I64,
+    qkv = dict(x_ptr=F16, norm_ptr=F16, w_ptr=F16, cos_ptr=F16, sin_ptr=F16, pos_ptr=I64,
+               index_ptr=I64,
                q_ptr=F16, k_pool_ptr=F16, v_pool_ptr=F16, ws_ptr=F32, counter_ptr=I32,
                eps="fp32", **scalars)  # fmt: skip
     for n in _norm_qkv_rope_kernel.arg_names:
@@ -231,7 +232,7 @@ def cases(sms: int, pdl: bool = False, arch: int = 86) -> list:
     for split in (1, 2):
         consts = dict(Q_DIM=768, KV_DIM=768, HEAD_DIM=192, NORM_CHUNKS=norm_chunks(768, bk),
                       SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl, PREFETCH=pdl,
-                      LANES=32 * warps, STAGED=0)  # fmt: skip
+                      LANES=32 * warps, STAGED=0, ROPE_TABLE=True)  # fmt: skip
         found.append(("norm_qkv_rope", _norm_qkv_rope_kernel, qkv, consts, warps, stages))
     attention = dict(q_ptr=F16, k_ptr=F16, v_ptr=F16, table_ptr=I64, lens_ptr=I64, out_ptr=F16,
                      m_ptr=F32, l_ptr=F32, acc_ptr=F32, arrivals_ptr=I32, qk_scale_log2="fp32",
@@ -300,18 +301,20 @@ def rope_cases() -> list:
     at the public model's heads, with the launch of a decode step and of a prefill."""
     types = {n: F16 for n in _rope_cache_write_kernel.arg_names if n.endswith("_ptr")}
     types.update({n: "i32" for n in _rope_cache_write_kernel.arg_names if n.startswith("stride_")})
-    types.update(index_ptr=I64, tokens="i32")
+    types.update(index_ptr=I64, pos_ptr=I64, tokens="i32")
     launches = ((tokens, *rope_launch(tokens)) for tokens in (64, 512))
     return [("rope_cache_write", _rope_cache_write_kernel, types,
              dict(HEADS=4, KV_HEADS=4, HEAD_DIM=192, BLOCK_T=block_t, BLOCK_HQ=4, BLOCK_HK=4,
-                  BLOCK_D=256, STORE_K=tokens > 64, PDL=False), warps, 1)
+                  BLOCK_D=256, STORE_K=tokens > 64, PDL=False, ROPE_TABLE=True), warps, 1)
             for tokens, block_t, warps in launches]  # fmt: skip
 
 
 def token_check_case() -> tuple:
-    """The graphs' range check and clamp (one program; its extremes go to pinned memory)."""
-    types = dict(tokens_ptr=I64, n="i32", vocab="i32", extremes_ptr=I64)
-    return ("token_check", _check_clamp_kernel, types, dict(BLOCK=CHECK_BLOCK), 4, 1)
+    """The graphs' range check, clamp and embedding (its extremes go to pinned memory)."""
+    types = dict(tokens_ptr=I64, n="i32", vocab="i32", extremes_ptr=I64, embed_ptr=F16,
+                 x_ptr=F16, hidden="i32", stride_e="i32", stride_x="i32")  # fmt: skip
+    consts = dict(BLOCK=CHECK_BLOCK, BLOCK_H=min(EMBED_BLOCK, 1024))  # hidden 768
+    return ("token_check", _check_embed_kernel, types, consts, 4, 1)
 
 
 def main() -> int:

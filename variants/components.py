@@ -45,9 +45,9 @@ HEADS = {
     "fused-pdl": "variants.layers.fused_stack:fused_pdl_head",
     "persistent": "variants.layers.fused_stack:fused_head",
 }
-# the Triton stacks' graphs check and clamp their ids in one kernel (no copy node)
+# the Triton stacks' graphs check, clamp and embed their ids in one kernel (no copy node)
 CHECKS = {
-    layers: "variants.kernels.token_check:checked_ids"
+    layers: "variants.kernels.token_check:checked_embedding"
     for layers in ("triton", "fused", "fused-pdl", "persistent")
 }
 GRAPHS = {
@@ -70,7 +70,7 @@ def component_paths(variant) -> dict:
     if variant.graphs != "off":
         paths["capture"] = GRAPHS[variant.graphs]
     if variant.layers in CHECKS:
-        paths["checked_ids"] = CHECKS[variant.layers]
+        paths["checked_embedding"] = CHECKS[variant.layers]
     if variant.prefill_graphs != "off":
         paths["capture_prefill"] = PREFILL_GRAPHS[variant.prefill_graphs]
     return paths

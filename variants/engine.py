@@ -25,13 +25,15 @@ from variants.weights import load_weights
 class Engine:
     def __init__(
         self, spec, weights, device, dtype, cache, attention, wrap, stack, head=None,
-        checked_ids=None,
+        checked_embedding=None,
     ):  # fmt: skip
-        """`wrap(fn)` is the execution mode applied to the layer math; `stack(engine, tokens,
-        positions, plan, batch)` runs the decoder layers and returns the residual stream;
+        """`wrap(fn)` is the execution mode applied to the layer math; `stack(engine, x,
+        positions, plan, batch)` runs the decoder layers over x, the embedded tokens (a fresh
+        tensor, the stack's to update in place), and returns the residual stream;
         `head(spec, output_logits)`, when given, replaces the output head (falling back to the
-        one it is given where it does not apply); `checked_ids(check, tokens, vocab)`, when
-        given, replaces a graph's range check and clamp (`graph_tokens`)."""
+        one it is given where it does not apply); `checked_embedding(check, tokens, vocab,
+        embed)`, when given, replaces a graph's range check, clamp and embedding
+        (`graph_inputs`)."""
         self.spec, self.weights, self.device, self.dtype = spec, weights, device, dtype
         self.cache, self.attention, self.stack = cache, attention, stack
         self.lengths: dict = {}  # request id -> tokens held in the cache
@@ -46,7 +48,7 @@ class Engine:
         # them waits for the GPU queue); True checks before any state changes, with that wait.
         self.check_device_tokens = device.type != "cuda"
         self.token_check = DeferredRangeCheck(device, in_graph=True)
-        self.checked_ids = checked_ids
+        self.checked_embedding = checked_embedding
         # True where a step's graph starts the deferred check itself (CUDA graphs set them)
         self.decode_checks_ids = self.prefill_checks_ids = False
         self.decode_step = self.eager_decode_step  # CUDA graphs replace these
@@ -121,7 +123,7 @@ class Engine:
         )
         batch = self._prefill_batch(lengths)
         positions = self._index([p for n in lengths for p in range(n)])
-        x = self._layers(self.in_vocab(tokens), positions, plan, batch=batch)
+        x = self._layers(self.embed(self.in_vocab(tokens)), positions, plan, batch=batch)
         return self._logits(x.index_select(0, batch.last_index))
 
     @torch.no_grad()
@@ -178,7 +180,7 @@ class Engine:
             width = self.cache.table_width(plan.max_len)
             table = [self.cache.table_row(r, width) for r in rids]
             plan.table = host_tensor(table, torch.int32, self.device)
-        x = self._layers(self.in_vocab(tokens), self._index(positions), plan, batch=None)
+        x = self._layers(self.embed(self.in_vocab(tokens)), self._index(positions), plan, None)
         return self._logits(x)
 
     def remove(self, request_ids) -> None:
@@ -198,16 +200,22 @@ class Engine:
         as an out-of-bounds read or a device-side assert first. In-range ids pass unchanged."""
         return torch.clamp(tokens, 0, self.spec.vocab_size - 1, out=out)
 
-    def graph_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
-        """A graph body's ids (its static buffer, copied in unchecked): the deferred range
-        check started on them and the ids clamped in place (`in_vocab`)."""
-        if self.checked_ids is not None:
-            return self.checked_ids(self.token_check, tokens, self.spec.vocab_size)
-        self.token_check.start(tokens)
-        return self.in_vocab(tokens, out=tokens)
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The embedding rows of in-range ids, a fresh [N, hidden] tensor."""
+        return self.weights.embed[tokens]
 
-    def _layers(self, tokens, positions, plan, batch):
-        return self.stack(self, tokens, positions, plan, batch)
+    def graph_inputs(self, tokens: torch.Tensor) -> torch.Tensor:
+        """A graph body's embedded ids (from its static buffer, copied in unchecked): the
+        deferred range check started on them, the ids clamped in place (`in_vocab`), then
+        their embedding rows (with `checked_embedding`, the three in one kernel)."""
+        if self.checked_embedding is not None:
+            vocab, table = self.spec.vocab_size, self.weights.embed
+            return self.checked_embedding(self.token_check, tokens, vocab, table)
+        self.token_check.start(tokens)
+        return self.embed(self.in_vocab(tokens, out=tokens))
+
+    def _layers(self, x, positions, plan, batch):
+        return self.stack(self, x, positions, plan, batch)
 
     def _logits(self, x) -> torch.Tensor:
         logits = self.output_logits(x, self.weights.norm, self.weights.head)
@@ -266,12 +274,12 @@ def kv_capacity_tokens(spec, device, dtype, layout: str) -> int:
 
 def assemble_engine(
     model_config, weight_dir, device, variant, cache_cls, attention_cls, wrap, stack,
-    capture=None, capture_prefill=None, head=None, checked_ids=None,
+    capture=None, capture_prefill=None, head=None, checked_embedding=None,
 ):  # fmt: skip
     """Build an engine from chosen component classes; the standalone file calls this too.
     `capture(engine, variant)` and `capture_prefill(...)`, when given, capture the decode and
     prefill CUDA graphs after the first warm-up; `head` replaces the output head and
-    `checked_ids` a graph's range check (see Engine)."""
+    `checked_embedding` a graph's range check and embedding (see Engine)."""
     spec = ModelSpec.from_config(model_config)
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
@@ -288,7 +296,7 @@ def assemble_engine(
     attention = attention_cls(spec, dtype, variant)
     engine = Engine(
         spec, weights, device, dtype, cache, attention, lambda fn: wrap(fn, variant), stack, head,
-        checked_ids,
+        checked_embedding,
     )  # fmt: skip
     engine.warm_up()
     captures = [c for c in (capture, capture_prefill) if c is not None]

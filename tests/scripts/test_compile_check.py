@@ -42,9 +42,9 @@ def test_decode_kernels_compile_for_sm86_without_spills(tmp_path):
 def test_the_pdl_build_waits_before_it_reads_an_earlier_kernel(tmp_path):
     """Hopper's PDL build (sm_90, the installed Triton): every kernel waits; before the wait
     nothing is stored, the projections load nothing but the staged ones their weight (which no
-    kernel writes), and the attention loads what is staged before the step's first kernel: the
-    row's length and its block table (and at 64 rows every row's length, which sizes the
-    splits)."""
+    kernel writes) and norm + QKV + RoPE its rows' positions, and the attention loads what is
+    staged before the step's first kernel: the row's length and its block table (and at 64
+    rows every row's length, which sizes the splits)."""
     from variants.kernels.pdl import triton_has_pdl
 
     if not triton_has_pdl():
@@ -86,7 +86,12 @@ def test_the_pdl_build_waits_before_it_reads_an_earlier_kernel(tmp_path):
     # tiles and the 33-split build issue as two load instructions), and at 64 rows the
     # lengths of all rows too (two more); each a scalar index load, none a vector of data
     unstaged = [r for r in rows if r["kernel"] != "decode_attention" and not r.get("STAGED")]
-    assert {r["loads_before_wait"] for r in unstaged} == {0}
+    assert {r["loads_before_wait"] for r in unstaged if r["kernel"] != "norm_qkv_rope"} == {0}
+    # norm + QKV + RoPE loads its rows' positions there (staged before the step: the rows of
+    # the cos / sin tables it reads), scalar index loads, nothing else
+    qkv = [r for r in unstaged if r["kernel"] == "norm_qkv_rope"]
+    assert len(qkv) == 2 and all(1 <= r["loads_before_wait"] <= 2 for r in qkv)
+    assert {k for r in qkv for k in r["load_kinds_before_wait"]} == {"ld.global.b64"}
     # the staged projections at 8 rows (output, down, head) load their weight share there and
     # nothing else (no x): one 16-byte vector a thread per 16 bytes of their chunks
     staged = [r for r in rows if r.get("STAGED")]

@@ -106,9 +106,9 @@ def test_component_paths_follow_the_variant():
     assert fused["head"] == HEADS["fused"]
     assert "head" not in component_paths(Variant(cache="slab", layers="triton"))
     # the Triton stacks check a graph's ids in one kernel; the torch stack keeps torch's ops
-    assert fused["checked_ids"] == "variants.kernels.token_check:checked_ids"
-    assert "checked_ids" in component_paths(Variant(cache="slab", layers="triton"))
-    assert "checked_ids" not in component_paths(Variant(graphs="pow2"))
+    assert fused["checked_embedding"] == "variants.kernels.token_check:checked_embedding"
+    assert "checked_embedding" in component_paths(Variant(cache="slab", layers="triton"))
+    assert "checked_embedding" not in component_paths(Variant(graphs="pow2"))
     assert "capture" in component_paths(Variant(graphs="pow2"))
     assert (
         component_paths(Variant(attention="triton", prefill_graphs="pow2"))["capture_prefill"]

@@ -142,8 +142,11 @@ class DecodeGraphs:
         e = self.engine
         tokens = self.tokens[:b]  # the call's ids, copied in unchecked: clamped here (in_vocab)
         # the padding rows are checked too: ids of earlier calls, clamped already
-        tokens = e.graph_tokens(tokens) if self.check_ids else e.in_vocab(tokens, out=tokens)
-        x = e._layers(tokens, positions, plan, batch=None)
+        if self.check_ids:
+            x = e.graph_inputs(tokens)
+        else:
+            x = e.embed(e.in_vocab(tokens, out=tokens))
+        x = e._layers(x, positions, plan, batch=None)
         self.out[:b].copy_(e.output_logits(x, e.weights.norm, e.weights.head))
 
     def _fill(self, rids: list, positions: list, bucket: int) -> None:

@@ -144,8 +144,11 @@ class PrefillGraphs:
         e = self.engine
         tokens = self.tokens[:t]  # the call's ids, copied in unchecked: clamped here (in_vocab)
         # the padding rows are checked too: ids of earlier calls, clamped already
-        tokens = e.graph_tokens(tokens) if self.check_ids else e.in_vocab(tokens, out=tokens)
-        x = e._layers(tokens, positions, plan, batch=batch)
+        if self.check_ids:
+            x = e.graph_inputs(tokens)
+        else:
+            x = e.embed(e.in_vocab(tokens, out=tokens))
+        x = e._layers(x, positions, plan, batch=batch)
         torch.index_select(x, 0, last, out=self.hidden)
 
     def _head(self, m: int) -> None:

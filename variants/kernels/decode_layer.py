@@ -78,7 +78,7 @@ def _decode_layer_kernel(
                 q_ptr, k_pool_ptr, v_pool_ptr, ws_ptr, M, H, H, H, H, stride_cos, stride_sin,
                 Q_DIM, stride_kpt, stride_kph, stride_vpt, stride_vph, eps, Q_DIM, KV_DIM,
                 HEAD_DIM, (H + QKV_K - 1) // QKV_K, 1, BLOCK_M, QKV_N, QKV_K, 0, 0, 0, 0, 0, 0, 0,
-                0, 0,
+                0, 0, tl.arange(0, BLOCK_M),
             )  # fmt: skip
     # The later phases' weights, and the next kernel's first (next_ptr), into L2 while the
     # attention leaves HBM idle (issued before the QKV loads, they delayed them by 3 us: run 47).

@@ -47,21 +47,25 @@ def _rotate_tile(x, c, s, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D:
 
 @triton.jit
 def _rope_cache_write_kernel(
-    q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, k_pool_ptr, v_pool_ptr, index_ptr, q_out_ptr,
+    q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, k_pool_ptr, v_pool_ptr, index_ptr, q_out_ptr,
     k_out_ptr, tokens, stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd,
     stride_vt, stride_vh, stride_vd, stride_ct, stride_st, stride_kpt, stride_kph, stride_vpt,
     stride_vph, stride_ot, stride_oh, stride_kot, stride_koh,
     HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr,
     BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr, STORE_K: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, ROPE_TABLE: tl.constexpr,
 ):  # fmt: skip
-    wait_previous(PDL)  # q, k and v come from the projection before
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     t_mask = t < tokens
+    rows = t
+    if ROPE_TABLE:  # cos / sin are the whole tables, read at each token's position (staged
+        # before the step's first kernel, so before the wait: pdl.py)
+        rows = tl.load(pos_ptr + t, mask=t_mask, other=0)
+    wait_previous(PDL)  # q, k and v come from the projection before
     j = tl.arange(0, BLOCK_D // 2)
     cs_mask = t_mask[:, None] & (j < HEAD_DIM // 2)[None, :]
-    c = tl.load(cos_ptr + t[:, None] * stride_ct + j[None, :], mask=cs_mask, other=0.0)
-    s = tl.load(sin_ptr + t[:, None] * stride_st + j[None, :], mask=cs_mask, other=0.0)
+    c = tl.load(cos_ptr + rows[:, None] * stride_ct + j[None, :], mask=cs_mask, other=0.0)
+    s = tl.load(sin_ptr + rows[:, None] * stride_st + j[None, :], mask=cs_mask, other=0.0)
     c, s = c.to(tl.float32), s.to(tl.float32)
     slot = tl.load(index_ptr + t, mask=t_mask, other=0).to(tl.int64)[:, None, None]
     hq = tl.arange(0, BLOCK_HQ)[None, :, None]
@@ -108,9 +112,12 @@ def rope_and_cache_write(
     k_out: torch.Tensor | None = None,
     launch: tuple | None = None,
     pdl: bool = False,
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [N, heads, d], k/v [N, kv_heads, d] (any strides); cos/sin [N, d/2] in the compute
-    dtype; pools [slots, kv_heads, d] with unit last stride; write_index [N] token slot per row.
+    dtype, or with `positions` [N] the whole tables [max_positions, d/2] that the kernel reads
+    each token's position of (no gathers before it); pools [slots, kv_heads, d] with unit last
+    stride; write_index [N] token slot per row.
     Writes RoPE(k) and v into the pools in place and returns RoPE(q) as a new [N, heads, d].
     `k_out` ([N, kv_heads, d], unit last stride) also receives RoPE(k) in its dtype: a prefill
     attends over it without reading the keys back from the pool. `launch` = (tokens a program,
@@ -122,17 +129,20 @@ def rope_and_cache_write(
     assert cos.stride(-1) == 1 and sin.stride(-1) == 1
     if k_out is not None:
         assert k_out.shape == (tokens, kv_heads, d) and k_out.stride(-1) == 1
+    if positions is not None:
+        assert positions.shape == (tokens,) and cos.shape[1] * 2 == d
     q_out = torch.empty(tokens, heads, d, device=q.device, dtype=q.dtype)
     ko = q_out if k_out is None else k_out  # unread without STORE_K
     block_t, warps = launch or rope_launch(tokens)
     _rope_cache_write_kernel[(host_cdiv(tokens, block_t),)](
-        q, k, v, cos, sin, k_pool, v_pool, write_index, q_out, ko, tokens,
+        q, k, v, cos, sin, write_index if positions is None else positions, k_pool, v_pool,
+        write_index, q_out, ko, tokens,
         *q.stride(), *k.stride(), *v.stride(), cos.stride(0), sin.stride(0),
         k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
         q_out.stride(0), q_out.stride(1), ko.stride(0), ko.stride(1),
         HEADS=heads, KV_HEADS=kv_heads, HEAD_DIM=d, BLOCK_T=block_t,
         BLOCK_HQ=triton.next_power_of_2(heads), BLOCK_HK=triton.next_power_of_2(kv_heads),
         BLOCK_D=max(2, triton.next_power_of_2(d)), STORE_K=k_out is not None, PDL=pdl,
-        num_warps=warps, **launch_options(pdl, q.device),
+        ROPE_TABLE=positions is not None, num_warps=warps, **launch_options(pdl, q.device),
     )  # fmt: skip
     return q_out

@@ -66,11 +66,12 @@ def qkv_tile(
     Q_DIM: tl.constexpr, KV_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
     NORM_CHUNKS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, e0, e1, e2, e3, o0, o1, o2, o3,
-    STAGED: tl.constexpr,
+    STAGED: tl.constexpr, rope_rows,
 ):  # fmt: skip
     """Row tile m_tile's pairs tile p_tile, reduction split `split` of SPLIT_K (`counter`: the
     tile's arrival counter when SPLIT_K > 1). STAGED > 0: the even and odd weight rows are
-    already loaded, in STAGED chunks e0..e3 and o0..o3 (`stage_chunks_of`)."""
+    already loaded, in STAGED chunks e0..e3 and o0..o3 (`stage_chunks_of`). `rope_rows`
+    [BLOCK_M]: the cos / sin row of each of the tile's rows."""
     offs_m = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
     pairs = p_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     m_mask = offs_m < M
@@ -81,9 +82,9 @@ def qkv_tile(
     # weight's.
     slot = tl.load(index_ptr + offs_m, mask=m_mask, other=0).to(tl.int64)
     cs_mask = m_mask[:, None] & p_mask[None, :]
-    c = tl.load(cos_ptr + offs_m[:, None] * stride_cos + (dim // 2)[None, :], mask=cs_mask,
+    c = tl.load(cos_ptr + rope_rows[:, None] * stride_cos + (dim // 2)[None, :], mask=cs_mask,
                 other=0.0)  # fmt: skip
-    s = tl.load(sin_ptr + offs_m[:, None] * stride_sin + (dim // 2)[None, :], mask=cs_mask,
+    s = tl.load(sin_ptr + rope_rows[:, None] * stride_sin + (dim // 2)[None, :], mask=cs_mask,
                 other=0.0)  # fmt: skip
     k_lo = split * split_len
     k_hi = tl.minimum(k_lo + split_len, K)
@@ -115,14 +116,18 @@ def qkv_tile(
 
 @triton.jit
 def _norm_qkv_rope_kernel(
-    x_ptr, norm_ptr, w_ptr, cos_ptr, sin_ptr, index_ptr, q_ptr, k_pool_ptr, v_pool_ptr,
+    x_ptr, norm_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, index_ptr, q_ptr, k_pool_ptr, v_pool_ptr,
     ws_ptr, counter_ptr, M, K, split_len, stride_xm, stride_wn, stride_cos, stride_sin,
     stride_qm, stride_kpt, stride_kph, stride_vpt, stride_vph, eps,
     Q_DIM: tl.constexpr, KV_DIM: tl.constexpr, HEAD_DIM: tl.constexpr,
     NORM_CHUNKS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
-    LANES: tl.constexpr, STAGED: tl.constexpr,
+    LANES: tl.constexpr, STAGED: tl.constexpr, ROPE_TABLE: tl.constexpr,
 ):  # fmt: skip
+    rope_rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    if ROPE_TABLE:  # cos / sin are the whole tables: each row's own at its position, read
+        # before a PDL wait (positions are staged before the step's first kernel: pdl.py)
+        rope_rows = tl.load(pos_ptr + rope_rows, mask=rope_rows < M, other=0)
     e0, e1, e2, e3 = 0, 0, 0, 0  # placeholders unless staged
     o0, o1, o2, o3 = 0, 0, 0, 0
     if STAGED > 0:  # this program's even and odd weight rows, in registers before the wait
@@ -146,7 +151,7 @@ def _norm_qkv_rope_kernel(
         norm_ptr, w_ptr, cos_ptr, sin_ptr, index_ptr, q_ptr, k_pool_ptr, v_pool_ptr, ws_ptr, M,
         K, split_len, stride_xm, stride_wn, stride_cos, stride_sin, stride_qm, stride_kpt,
         stride_kph, stride_vpt, stride_vph, eps, Q_DIM, KV_DIM, HEAD_DIM, NORM_CHUNKS, SPLIT_K,
-        BLOCK_M, BLOCK_N, BLOCK_K, e0, e1, e2, e3, o0, o1, o2, o3, STAGED,
+        BLOCK_M, BLOCK_N, BLOCK_K, e0, e1, e2, e3, o0, o1, o2, o3, STAGED, rope_rows,
     )  # fmt: skip
 
 
@@ -168,10 +173,13 @@ def norm_qkv_rope(
     pdl: bool = False,
     prefetch: bool = True,
     stage: bool = False,
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [M, K]; norm [K]; qkv [q_dim + 2 kv_dim, K] (q, k, v rows); cos/sin [M, head_dim/2]
-    (each row's position, unit column stride); pools [slots, kv_heads, head_dim]; write_index
-    [M] the cache slot of each row. Writes RoPE(k)
+    (each row's position, unit column stride), or with `positions` [M] the whole tables
+    [max_positions, head_dim/2] that the kernel reads each row's position of (no gathers
+    before it); pools [slots, kv_heads, head_dim]; write_index [M] the cache slot of each row.
+    Writes RoPE(k)
     and v into the pools and returns RoPE(q) as a new [M, q_dim]. `tiles` = (BLOCK_N pairs,
     BLOCK_K, warps, stages); `split_k` cuts the reduction into that many programs (default:
     `default_split_k`); `pdl`, `prefetch` and `stage` as in `few_row_linear`, but `stage` is off
@@ -194,8 +202,11 @@ def norm_qkv_rope(
     if stage:
         staged = stage_chunks(block_m, block_n, block_k, warps, split_len, qkv.element_size(),
                               weight_tiles=2)  # fmt: skip
+    if positions is not None:
+        assert positions.shape == (rows,) and cos.shape[1] * 2 == head_dim
     _norm_qkv_rope_kernel[grid + (split_k,)](
-        x, norm, qkv, cos, sin, write_index, q, k_pool, v_pool,
+        x, norm, qkv, cos, sin, write_index if positions is None else positions, write_index, q,
+        k_pool, v_pool,
         split_workspace(split_k, rows, pairs, x.device, pairs=2),
         counters_for(x.device, grid[0] * grid[1]), rows, k, split_len,
         x.stride(0), qkv.stride(0), cos.stride(0), sin.stride(0),
@@ -203,7 +214,7 @@ def norm_qkv_rope(
         Q_DIM=q_dim, KV_DIM=kv_dim, HEAD_DIM=head_dim, NORM_CHUNKS=norm_chunks(k, block_k),
         SPLIT_K=split_k,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PDL=pdl, PREFETCH=pdl and prefetch,
-        LANES=32 * warps, STAGED=staged, num_warps=warps, num_stages=stages,
-        **launch_options(pdl, x.device),
+        LANES=32 * warps, STAGED=staged, ROPE_TABLE=positions is not None, num_warps=warps,
+        num_stages=stages, **launch_options(pdl, x.device),
     )  # fmt: skip
     return q

@@ -30,19 +30,18 @@ PDL_MAX_ROWS = 32
 HEAD_MAX_ROWS = 64  # the fused head wins up to 64 rows (11.9 us against 21.6 at 64, H200)
 
 
-def run_fused_stack(engine, tokens, positions, plan, batch, pdl: bool = False):
-    if batch is not None or tokens.shape[0] > (PDL_MAX_ROWS if pdl else FUSED_MAX_ROWS):
-        return run_triton_stack(engine, tokens, positions, plan, batch, pdl=pdl)
+def run_fused_stack(engine, x, positions, plan, batch, pdl: bool = False):
+    if batch is not None or x.shape[0] > (PDL_MAX_ROWS if pdl else FUSED_MAX_ROWS):
+        return run_triton_stack(engine, x, positions, plan, batch, pdl=pdl)
     spec, cache = engine.spec, engine.cache
     heads, d, eps = spec.num_heads, spec.head_dim, spec.rms_norm_eps
     sms = device_sm_count(engine.device)
-    x = engine.weights.embed[tokens]
-    cos, sin = engine.rope.at(positions)
+    cos, sin = engine.rope.cos, engine.rope.sin  # whole tables: the kernel reads `positions`
     for n, w in enumerate(engine.weights.layers):
         (qkv,), (gate_up,) = w.qkv, w.gate_up  # the fused weights (the registry requires them)
         q = norm_qkv_rope(
             x, w.input_norm, qkv, eps, d, heads * d, cos, sin, cache.k[n], cache.v[n],
-            plan.write_index, sm_count=sms, pdl=pdl,
+            plan.write_index, sm_count=sms, pdl=pdl, positions=positions,
         )  # fmt: skip
         at = (q.view(-1, heads, d), cache, n, plan)
         o = engine.attention.decode_from_cache(*at, pdl=True) if pdl else (
@@ -54,11 +53,11 @@ def run_fused_stack(engine, tokens, positions, plan, batch, pdl: bool = False):
     return x
 
 
-def run_fused_pdl_stack(engine, tokens, positions, plan, batch):
+def run_fused_pdl_stack(engine, x, positions, plan, batch):
     """The fused layers, each kernel launched with programmatic dependent launch: it starts
     while the kernel before runs and prefetches its weights into L2 (kernels/pdl.py), for
     decode steps of up to PDL_MAX_ROWS rows. Hopper and newer, with the Triton attention."""
-    return run_fused_stack(engine, tokens, positions, plan, batch, pdl=True)
+    return run_fused_stack(engine, x, positions, plan, batch, pdl=True)
 
 
 def fused_head(spec, fallback, pdl: bool = False):

@@ -9,11 +9,11 @@ from variants.kernels.device import device_sm_count
 from variants.layers.triton_stack import run_triton_stack
 
 
-def run_persistent_stack(engine, tokens, positions, plan, batch):
-    if batch is not None or tokens.shape[0] > MAX_ROWS:
-        return run_triton_stack(engine, tokens, positions, plan, batch)
+def run_persistent_stack(engine, x, positions, plan, batch):
+    if batch is not None or x.shape[0] > MAX_ROWS:
+        return run_triton_stack(engine, x, positions, plan, batch)
     cache = engine.cache
-    x = engine.weights.embed[tokens]  # a new tensor: the layers update it in place
+    # x is the step's own fresh tensor (Engine.embed): the layers update it in place
     cos, sin = engine.rope.at(positions)
     layers = DecodeLayers(
         engine.spec, x.shape[0], plan.max_len, x.device, x.dtype, device_sm_count(x.device)

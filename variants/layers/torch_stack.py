@@ -3,9 +3,9 @@ cache write, attention, and the (wrapped) math after it. Runs anywhere; on a GPU
 dozens of small kernels, which torch.compile or CUDA graphs then fuse or replay."""
 
 
-def run_torch_stack(engine, tokens, positions, plan, batch):
-    """Returns the residual stream after the last layer, [tokens or rows, hidden]."""
-    x = engine.weights.embed[tokens]
+def run_torch_stack(engine, x, positions, plan, batch):
+    """x: the embedded tokens or rows, [tokens or rows, hidden]. Returns the residual stream
+    after the last layer."""
     cos, sin = engine.rope.at(positions)
     for n, w in enumerate(engine.weights.layers):
         q, k, v = engine.attention_inputs(x, w.input_norm, w.qkv, cos, sin)

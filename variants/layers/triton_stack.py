@@ -17,12 +17,11 @@ from variants.kernels.fused_silu import silu_mul
 from variants.layers.projections import project_gate_up, project_qkv
 
 
-def run_triton_stack(engine, tokens, positions, plan, batch, pdl: bool = False):
+def run_triton_stack(engine, x, positions, plan, batch, pdl: bool = False):
     spec, cache = engine.spec, engine.cache
     launch = {"pdl": True} if pdl and batch is None else {}
     heads, kv_heads, d, eps = spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.rms_norm_eps
-    x = engine.weights.embed[tokens]
-    cos, sin = engine.rope.at(positions)
+    cos, sin = engine.rope.cos, engine.rope.sin  # whole tables: the kernel reads `positions`
     delta = None
     for n, w in enumerate(engine.weights.layers):
         x, h = add_rms_norm(x, delta, w.input_norm, eps, **launch)
@@ -33,7 +32,7 @@ def run_triton_stack(engine, tokens, positions, plan, batch, pdl: bool = False):
         k_rot = None if batch is None else k.new_empty(k.shape, dtype=cache.k[n].dtype)
         q = rope_and_cache_write(
             q.view(-1, heads, d), k, v, cos, sin, cache.k[n], cache.v[n], plan.write_index,
-            k_out=k_rot, **launch,
+            k_out=k_rot, positions=positions, **launch,
         )  # fmt: skip
         if batch is not None:
             o = engine.attention.prefill(q, k_rot, v.to(cache.v[n].dtype), batch)

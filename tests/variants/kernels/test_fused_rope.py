@@ -13,7 +13,9 @@ from variants.layers.rope import RopeTable, apply_rope  # noqa: E402
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _run_case(tokens, heads, kv_heads, d, dtype, device, slots=64, seed=0, launch=None):
+def _run_case(tokens, heads, kv_heads, d, dtype, device, slots=64, seed=0, launch=None,
+              table=False):  # fmt: skip
+    """`table`: the kernel gets the whole cos / sin tables and the positions, not the rows."""
     gen = torch.Generator().manual_seed(seed)
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * d, generator=gen).to(device, dtype)
     # strided views, as the fused QKV projection hands them over
@@ -26,9 +28,11 @@ def _run_case(tokens, heads, kv_heads, d, dtype, device, slots=64, seed=0, launc
     k_pool = torch.zeros(slots, kv_heads, d, device=device, dtype=dtype)
     v_pool = torch.zeros_like(k_pool)
     k_rot = torch.full((tokens, kv_heads, d), float("nan"), device=device, dtype=dtype)
+    given = (rope.cos, rope.sin, positions) if table else (cos, sin, None)
     q_rot = rope_and_cache_write(
-        q, k, v, cos, sin, k_pool, v_pool, write_index, k_out=k_rot, launch=launch
-    )
+        q, k, v, given[0], given[1], k_pool, v_pool, write_index, k_out=k_rot, launch=launch,
+        positions=given[2],
+    )  # fmt: skip
 
     k_ref, v_ref = torch.zeros_like(k_pool), torch.zeros_like(v_pool)
     k_ref.index_copy_(0, write_index, apply_rope(k, cos, sin))
@@ -47,6 +51,18 @@ def test_rope_and_cache_write_matches_torch(heads, kv_heads, d, launch):
         torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.parametrize("launch", [(1, 2), (4, 2)])
+def test_the_whole_tables_read_at_the_positions_give_the_gathered_rows_result(launch):
+    """cos / sin as the whole tables, each token's read at its position inside the kernel:
+    bit for bit as with the rows gathered before it (a last program part empty at 4 a
+    program)."""
+    table, want = _run_case(7, 2, 1, 24, torch.float32, DEVICE, launch=launch, table=True)
+    rows, _ = _run_case(7, 2, 1, 24, torch.float32, DEVICE, launch=launch)
+    for t, r, w in zip(table, rows, want):
+        assert torch.equal(t, r)
+        torch.testing.assert_close(t, w, atol=1e-6, rtol=1e-6)
+
+
 def test_launch_by_token_count():
     assert rope_launch(1) == rope_launch(128) == (1, 2)  # decode steps: a token a program
     assert rope_launch(129) == rope_launch(8192) == (2, 2)
@@ -56,8 +72,9 @@ def test_launch_by_token_count():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("tokens", [8, 511])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_gpu_rope_and_cache_write(tokens, dtype):
-    got, want = _run_case(tokens, 4, 4, 192, dtype, "cuda", slots=1024)
+@pytest.mark.parametrize("table", [False, True], ids=["rows", "table"])
+def test_gpu_rope_and_cache_write(tokens, dtype, table):
+    got, want = _run_case(tokens, 4, 4, 192, dtype, "cuda", slots=1024, table=table)
     # Within one rounding of the compute dtype: the kernel may contract x0*c - x1*s into a fused
     # multiply-add (one rounding where torch rounds twice); seen on the H200, 2026-11-29: up to
     # 1 ulp apart and exact zeros in torch that come out as a few ulps of the inputs' scale.

@@ -17,7 +17,8 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _case(rows, heads, kv_heads, d, k, dtype, device, slots=64, seed=0, tiles=None, split_k=None,
-          stage=None):  # fmt: skip
+          stage=None, table=False):  # fmt: skip
+    """`table`: the kernel gets the whole cos / sin tables and the positions, not the rows."""
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, k, generator=gen).to(device, dtype)
     qkv = (torch.randn((heads + 2 * kv_heads) * d, k, generator=gen) / k**0.5).to(device, dtype)
@@ -28,9 +29,10 @@ def _case(rows, heads, kv_heads, d, k, dtype, device, slots=64, seed=0, tiles=No
     k_pool = torch.zeros(slots, kv_heads, d, device=device, dtype=dtype)
     v_pool = torch.zeros_like(k_pool)
     cos, sin = rope.at(positions)
+    given = (rope.cos, rope.sin, positions) if table else (cos, sin, None)
     q = norm_qkv_rope(
-        x, norm, qkv, 1e-5, d, heads * d, cos, sin, k_pool, v_pool, write_index, sm_count=4,
-        tiles=tiles, split_k=split_k, stage=stage,
+        x, norm, qkv, 1e-5, d, heads * d, given[0], given[1], k_pool, v_pool, write_index,
+        sm_count=4, tiles=tiles, split_k=split_k, stage=stage, positions=given[2],
     )  # fmt: skip
 
     q_ref, k_ref, v_ref = F.linear(rms_norm(x, norm, 1e-5), qkv).split(
@@ -70,6 +72,20 @@ def test_split_reduction_matches_torch_and_leaves_the_counters_zero(split_k):
     assert not arrival_counters(torch.device(DEVICE)).any()
 
 
+@pytest.mark.parametrize("stage", [False, True])
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_the_whole_tables_read_at_the_positions_give_the_gathered_rows_result(stage, split_k):
+    """cos / sin as the whole tables, each row's read at its position inside the kernel: q
+    and both pools bit for bit as with the rows gathered before it."""
+    args = (5, 2, 1, 24, 96, torch.float32, DEVICE)
+    tiles = (16, 32, 8, 2)
+    table, want = _case(*args, tiles=tiles, split_k=split_k, stage=stage, table=True)
+    rows, _ = _case(*args, tiles=tiles, split_k=split_k, stage=stage)
+    for t, r, w in zip(table, rows, want):
+        assert torch.equal(t, r)
+        torch.testing.assert_close(t, w, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("k,tiles,split_k", [(96, (16, 32, 8, 2), 1), (100, (16, 32, 8, 2), 2)])
 def test_staged_pairs_give_the_looped_result_bit_for_bit(k, tiles, split_k):
     """The even and odd weight rows loaded at once before the (here absent) wait: q and both
@@ -102,9 +118,10 @@ def test_gpu_staged_half_matches_torch(rows, tiles, split_k):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("rows", [1, 8, 64])
 @pytest.mark.parametrize("split_k", [None, 1, 3])
-def test_gpu_half_matches_torch(rows, split_k):
+@pytest.mark.parametrize("table", [False, True], ids=["rows", "table"])
+def test_gpu_half_matches_torch(rows, split_k, table):
     got, want = _case(rows, 4, 4, 192, 768, torch.float16, "cuda", slots=1024, seed=rows,
-                      split_k=split_k)  # fmt: skip
+                      split_k=split_k, table=table)  # fmt: skip
     for g, w in zip(got, want):
         scale = w.abs().max().item()
         torch.testing.assert_close(g, w, atol=4e-3 * scale, rtol=2e-3)
