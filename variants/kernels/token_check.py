@@ -3,7 +3,8 @@ The ids' min and max go straight into pinned host memory (mapped, so no copy nod
 clamped into the vocabulary in place, and their embedding rows are gathered. Replaces, at the
 head of a decode or prefill graph, the min/max kernel, its device-to-host copy, the clamp
 (deferred_check.py) and the embedding gather: with the first three in one kernel the step's
-first layer kernel started 8 us after the graph did, not 25 (docs/PERF.md, runs 148 and 151).
+first layer kernel started 8 us after the graph did, not 25 (docs/PERF.md, runs 148 and 151);
+with the gather too (and RoPE reading cos / sin at the positions), 3.5 us (run 154).
 A component of the Triton layer stacks (the torch stack keeps torch's launches). Needs CUDA
 (or Triton's interpreter)."""
 
