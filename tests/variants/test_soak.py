@@ -138,6 +138,9 @@ def test_gpu_twenty_engines_keep_peak_memory_flat(tmp_path):
 
     gc.collect()
     torch.cuda.empty_cache()
+    # What earlier tests of this process left counts here: the split-K arrival counters (one
+    # 16 KiB buffer a device, kept for the process) after the fused soak, cuBLAS's workspaces.
+    before = torch.cuda.memory_allocated()
     config = json.loads((Path(__file__).parents[2] / "target/model_config.json").read_text())
     save_toy_weights(config, tmp_path / "model.pt")
     variant = Variant(cache="paged", block_size=64, attention="triton", layers="triton",
@@ -158,4 +161,5 @@ def test_gpu_twenty_engines_keep_peak_memory_flat(tmp_path):
     assert max(peaks[5:]) <= peaks[1] * 1.05
     # What outlives every engine: cuBLAS's workspaces, 32 MiB on Hopper per stream it ran on
     # (the default stream and the one capture stream), and nothing more after each engine.
-    assert left[-1] == left[1] <= 2 * 32 * 2**20
+    print("MiB allocated before the first engine:", round(before / 2**20, 3))
+    assert left[-1] == left[1] <= before + 2 * 32 * 2**20
