@@ -48,6 +48,7 @@ from variants.kernels.prefill_attention import (  # noqa: E402
     prefill_stages,
     prefill_tiles,
 )
+from variants.kernels.prompt_gather import EMBED_COLS, ROWS, _gather_embed_kernel  # noqa: E402
 from variants.kernels.row_dot import few_row_tiles, norm_chunks  # noqa: E402
 from variants.kernels.split_k import (  # noqa: E402
     LONG_K_TILES,
@@ -180,7 +181,7 @@ def cases(sms: int, pdl: bool = False, arch: int = 86) -> list:
     tiles the launchers pick and each split count they can run; `pdl`: the programmatic
     dependent launch build (the wait, and the weight prefetch before it). Also the prefill
     attention with each tile its launcher picks on a GPU of compute capability `arch`."""
-    found = prefill_cases(arch) + rope_cases() + [token_check_case()]
+    found = prefill_cases(arch) + rope_cases() + [token_check_case(), prompt_gather_case()]
     capability = divmod(arch, 10)
     names = ("M", "N", "K", "INTER", "split_len", "block_size", "split_tokens", "min_programs")
     scalars = dict.fromkeys(names, "i32")
@@ -315,6 +316,17 @@ def token_check_case() -> tuple:
                  x_ptr=F16, hidden="i32", stride_e="i32", stride_x="i32")  # fmt: skip
     consts = dict(BLOCK=CHECK_BLOCK, BLOCK_H=min(EMBED_BLOCK, 1024))  # hidden 768
     return ("token_check", _check_embed_kernel, types, consts, 4, 1)
+
+
+def prompt_gather_case() -> tuple:
+    """A prefill graph's first kernel at bucket 512 (the prompts gathered, the metadata copied
+    from pinned memory, the check and the embedding)."""
+    types = dict(host_ptr=I64, meta_ptr=I64, base_ptr=I64, extremes_ptr=I64, embed_ptr=F16,
+                 x_ptr=F16, vocab="i32", size="i32", n_at="i32", source_at="i32", rows="i32",
+                 hidden="i32", stride_e="i32", stride_x="i32")  # fmt: skip
+    # 1,345 metadata slots over 512 rows' 32 programs; hidden 768
+    consts = dict(BLOCK=512, ROWS=ROWS, COLS=EMBED_COLS, META_BLOCK=64)
+    return ("prompt_gather", _gather_embed_kernel, types, consts, 4, 1)
 
 
 def main() -> int:

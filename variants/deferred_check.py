@@ -65,8 +65,12 @@ class DeferredRangeCheck:
         straight into `host` (kernels/token_check.py)."""
         self.event.record(torch.cuda.current_stream(self.index))
 
-    def error(self, vocab: int, what: str) -> str | None:
+    def wait(self) -> None:
+        """Until the check last queued (or replayed in a graph) has run."""
         if self.event is not None:
-            self.event.synchronize()  # the min/max were queued before the call's own kernels
+            self.event.synchronize()
+
+    def error(self, vocab: int, what: str) -> str | None:
+        self.wait()  # the min/max were queued before the call's own kernels
         lo, hi = self.host.tolist()
         return range_error(lo, hi, vocab, what)

@@ -41,6 +41,17 @@ def stream_index(device: torch.device) -> int | None:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
+def write_host(values, buffer: torch.Tensor) -> None:
+    """Write ints (a list or an int64 `array.array`) into the start of the contiguous int64 CPU
+    tensor `buffer`. array.array converts a list of ints about 6x faster than torch.tensor (and
+    needs no numpy, which the standalone engine does not import); a memmove then writes it
+    without a torch op (frombuffer + copy_ cost ~10 us of host time)."""
+    if not isinstance(values, array.array) or values.typecode != "q":
+        values = array.array("q", values)
+    if values:
+        ctypes.memmove(buffer.data_ptr(), values.buffer_info()[0], 8 * len(values))
+
+
 class PinnedRing:
     """Persistent pinned int64 buffers used in turn: `copy(values, dst)` writes the values (a
     list of ints or an int64 `array.array`) into the next buffer and copies them into the
@@ -65,17 +76,11 @@ class PinnedRing:
         self.turn = (i + 1) % len(self.buffers)
         if self.used[i]:
             self.events[i].synchronize()
-        # array.array converts a list of ints about 6x faster than torch.tensor (and needs no
-        # numpy, which the standalone engine does not import); a memmove then writes it into
-        # the host buffer without a torch op (frombuffer + copy_ cost ~10 us of host time)
-        if not isinstance(values, array.array) or values.typecode != "q":
-            values = array.array("q", values)
         key = (i, n, dst.shape)
         buffer = self.views.get(key)
         if buffer is None:
             buffer = self.views[key] = self.buffers[i][:n].view(dst.shape)
-        if n:
-            ctypes.memmove(buffer.data_ptr(), values.buffer_info()[0], 8 * n)
+        write_host(values, buffer)
         dst.copy_(buffer, non_blocking=True)
         if self.events[i] is not None:  # a CPU copy is done when copy_ returns
             self.events[i].record(torch.cuda.current_stream(self.index))

@@ -140,6 +140,22 @@ def test_logits_are_fresh_float32_tensors(tiny_config, sharp_weights, script_and
             assert torch.allclose(out, expected[step], atol=TOL, rtol=0), step
 
 
+def test_calls_run_without_grad_whatever_the_caller_s_mode(tiny_config, tiny_weights):
+    """Grad mode on: the engine turns it off for the call, and back on after; off (the grader
+    times under no_grad): nothing to enter. Logits never carry a graph."""
+    seen = []
+    probe = variants.engine.without_grad(lambda: seen.append(torch.is_grad_enabled()))
+    probe()
+    with torch.no_grad():
+        probe()
+    assert seen == [False, False] and torch.is_grad_enabled()
+    engine = build_engine(tiny_config, tiny_weights, "cpu", Variant(cache="slab"))
+    engine.weights.embed.requires_grad_(True)
+    out = engine.prefill([1], [torch.tensor([1, 2, 3])])
+    assert not out.requires_grad and out.grad_fn is None and torch.is_grad_enabled()
+    assert not engine.decode([1], torch.tensor([4])).requires_grad
+
+
 def test_prefill_sends_only_last_tokens_through_the_head(tiny_config, tiny_weights):
     engine = build_engine(tiny_config, tiny_weights, "cpu", Variant())
     rows, head = [], engine.output_logits

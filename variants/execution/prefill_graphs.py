@@ -7,6 +7,9 @@ the next power-of-two token bucket; the varlen attention kernel runs on a fixed 
 its (prompt, q-block) pairs from a table, so one graph serves every mix of prompt lengths.
 Padding tokens write the cache's scratch slot, belong to no prompt and reach no output row.
 Calls beyond the largest bucket or with more prompts than the table holds run eagerly.
+With the Triton stacks' checked embedding (and events a graph can record) the graph reads a
+call's prompts where they are and its metadata from pinned memory, in its first kernel
+(kernels/prompt_gather.py): the host neither concatenates the prompts nor queues a copy.
 Needs CUDA, a slab or paged pool and our Triton attention."""
 
 import array
@@ -20,7 +23,8 @@ from variants.cache.plans import CachePlan
 from variants.execution.cuda_graphs import capture_stream, no_collection, upload
 from variants.kernels.device import device_capability
 from variants.kernels.prefill_attention import prefill_schedule, prefill_tiles
-from variants.staging import PinnedRing, int_fill, int_range
+from variants.kernels.prompt_gather import gathered_embedding, prompt_sources
+from variants.staging import PinnedRing, int_fill, int_range, write_host
 
 
 def token_buckets(smallest: int, largest: int) -> list:
@@ -55,6 +59,8 @@ class PrefillGraphs:
         self.engine, self.cache = engine, engine.cache
         in_graph = engine.token_check.in_graph
         self.check_ids = in_graph if check_ids is None else bool(check_ids) and in_graph
+        # the graphs read the prompts in place (their first kernel gathers, checks and embeds)
+        self.gather = self.check_ids and engine.checked_embedding is not None
         spec, device = engine.spec, engine.device
         self.buckets = token_buckets(16, largest_tokens)
         self.prompts = most_prompts
@@ -66,8 +72,16 @@ class PrefillGraphs:
         # slots [T], last-token rows [P], prompt starts [P + 1], q-block table [2, Q(T)].
         size = max(self._meta_size(t) for t in self.buckets)
         self.meta = torch.zeros(size, dtype=torch.long, device=device)
-        self.staging = PinnedRing(self.meta.numel(), device)
+        # The call's packed ids; when the graphs gather, only the address their sources count
+        # from. The metadata is staged through pinned buffers and a copy, or (gathering) one
+        # pinned buffer the first kernel reads: bucket T's metadata, then its T rows' sources.
         self.tokens = torch.zeros(self.buckets[-1], dtype=torch.long, device=device)
+        if self.gather:
+            host = max(self._meta_size(t) + t for t in self.buckets)
+            pinned = torch.device(device).type == "cuda"
+            self.host = torch.zeros(host, dtype=torch.long, pin_memory=pinned)
+        else:
+            self.staging = PinnedRing(self.meta.numel(), device)
         # The last token's hidden state of each prompt, and the head's logits. The head runs in
         # a graph of its own per power-of-two prompt count: inside the layers' graph it ran all
         # P rows (6 us more GPU time a call, docs/PERF.md, run 65); launched eagerly it cost
@@ -144,7 +158,12 @@ class PrefillGraphs:
         e = self.engine
         tokens = self.tokens[:t]  # the call's ids, copied in unchecked: clamped here (in_vocab)
         # the padding rows are checked too: ids of earlier calls, clamped already
-        if self.check_ids:
+        if self.gather:  # the call's token count sits at starts[P] of the metadata
+            x = gathered_embedding(
+                e.token_check, self.host, self.meta_views[t], self.tokens, t,
+                2 * t + 2 * self.prompts, self._meta_size(t), e.spec.vocab_size, e.weights.embed,
+            )  # fmt: skip
+        elif self.check_ids:
             x = e.graph_inputs(tokens)
         else:
             x = e.embed(e.in_vocab(tokens, out=tokens))
@@ -156,6 +175,10 @@ class PrefillGraphs:
         e = self.engine
         self.logits[:m].copy_(e.output_logits(self.hidden[:m], e.weights.norm, e.weights.head))
 
+    def gathers(self, tokens: int, prompts: int) -> bool:
+        """Whether a graph will run the call reading its prompts in place."""
+        return self.gather and tokens <= self.buckets[-1] and prompts <= self.prompts
+
     def token_buffer(self, tokens: int, prompts: int) -> torch.Tensor | None:
         """Where a call's packed ids go when a graph will run it (the engine concatenates the
         prompts straight into it); None when the call runs eagerly."""
@@ -163,11 +186,13 @@ class PrefillGraphs:
             return None
         return self.tokens[:tokens]
 
-    def _fill(self, rids: list, lengths: list, t: int) -> None:
-        """One pinned host->device copy of everything bucket t's graph reads but the tokens,
-        built as an int64 array from slices and repeats (C copies: a list of ~1,300 ints and
-        its conversion cost 80-130 us a call, scripts/bench_host_fill.py). All but the write
-        slots depend on the lengths alone: built once per shape (`length_meta`)."""
+    def _fill(self, rids: list, lengths: list, t: int, prompts=()) -> None:
+        """Everything bucket t's graph reads but the tokens, built as an int64 array from
+        slices and repeats (C copies: a list of ~1,300 ints and its conversion cost 80-130 us a
+        call, scripts/bench_host_fill.py), in one pinned host->device copy; gathering, written
+        into the pinned buffer with the rows' sources in `prompts` (once the graph before has
+        read it). All but the write slots depend on the lengths alone: built once per shape
+        (`length_meta`)."""
         positions, rest = length_meta(tuple(lengths), t, self.prompts, self.block_m[t],
                                       self._blocks(t))  # fmt: skip
         values = positions[:]
@@ -175,26 +200,44 @@ class PrefillGraphs:
             values += self.cache.token_slots(r, 0, length)
         values += int_fill(self.cache.scratch_token(), t - sum(lengths))
         values += rest
-        self.staging.copy(values, self.meta_views[t])
+        if not self.gather:
+            self.staging.copy(values, self.meta_views[t])
+            return
+        for source, count in prompt_sources(prompts, self.tokens):
+            values += int_fill(source, count)
+        self.engine.token_check.wait()  # the check follows the last graph's read of the buffer
+        write_host(values, self.host)
 
-    def step(self, rids: list, lengths: list, tokens: torch.Tensor) -> torch.Tensor:
-        n = tokens.numel()
+    def step(self, rids: list, lengths: list, tokens) -> torch.Tensor:
+        """tokens: the call's packed ids, or (when `gathers`) its prompts, unchecked."""
+        n = sum(lengths)
         t = next((b for b in self.buckets if b >= n), None)
         if t is None or len(rids) > self.prompts:
+            if isinstance(tokens, list):  # (the engine asks `gathers` first: not reached)
+                tokens = torch.cat(tokens)
+                self.engine.token_check.start(tokens)
             return self.engine.eager_prefill_step(rids, lengths, tokens)
         if self.generation != self.cache.generation:  # the pool moved: old graphs point at it
             self.graphs.clear()  # (the head graphs read no cache)
             self.generation = self.cache.generation
-        if t not in self.graphs:
-            # The capture's runs clamp the token buffer, which may hold this call's unchecked
-            # ids (concatenated into place): kept aside for the replay's check.
-            held = self.tokens[:n].clone()
-            with no_collection():
-                self._capture_bucket(t)
-            self.tokens[:n].copy_(held)
-        self._fill(rids, lengths, t)
-        if tokens.data_ptr() != self.tokens.data_ptr():  # not concatenated into place
-            self.tokens[:n].copy_(tokens)
+        if self.gather:
+            prompts = tokens if isinstance(tokens, list) else [tokens]
+            prompts = [p if p.is_contiguous() else p.contiguous() for p in prompts]  # held
+            if t not in self.graphs:
+                with no_collection():
+                    self._capture_bucket(t)
+            self._fill(rids, lengths, t, prompts)  # after a capture: it fills the buffer too
+        else:
+            if t not in self.graphs:
+                # The capture's runs clamp the token buffer, which may hold this call's
+                # unchecked ids (concatenated into place): kept aside for the replay's check.
+                held = self.tokens[:n].clone()
+                with no_collection():
+                    self._capture_bucket(t)
+                self.tokens[:n].copy_(held)
+            self._fill(rids, lengths, t)
+            if tokens.data_ptr() != self.tokens.data_ptr():  # not concatenated into place
+                self.tokens[:n].copy_(tokens)
         self.graphs[t].replay()
         rows = len(rids)
         self.heads[next(m for m in self.head_rows if m >= rows)].replay()
@@ -210,3 +253,4 @@ def use_prefill_graphs(engine, variant) -> None:
     engine.prefill_step = graphs.step
     engine.prefill_tokens = graphs.token_buffer
     engine.prefill_checks_ids = graphs.check_ids
+    engine.prefill_gathers = graphs.gathers

@@ -53,6 +53,7 @@ def _emulated(engine, largest_tokens, most_prompts, check_ids=None):
     engine.prefill_step = graphs.step
     engine.prefill_tokens = graphs.token_buffer
     engine.prefill_checks_ids = graphs.check_ids
+    engine.prefill_gathers = graphs.gathers
     return graphs
 
 
@@ -210,6 +211,77 @@ def test_a_recapture_keeps_the_call_s_ids_for_its_check(tiny_config, tiny_weight
     with pytest.raises(ValueError, match=f"token id {vocab} is outside"):
         engine.prefill([5], [torch.tensor([1, vocab, 2])])
     assert graphs.captured[-1] == 16 and engine.lengths == {}
+
+
+def _gathering_engine(config, weights, largest_tokens=64, most_prompts=3):
+    """A slab engine on the Triton stack with its checked embedding: the emulated graphs read
+    the prompts in place (kernels/prompt_gather.py), as on a GPU whose ids are checked late."""
+    from variants.kernels.token_check import checked_embedding
+
+    engine = assemble_engine(
+        config, weights, "cpu", Variant(cache="slab", attention="triton", layers="triton"),
+        SlabKVCache, TritonAttention, run_eager, run_triton_stack,
+        checked_embedding=checked_embedding,
+    )  # fmt: skip
+    graphs = _emulated(engine, largest_tokens=largest_tokens, most_prompts=most_prompts)
+    engine.check_device_tokens = False
+    assert graphs.gather
+    return engine, graphs
+
+
+def test_gathering_graphs_read_the_prompts_where_they_are(tiny_config, sharp_weights):
+    """Prompts apart, one a strided view; a re-prefill (checked first, then gathered from its
+    concatenation); a call of more prompts than the table (eager). Every call and the decode
+    after it match the reference, and no call wrote the token buffer."""
+    ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
+    engine, graphs = _gathering_engine(tiny_config, sharp_weights)
+    gen = torch.Generator().manual_seed(4)
+    vocab = tiny_config["vocab_size"]
+    strided = torch.randint(0, vocab, (40,), generator=gen)[::2]
+    calls = [
+        {1: torch.randint(0, vocab, (9,), generator=gen), 2: strided},
+        {1: torch.randint(0, vocab, (30,), generator=gen)},
+        {3: torch.tensor([5]), 4: torch.tensor([6, 7]), 5: torch.tensor([8]), 6: torch.tensor([9])},
+    ]
+    history: dict = {}
+    for call in calls:
+        out = engine.prefill(list(call), list(call.values()))
+        for i, (rid, prompt) in enumerate(call.items()):
+            history[rid] = prompt.tolist()
+            want = ref.forward(prompt[None])[0, -1]
+            assert (out[i] - want).abs().max().item() < 1e-4
+    ids = sorted(history)
+    tokens = torch.randint(0, vocab, (len(ids),), generator=gen)
+    out = engine.decode(ids, tokens)
+    for i, rid in enumerate(ids):
+        want = ref.forward(torch.tensor(history[rid] + [int(tokens[i])])[None])[0, -1]
+        assert (out[i] - want).abs().max().item() < 1e-4
+    assert not graphs.tokens.any()
+
+
+def test_a_bad_gathered_id_raises_and_the_next_call_is_clean(tiny_config, sharp_weights):
+    """A bad id in the second prompt raises by name after the graph and frees the call's
+    requests; the next call in the same bucket and the request live before are intact; so is
+    a call whose bucket is captured again first (its capture fills the host buffer too)."""
+    ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
+    engine, graphs = _gathering_engine(tiny_config, sharp_weights)
+    vocab = tiny_config["vocab_size"]
+    live = torch.tensor([3, 1, 4, 1, 5])
+    engine.prefill([1], [live])
+    bad = torch.tensor([7] * 20 + [vocab + 5] + [2] * 9)
+    with pytest.raises(ValueError, match=f"token id {vocab + 5} is outside the vocabulary"):
+        engine.prefill([2, 3], [torch.tensor([6, 6]), bad])
+    assert set(engine.lengths) == {1}
+    engine.cache.generation += 1  # what a pool growth does: the next call recaptures
+    with pytest.raises(ValueError, match="token id -1 is outside the vocabulary"):
+        engine.prefill([4], [torch.tensor([2, -1])])
+    assert graphs.captured[-1] == 16 and set(engine.lengths) == {1}
+    prompt = torch.tensor([9, 8, 7] * 8)
+    out = engine.prefill([5], [prompt])
+    assert torch.allclose(out[0], ref.forward(prompt[None])[0, -1], atol=1e-4)
+    step = engine.decode([1, 5], torch.tensor([2, 3]))
+    want = ref.forward(torch.cat([live, torch.tensor([2])])[None])[0, -1]
+    assert torch.allclose(step[0], want, atol=1e-4)
 
 
 def test_returned_logits_are_a_copy(tiny_config, tiny_weights):
