@@ -26,3 +26,14 @@ if not torch.cuda.is_available():
 def _interpretable_triton():
     if STALE_TRITON:
         pytest.skip(STALE_TRITON)
+
+
+@pytest.fixture
+def embedding_table():
+    """A seeded random [vocab, hidden] table: `embedding_table(vocab, hidden, dtype)`."""
+
+    def make(vocab: int, hidden: int, dtype=torch.float16) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(vocab + hidden)
+        return torch.randn(vocab, hidden, generator=gen).to(dtype)
+
+    return make
