@@ -156,17 +156,18 @@ class PrefillGraphs:
             cu_seqlens=starts, schedule=schedule,
         )  # fmt: skip
         e = self.engine
-        tokens = self.tokens[:t]  # the call's ids, copied in unchecked: clamped here (in_vocab)
-        # the padding rows are checked too: ids of earlier calls, clamped already
         if self.gather:  # the call's token count sits at starts[P] of the metadata
             x = gathered_embedding(
                 e.token_check, self.host, self.meta_views[t], self.tokens, t,
                 2 * t + 2 * self.prompts, self._meta_size(t), e.spec.vocab_size, e.weights.embed,
             )  # fmt: skip
-        elif self.check_ids:
-            x = e.graph_inputs(tokens)
         else:
-            x = e.embed(e.in_vocab(tokens, out=tokens))
+            tokens = self.tokens[:t]  # the call's ids, copied in unchecked: clamped here
+            # the padding rows are checked too: ids of earlier calls, clamped already
+            if self.check_ids:
+                x = e.graph_inputs(tokens)
+            else:
+                x = e.embed(e.in_vocab(tokens, out=tokens))
         x = e._layers(x, positions, plan, batch=batch)
         torch.index_select(x, 0, last, out=self.hidden)
 

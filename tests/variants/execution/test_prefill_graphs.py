@@ -284,6 +284,21 @@ def test_a_bad_gathered_id_raises_and_the_next_call_is_clean(tiny_config, sharp_
     assert torch.allclose(step[0], want, atol=1e-4)
 
 
+def test_prompts_past_the_largest_bucket_run_eagerly_with_their_check(tiny_config, tiny_weights):
+    """Handed prompts that no graph holds, the step concatenates them, starts their check and
+    runs the eager pass (the engine asks `gathers` first, so only a direct caller gets here)."""
+    engine, graphs = _gathering_engine(tiny_config, tiny_weights, largest_tokens=16)
+    vocab = tiny_config["vocab_size"]
+    prompts = [torch.arange(10), torch.tensor([vocab + 1] + [3] * 9)]
+    assert not graphs.gathers(20, 2)
+    for rid, prompt in zip((1, 2), prompts):
+        engine.cache.allocate(rid, prompt.numel())
+    out = graphs.step([1, 2], [10, 10], prompts)
+    want = ReferenceModel(tiny_config, tiny_weights, "cpu").forward(prompts[0][None])[0, -1]
+    assert out.shape == (2, vocab) and torch.allclose(out[0], want, atol=1e-4)
+    assert f"token id {vocab + 1} is outside" in engine.token_check.error(vocab, "prefill")
+
+
 def test_returned_logits_are_a_copy(tiny_config, tiny_weights):
     engine = assemble_engine(
         tiny_config, tiny_weights, "cpu", Variant(cache="slab", attention="triton"),
