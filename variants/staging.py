@@ -41,15 +41,18 @@ def stream_index(device: torch.device) -> int | None:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
-def write_host(values, buffer: torch.Tensor) -> None:
-    """Write ints (a list or an int64 `array.array`) into the start of the contiguous int64 CPU
-    tensor `buffer`. array.array converts a list of ints about 6x faster than torch.tensor (and
-    needs no numpy, which the standalone engine does not import); a memmove then writes it
-    without a torch op (frombuffer + copy_ cost ~10 us of host time)."""
+def write_host(values, buffer: torch.Tensor, count: int | None = None) -> None:
+    """Write ints (a list or an int64 `array.array`; of an array, its first `count`) into the
+    start of the contiguous int64 CPU tensor `buffer`. array.array converts a list of ints about
+    6x faster than torch.tensor (and needs no numpy, which the standalone engine does not
+    import); a memmove then writes it without a torch op (frombuffer + copy_ cost ~10 us of
+    host time)."""
     if not isinstance(values, array.array) or values.typecode != "q":
         values = array.array("q", values)
-    if values:
-        ctypes.memmove(buffer.data_ptr(), values.buffer_info()[0], 8 * len(values))
+    count = len(values) if count is None else count
+    assert count <= len(values) and count <= buffer.numel()
+    if count:
+        ctypes.memmove(buffer.data_ptr(), values.buffer_info()[0], 8 * count)
 
 
 class PinnedRing:
@@ -69,8 +72,9 @@ class PinnedRing:
         self.turn = 0
         self.views: dict = {}  # (buffer, length, shape) -> a view made once
 
-    def copy(self, values, dst: torch.Tensor) -> None:
-        n = len(values)
+    def copy(self, values, dst: torch.Tensor, count: int | None = None) -> None:
+        """`count`: of an int64 array, its first `count` values (default: all)."""
+        n = len(values) if count is None else count
         assert dst.is_contiguous() and dst.numel() == n <= self.buffers[0].numel()
         i = self.turn
         self.turn = (i + 1) % len(self.buffers)
@@ -80,7 +84,7 @@ class PinnedRing:
         buffer = self.views.get(key)
         if buffer is None:
             buffer = self.views[key] = self.buffers[i][:n].view(dst.shape)
-        write_host(values, buffer)
+        write_host(values, buffer, n)
         dst.copy_(buffer, non_blocking=True)
         if self.events[i] is not None:  # a CPU copy is done when copy_ returns
             self.events[i].record(torch.cuda.current_stream(self.index))

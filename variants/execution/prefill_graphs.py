@@ -76,12 +76,16 @@ class PrefillGraphs:
         # from. The metadata is staged through pinned buffers and a copy, or (gathering) one
         # pinned buffer the first kernel reads: bucket T's metadata, then its T rows' sources.
         self.tokens = torch.zeros(self.buckets[-1], dtype=torch.long, device=device)
+        host = max(self._meta_size(t) + (t if self.gather else 0) for t in self.buckets)
         if self.gather:
-            host = max(self._meta_size(t) + t for t in self.buckets)
             pinned = torch.device(device).type == "cuda"
             self.host = torch.zeros(host, dtype=torch.long, pin_memory=pinned)
         else:
             self.staging = PinnedRing(self.meta.numel(), device)
+        # A call's ints are built here in place, every page touched once now: built by growing
+        # an array instead, the fill took 86 us of the H200 host's time for 4 x 128 (docs/PERF.md,
+        # run 171), against 8 on this repository's CPU.
+        self.values, self.values_size = array.array("q", bytes(8 * host)), host
         # The last token's hidden state of each prompt, and the head's logits. The head runs in
         # a graph of its own per power-of-two prompt count: inside the layers' graph it ran all
         # P rows (6 us more GPU time a call, docs/PERF.md, run 65); launched eagerly it cost
@@ -188,26 +192,33 @@ class PrefillGraphs:
         return self.tokens[:tokens]
 
     def _fill(self, rids: list, lengths: list, t: int, prompts=()) -> None:
-        """Everything bucket t's graph reads but the tokens, built as an int64 array from
-        slices and repeats (C copies: a list of ~1,300 ints and its conversion cost 80-130 us a
-        call, scripts/bench_host_fill.py), in one pinned host->device copy; gathering, written
-        into the pinned buffer with the rows' sources in `prompts` (once the graph before has
-        read it). All but the write slots depend on the lengths alone: built once per shape
-        (`length_meta`)."""
+        """Everything bucket t's graph reads but the tokens, written as int64s into `values`
+        from slices and repeats (C copies: a list of ~1,300 ints and its conversion cost 80-130
+        us a call, scripts/bench_host_fill.py; each piece goes into place, none grows an
+        array), in one pinned host->device copy; gathering, written into the pinned buffer with
+        the rows' sources in `prompts` (once the graph before has read it). All but the write
+        slots depend on the lengths alone: built once per shape (`length_meta`)."""
         positions, rest = length_meta(tuple(lengths), t, self.prompts, self.block_m[t],
                                       self._blocks(t))  # fmt: skip
-        values = positions[:]
+        values, size = self.values, self._meta_size(t)
+        values[:t] = positions  # (a slice as long as its new contents: copied in place)
+        at = t
         for r, length in zip(rids, lengths):
-            values += self.cache.token_slots(r, 0, length)
-        values += int_fill(self.cache.scratch_token(), t - sum(lengths))
-        values += rest
+            values[at : at + length] = self.cache.token_slots(r, 0, length)
+            at += length
+        values[at : 2 * t] = int_fill(self.cache.scratch_token(), 2 * t - at)
+        values[2 * t : size] = rest
+        assert len(values) == self.values_size, "a piece of the fill had the wrong length"
         if not self.gather:
-            self.staging.copy(values, self.meta_views[t])
+            self.staging.copy(values, self.meta_views[t], size)
             return
+        at = size
         for source, count in prompt_sources(prompts, self.tokens):
-            values += int_fill(source, count)
+            values[at : at + count] = int_fill(source, count)
+            at += count
+        assert len(values) == self.values_size, "a prompt's sources had the wrong length"
         self.engine.token_check.wait()  # the check follows the last graph's read of the buffer
-        write_host(values, self.host)
+        write_host(values, self.host, at)
 
     def step(self, rids: list, lengths: list, tokens) -> torch.Tensor:
         """tokens: the call's packed ids, or (when `gathers`) its prompts, unchecked."""
