@@ -88,9 +88,10 @@ class Engine:
         prompts, lengths = [], []
         for rid, t in zip(rids, input_ids):
             t = check_token_tensor(t, f"request {rid}", self.device)
-            if t.dim() != 1:
-                raise ValueError(f"request {rid}: prompt must be 1-D, got shape {list(t.shape)}")
-            n = t.numel()
+            shape = t.shape  # (one tensor call, not dim() and numel(): the host's time is the cost)
+            if len(shape) != 1:
+                raise ValueError(f"request {rid}: prompt must be 1-D, got shape {list(shape)}")
+            n = shape[0]
             if n == 0:
                 raise ValueError(f"request {rid}: empty prompt")
             if n > self.spec.max_positions:

@@ -5,7 +5,14 @@ import array
 import pytest
 import torch
 
-from variants.staging import PinnedRing, host_tensor, int_fill, int_range, stream_index
+from variants.staging import (
+    PinnedRing,
+    host_tensor,
+    int_fill,
+    int_range,
+    stream_index,
+    write_host,
+)
 
 
 def test_host_tensor_on_cpu():
@@ -25,6 +32,19 @@ def test_pinned_ring_copies_each_call_into_its_destination():
     assert first.tolist() == [[1, 2, 3], [4, 5, 6]]
     assert second.tolist() == [7, 8, 9, 10] and third.tolist() == [11]
     assert ring.turn == 1
+
+
+def test_pinned_ring_and_write_host_take_the_first_count_values_of_an_array():
+    values = array.array("q", [4, 5, 6, 7, 8])
+    ring = PinnedRing(6, torch.device("cpu"), slots=1)
+    dst = torch.zeros(3, dtype=torch.long)
+    ring.copy(values, dst, 3)
+    assert dst.tolist() == [4, 5, 6]
+    buffer = torch.full((4,), -1, dtype=torch.long)
+    write_host(values, buffer, 2)
+    assert buffer.tolist() == [4, 5, -1, -1]
+    with pytest.raises(AssertionError):  # more than the buffer holds
+        write_host(values, buffer, 5)
 
 
 def test_pinned_ring_refuses_more_values_than_a_buffer_holds():

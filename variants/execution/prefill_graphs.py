@@ -13,6 +13,7 @@ call's prompts where they are and its metadata from pinned memory, in its first 
 Needs CUDA, a slab or paged pool and our Triton attention."""
 
 import array
+import ctypes
 import functools
 import itertools
 
@@ -24,7 +25,7 @@ from variants.execution.cuda_graphs import capture_stream, no_collection, upload
 from variants.kernels.device import device_capability
 from variants.kernels.prefill_attention import prefill_schedule, prefill_tiles
 from variants.kernels.prompt_gather import gathered_embedding, prompt_sources
-from variants.staging import PinnedRing, int_fill, int_range, write_host
+from variants.staging import PinnedRing, int_fill, int_range
 
 
 def token_buckets(smallest: int, largest: int) -> list:
@@ -86,6 +87,9 @@ class PrefillGraphs:
         # an array instead, the fill took 86 us of the H200 host's time for 4 x 128 (docs/PERF.md,
         # run 171), against 8 on this repository's CPU.
         self.values, self.values_size = array.array("q", bytes(8 * host)), host
+        # addresses read once (a tensor call costs the H200's host about a microsecond)
+        self.tokens_at = self.tokens.data_ptr()
+        self.copy_to = (self.host.data_ptr(), self.values.buffer_info()[0]) if self.gather else None
         # The last token's hidden state of each prompt, and the head's logits. The head runs in
         # a graph of its own per power-of-two prompt count: inside the layers' graph it ran all
         # P rows (6 us more GPU time a call, docs/PERF.md, run 65); launched eagerly it cost
@@ -213,12 +217,12 @@ class PrefillGraphs:
             self.staging.copy(values, self.meta_views[t], size)
             return
         at = size
-        for source, count in prompt_sources(prompts, self.tokens):
+        for source, count in prompt_sources(prompts, self.tokens_at, lengths):
             values[at : at + count] = int_fill(source, count)
             at += count
         assert len(values) == self.values_size, "a prompt's sources had the wrong length"
         self.engine.token_check.wait()  # the check follows the last graph's read of the buffer
-        write_host(values, self.host, at)
+        ctypes.memmove(*self.copy_to, 8 * at)  # write_host, its addresses read once
 
     def step(self, rids: list, lengths: list, tokens) -> torch.Tensor:
         """tokens: the call's packed ids, or (when `gathers`) its prompts, unchecked."""

@@ -91,14 +91,17 @@ def gather_check_embed(
     return x
 
 
-def prompt_sources(prompts: list, base: torch.Tensor) -> list:
+def prompt_sources(prompts: list, base, lengths: list | None = None) -> list:
     """Each prompt's `source` value (its distance from base in int64 elements, less its first
     packed row) and length, in packing order. The prompts: contiguous int64 tensors on base's
     device, held until the kernel is queued (a tensor freed after that goes back to the caching
-    allocator for this stream's later work only, which runs after the kernel)."""
-    origin, row, out = base.data_ptr(), 0, []
-    for p in prompts:
-        n, distance = p.numel(), p.data_ptr() - origin
+    allocator for this stream's later work only, which runs after the kernel). `base`: the
+    tensor or its address; `lengths`: the prompts' lengths when the caller has them (each
+    tensor call costs the H200's host about a microsecond)."""
+    origin = base if isinstance(base, int) else base.data_ptr()
+    row, out = 0, []
+    for p, n in zip(prompts, lengths or [p.numel() for p in prompts]):
+        distance = p.data_ptr() - origin
         assert distance % 8 == 0, "an int64 tensor starts at a multiple of 8 bytes"
         out.append((distance // 8 - row, n))
         row += n

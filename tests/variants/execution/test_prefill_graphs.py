@@ -244,8 +244,11 @@ def test_gathering_graphs_read_the_prompts_where_they_are(tiny_config, sharp_wei
         {3: torch.tensor([5]), 4: torch.tensor([6, 7]), 5: torch.tensor([8]), 6: torch.tensor([9])},
     ]
     history: dict = {}
+    built_at = graphs.values.buffer_info()[0]
     for call in calls:
         out = engine.prefill(list(call), list(call.values()))
+        # each call's ints went into place: the array neither grew nor moved
+        assert graphs.values.buffer_info() == (built_at, graphs.values_size)
         for i, (rid, prompt) in enumerate(call.items()):
             history[rid] = prompt.tolist()
             want = ref.forward(prompt[None])[0, -1]

@@ -110,6 +110,8 @@ def test_sources_count_from_the_base_less_each_prompt_s_first_row():
     base = torch.arange(20)
     prompts = [base[5:8], base[:2], base[12:13]]
     assert prompt_sources(prompts, base) == [(5, 3), (0 - 3, 2), (12 - 5, 1)]
+    # the base's address and the lengths as a caller already has them: the same sources
+    assert prompt_sources(prompts, base.data_ptr(), [3, 2, 1]) == prompt_sources(prompts, base)
 
 
 def test_off_cuda_the_check_reads_the_extremes_at_once(embedding_table):
