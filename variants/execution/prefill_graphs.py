@@ -217,7 +217,9 @@ class PrefillGraphs:
             self.staging.copy(values, self.meta_views[t], size)
             return
         at = size
-        for source, count in prompt_sources(prompts, self.tokens_at, lengths):
+        # the prompts' lengths, unless the call's prompts came packed in one tensor
+        counts = lengths if len(prompts) == len(lengths) else None
+        for source, count in prompt_sources(prompts, self.tokens_at, counts):
             values[at : at + count] = int_fill(source, count)
             at += count
         assert len(values) == self.values_size, "a prompt's sources had the wrong length"

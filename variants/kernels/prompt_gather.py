@@ -99,6 +99,7 @@ def prompt_sources(prompts: list, base, lengths: list | None = None) -> list:
     tensor or its address; `lengths`: the prompts' lengths when the caller has them (each
     tensor call costs the H200's host about a microsecond)."""
     origin = base if isinstance(base, int) else base.data_ptr()
+    assert lengths is None or len(lengths) == len(prompts), "one length a prompt"
     row, out = 0, []
     for p, n in zip(prompts, lengths or [p.numel() for p in prompts]):
         distance = p.data_ptr() - origin

@@ -230,9 +230,9 @@ def _gathering_engine(config, weights, largest_tokens=64, most_prompts=3):
 
 
 def test_gathering_graphs_read_the_prompts_where_they_are(tiny_config, sharp_weights):
-    """Prompts apart, one a strided view; a re-prefill (checked first, then gathered from its
-    concatenation); a call of more prompts than the table (eager). Every call and the decode
-    after it match the reference, and no call wrote the token buffer."""
+    """Prompts apart, one a strided view; a re-prefill of two prompts (checked first, then
+    gathered from their concatenation); a call of more prompts than the table (eager). Every
+    call and the decode after it match the reference, and no call wrote the token buffer."""
     ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
     engine, graphs = _gathering_engine(tiny_config, sharp_weights)
     gen = torch.Generator().manual_seed(4)
@@ -240,7 +240,7 @@ def test_gathering_graphs_read_the_prompts_where_they_are(tiny_config, sharp_wei
     strided = torch.randint(0, vocab, (40,), generator=gen)[::2]
     calls = [
         {1: torch.randint(0, vocab, (9,), generator=gen), 2: strided},
-        {1: torch.randint(0, vocab, (30,), generator=gen)},
+        {1: torch.randint(0, vocab, (30,), generator=gen), 2: torch.tensor([3, 4])},
         {3: torch.tensor([5]), 4: torch.tensor([6, 7]), 5: torch.tensor([8]), 6: torch.tensor([9])},
     ]
     history: dict = {}
