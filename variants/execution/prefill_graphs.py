@@ -84,8 +84,8 @@ class PrefillGraphs:
         else:
             self.staging = PinnedRing(self.meta.numel(), device)
         # A call's ints are built here in place, every page touched once now: built by growing
-        # an array instead, the fill took 86 us of the H200 host's time for 4 x 128 (docs/PERF.md,
-        # run 171), against 8 on this repository's CPU.
+        # an array instead, the fill took 86 us of the H200 host's time for 4 x 128, 3-13 us an
+        # append (docs/PERF.md, run 171), against 8 in all on the development machine's CPU.
         self.values, self.values_size = array.array("q", bytes(8 * host)), host
         # addresses read once (a tensor call costs the H200's host about a microsecond)
         self.tokens_at = self.tokens.data_ptr()
