@@ -1,6 +1,7 @@
 """A layer's four projections on cuBLAS (F.linear) against our split-K kernel (`few_row_linear`,
-plain and under PDL), at each row count: CUDA graphs of 12 back-to-back GEMMs over 12 weight
-copies (so no weight stays in L2 from the one before), us a GEMM, median of 15 replays.
+plain and under PDL), at each row count: CUDA graphs of back-to-back GEMMs over enough weight
+copies (at least 12, and 64 MiB: `bench_few_row.copies_for`) that L2 holds none of them, as in
+a decode step; us a GEMM, median of 20 replays.
 
     python scripts/bench_projections.py --rows 16,32,48,64,128,256,512
 
@@ -10,7 +11,6 @@ Isolated chains flatter PDL: in a decode step the other kernels already launch u
 import argparse
 import functools
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -19,11 +19,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from scripts.bench_few_row import copies_for, graph_us  # noqa: E402
 from variants.kernels.device import device_sm_count  # noqa: E402
 from variants.kernels.few_row_linear import few_row_linear  # noqa: E402
 from variants.kernels.pdl import pdl_supported  # noqa: E402
-
-COPIES = 12
 
 
 def projection_shapes(config: dict) -> dict:
@@ -33,32 +32,9 @@ def projection_shapes(config: dict) -> dict:
     return {"qkv": (q + 2 * kv, h), "output": (h, q), "gate-up": (2 * i, h), "down": (h, i)}
 
 
-def chain(linear, x: torch.Tensor, weights: list):
-    """One call: x through each weight copy in turn."""
-    return lambda: [linear(x, w) for w in weights]
-
-
-def graph_us(fn, replays: int = 15) -> float:
-    """GPU us of one call of `fn` (which runs COPIES GEMMs), captured and replayed."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()  # warm-up: compiled, workspaces allocated
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    for _ in range(3):
-        graph.replay()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / COPIES)
-    return statistics.median(times)
+def chain(linear, x: torch.Tensor, weights: list) -> list:
+    """The graph's calls: x through each weight copy in turn."""
+    return [functools.partial(linear, x, w) for w in weights]
 
 
 def main() -> int:
@@ -74,8 +50,9 @@ def main() -> int:
     sms, pdl = device_sm_count(device), pdl_supported(device)
     with torch.no_grad():
         for name, (n, k) in projection_shapes(config).items():
+            copies = copies_for(n * k * 2)
             weights = [torch.randn(n, k, device=device, dtype=torch.float16) * 0.02
-                       for _ in range(COPIES)]  # fmt: skip
+                       for _ in range(copies)]  # fmt: skip
             for m in (int(r) for r in args.rows.split(",")):
                 x = torch.randn(m, k, device=device, dtype=torch.float16)
                 got = few_row_linear(x, weights[0], sm_count=sms).float()

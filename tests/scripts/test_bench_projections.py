@@ -29,7 +29,5 @@ def test_grouped_query_shapes():
 
 
 def test_a_chain_runs_x_through_every_weight_copy():
-    seen = []
-    run = bench.chain(lambda x, w: seen.append((x, w)) or x + w, 1, [10, 20, 30])
-    assert run() == [11, 21, 31]
-    assert seen == [(1, 10), (1, 20), (1, 30)]
+    calls = bench.chain(lambda x, w: x + w, 1, [10, 20, 30])
+    assert [call() for call in calls] == [11, 21, 31]
