@@ -230,10 +230,13 @@ def cases(sms: int, pdl: bool = False, arch: int = 86) -> list:
         if n.startswith("stride_"):
             qkv[n] = strides
     bm, bn, bk, warps, stages = few_row_tiles(8, 1152, sms, weight_tiles=2)
-    for split in (1, 2):
+    # each split count with the positions staged before the step; one split with them written
+    # by the kernel before (a gathering graph's first layer: read after the wait)
+    for split, early in ((1, True), (2, True), (1, False)):
         consts = dict(Q_DIM=768, KV_DIM=768, HEAD_DIM=192, NORM_CHUNKS=norm_chunks(768, bk),
                       SPLIT_K=split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl, PREFETCH=pdl,
-                      LANES=32 * warps, STAGED=0, ROPE_TABLE=True)  # fmt: skip
+                      LANES=32 * warps, STAGED=0, ROPE_TABLE=True,
+                      EARLY_POSITIONS=early)  # fmt: skip
         found.append(("norm_qkv_rope", _norm_qkv_rope_kernel, qkv, consts, warps, stages))
     attention = dict(q_ptr=F16, k_ptr=F16, v_ptr=F16, table_ptr=I64, lens_ptr=I64, out_ptr=F16,
                      m_ptr=F32, l_ptr=F32, acc_ptr=F32, arrivals_ptr=I32, qk_scale_log2="fp32",

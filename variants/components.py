@@ -50,6 +50,8 @@ CHECKS = {
     layers: "variants.kernels.token_check:checked_embedding"
     for layers in ("triton", "fused", "fused-pdl", "persistent")
 }
+# and their decode graphs read the call's ids in place, their metadata from pinned memory
+GATHERS = dict.fromkeys(CHECKS, "variants.kernels.prompt_gather:gathered_embedding")
 GRAPHS = {
     "pow2": "variants.execution.cuda_graphs:use_cuda_graphs",
     "every8": "variants.execution.cuda_graphs:use_cuda_graphs",
@@ -71,6 +73,7 @@ def component_paths(variant) -> dict:
         paths["capture"] = GRAPHS[variant.graphs]
     if variant.layers in CHECKS:
         paths["checked_embedding"] = CHECKS[variant.layers]
+        paths["gathered_embedding"] = GATHERS[variant.layers]
     if variant.prefill_graphs != "off":
         paths["capture_prefill"] = PREFILL_GRAPHS[variant.prefill_graphs]
     return paths

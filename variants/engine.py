@@ -42,7 +42,7 @@ def without_grad(method):
 class Engine:
     def __init__(
         self, spec, weights, device, dtype, cache, attention, wrap, stack, head=None,
-        checked_embedding=None,
+        checked_embedding=None, gathered_embedding=None,
     ):  # fmt: skip
         """`wrap(fn)` is the execution mode applied to the layer math; `stack(engine, x,
         positions, plan, batch)` runs the decoder layers over x, the embedded tokens (a fresh
@@ -50,7 +50,8 @@ class Engine:
         `head(spec, output_logits)`, when given, replaces the output head (falling back to the
         one it is given where it does not apply); `checked_embedding(check, tokens, vocab,
         embed)`, when given, replaces a graph's range check, clamp and embedding
-        (`graph_inputs`)."""
+        (`graph_inputs`); with it, `gathered_embedding` (kernels/prompt_gather.py) lets the
+        decode graphs read a call's ids in place."""
         self.spec, self.weights, self.device, self.dtype = spec, weights, device, dtype
         self.cache, self.attention, self.stack = cache, attention, stack
         self.lengths: dict = {}  # request id -> tokens held in the cache
@@ -66,6 +67,7 @@ class Engine:
         self.check_device_tokens = device.type != "cuda"
         self.token_check = DeferredRangeCheck(device, in_graph=True)
         self.checked_embedding = checked_embedding
+        self.gathered_embedding = gathered_embedding
         # True where a step's graph starts the deferred check itself (CUDA graphs set them)
         self.decode_checks_ids = self.prefill_checks_ids = False
         self.decode_step = self.eager_decode_step  # CUDA graphs replace these
@@ -300,11 +302,13 @@ def kv_capacity_tokens(spec, device, dtype, layout: str) -> int:
 def assemble_engine(
     model_config, weight_dir, device, variant, cache_cls, attention_cls, wrap, stack,
     capture=None, capture_prefill=None, head=None, checked_embedding=None,
+    gathered_embedding=None,
 ):  # fmt: skip
     """Build an engine from chosen component classes; the standalone file calls this too.
     `capture(engine, variant)` and `capture_prefill(...)`, when given, capture the decode and
     prefill CUDA graphs after the first warm-up; `head` replaces the output head and
-    `checked_embedding` a graph's range check and embedding (see Engine)."""
+    `checked_embedding` a graph's range check and embedding, `gathered_embedding` a decode
+    graph's reading of its ids in place (see Engine)."""
     spec = ModelSpec.from_config(model_config)
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
@@ -321,7 +325,7 @@ def assemble_engine(
     attention = attention_cls(spec, dtype, variant)
     engine = Engine(
         spec, weights, device, dtype, cache, attention, lambda fn: wrap(fn, variant), stack, head,
-        checked_embedding,
+        checked_embedding, gathered_embedding,
     )  # fmt: skip
     engine.warm_up()
     captures = [c for c in (capture, capture_prefill) if c is not None]

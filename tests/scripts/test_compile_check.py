@@ -60,7 +60,7 @@ def test_the_pdl_build_waits_before_it_reads_an_earlier_kernel(tmp_path):
     no_pdl = ("decode_layer", "prefill_attention", "rope_cache_write", "token_check",
               "prompt_gather")  # fmt: skip
     rows = [r for r in results if r["kernel"] not in no_pdl]
-    assert len(rows) == 14 and all(r["pdl_wait"] and r["stores_before_wait"] == 0 for r in rows)
+    assert len(rows) == 15 and all(r["pdl_wait"] and r["stores_before_wait"] == 0 for r in rows)
     # Hopper's decode attention tiles: 16 tokens, two warps at 8 rows and one at 32; 32 tokens
     # of one warp at 64 rows (a program per SM); then the graphs of 4 and 8 rows past
     # LONG_CONTEXT (49 splits of two-warp tiles, 33 of one-warp tiles); the 16-token tiles
@@ -89,10 +89,13 @@ def test_the_pdl_build_waits_before_it_reads_an_earlier_kernel(tmp_path):
     unstaged = [r for r in rows if r["kernel"] != "decode_attention" and not r.get("STAGED")]
     assert {r["loads_before_wait"] for r in unstaged if r["kernel"] != "norm_qkv_rope"} == {0}
     # norm + QKV + RoPE loads its rows' positions there (staged before the step: the rows of
-    # the cos / sin tables it reads), scalar index loads, nothing else
+    # the cos / sin tables it reads), scalar index loads, nothing else; after the kernel that
+    # wrote them (a gathering graph's first layer), nothing
     qkv = [r for r in unstaged if r["kernel"] == "norm_qkv_rope"]
-    assert len(qkv) == 2 and all(1 <= r["loads_before_wait"] <= 2 for r in qkv)
-    assert {k for r in qkv for k in r["load_kinds_before_wait"]} == {"ld.global.b64"}
+    assert [r["EARLY_POSITIONS"] for r in qkv] == [True, True, False]
+    assert all(1 <= r["loads_before_wait"] <= 2 for r in qkv[:2])
+    assert {k for r in qkv[:2] for k in r["load_kinds_before_wait"]} == {"ld.global.b64"}
+    assert qkv[2]["loads_before_wait"] == 0
     # the staged projections at 8 rows (output, down, head) load their weight share there and
     # nothing else (no x): one 16-byte vector a thread per 16 bytes of their chunks
     staged = [r for r in rows if r.get("STAGED")]

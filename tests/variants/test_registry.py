@@ -109,6 +109,8 @@ def test_component_paths_follow_the_variant():
     assert fused["checked_embedding"] == "variants.kernels.token_check:checked_embedding"
     assert "checked_embedding" in component_paths(Variant(cache="slab", layers="triton"))
     assert "checked_embedding" not in component_paths(Variant(graphs="pow2"))
+    assert fused["gathered_embedding"] == "variants.kernels.prompt_gather:gathered_embedding"
+    assert "gathered_embedding" not in component_paths(Variant(graphs="pow2"))
     assert "capture" in component_paths(Variant(graphs="pow2"))
     assert (
         component_paths(Variant(attention="triton", prefill_graphs="pow2"))["capture_prefill"]

@@ -18,3 +18,7 @@ class CachePlan:
     rows: object = None  # layout-specific read index: slots, slice, or block table
     table: torch.Tensor | None = None  # [B, W] block table, for kernels that read in place
     segments: list | None = None  # (rid, first position, count) per request, in call order
+    # the index tensors (and the step's positions) were written before the step's first kernel;
+    # False: by that kernel (a graph's inputs kernel), so the kernel after it reads them only
+    # after its PDL wait (kernels/pdl.py)
+    staged: bool = True

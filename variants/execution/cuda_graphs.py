@@ -3,16 +3,20 @@
 A launch-bound decode step (hundreds of small kernels) becomes one graph replay. Inputs live in
 static buffers filled by one pinned host-to-device copy; a batch pads to the next bucket with
 rows that write only the cache's scratch slot; backends that read a gathered context also get
-context-length buckets. Captured in create_engine; needs CUDA and a slab or paged cache."""
+context-length buckets. With the Triton stacks' gathered embedding the graph's first kernel
+reads the call's ids where they are and its metadata from pinned memory, as the prefill graphs
+do (kernels/prompt_gather.py): the host queues neither a copy nor the ids' copy kernel.
+Captured in create_engine; needs CUDA and a slab or paged cache."""
 
 import array
 import contextlib
+import ctypes
 import gc
 
 import torch
 
 from variants.cache.plans import CachePlan
-from variants.staging import PinnedRing
+from variants.staging import PinnedRing, int_fill
 
 
 def batch_buckets(policy: str, largest: int) -> list:
@@ -77,6 +81,9 @@ class DecodeGraphs:
         self.engine, self.cache = engine, engine.cache
         in_graph = engine.token_check.in_graph
         self.check_ids = in_graph if check_ids is None else bool(check_ids) and in_graph
+        # the graphs read the ids in place (their first kernel gathers, checks and embeds)
+        gather = engine.checked_embedding is not None and engine.gathered_embedding is not None
+        self.gather = self.check_ids and gather
         spec, device = engine.spec, engine.device
         self.batches = batch_buckets(policy, largest_batch)
         # An attention that reads the cache in place serves every context from one graph a
@@ -90,35 +97,47 @@ class DecodeGraphs:
         big, width = self.batches[-1], self.cache.table_width(spec.max_positions)
         self.width = width
         # Per batch bucket b, one buffer: positions [b], write slots [b], context lengths [b],
-        # then the [b, width] row table; a call fills it with one pinned copy.
+        # then the [b, width] row table; a call fills it with one pinned copy, or (gathering)
+        # writes it into one pinned buffer, followed by the call's row count and each row's
+        # source (prompt_gather.py), that the graph's first kernel reads.
         self.metas = {b: torch.zeros(b * (3 + width), dtype=torch.long, device=device)
                       for b in self.batches}  # fmt: skip
-        self.staging = PinnedRing(big * (3 + width), device)
+        if self.gather:
+            cuda = torch.device(device).type == "cuda"
+            self.host = torch.zeros(big * (4 + width) + 1, dtype=torch.long, pin_memory=cuda)
+            self.host_at = self.host.data_ptr()  # (a tensor call costs the H200's host ~1 us)
+        else:
+            self.staging = PinnedRing(big * (3 + width), device)
+        # The call's ids, copied in; when gathering, only the address their sources count from.
         self.tokens = torch.zeros(big, dtype=torch.long, device=device)
-        self.out = torch.zeros(big, spec.vocab_size, dtype=torch.float32, device=device)
-        # Each batch size's views of both, made once (a slice is a torch call: ~3 us of host)
-        self.row_views = {b: (self.tokens[:b], self.out[:b]) for b in range(1, big + 1)}
+        self.tokens_at = self.tokens.data_ptr()
+        # each batch size's view of it, made once (a slice is a torch call: ~3 us of host)
+        self.token_views = [self.tokens[:b] for b in range(big + 1)]
+        # (bucket, context) -> the views [:0], [:1], ... of the logits its graph writes (the
+        # head's own output: no copy into a buffer of ours inside the graph)
+        self.outputs: dict = {}
         self.graphs: dict = {}
         self.generation = None
 
     def capture(self) -> None:
         """Capture every (batch, context) bucket; largest first so the shared pool is sized once."""
         self.graphs.clear()
-        for b in self.batches:
-            self._fill([], [], b)
         pool = torch.cuda.graph_pool_handle()
         stream = capture_stream(self.engine.device)
         stream.wait_stream(torch.cuda.current_stream(self.engine.device))
         with no_collection(), torch.cuda.stream(stream):
             for ctx in reversed(self.contexts):
                 for b in reversed(self.batches):
+                    # padding rows only (the gathering buffer's layout is the bucket's own)
+                    self._fill([], [], b)
                     self._body(b, ctx)  # warm-up run: kernels chosen, workspaces allocated
                     graph = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(graph, pool=pool, stream=stream):
                         self._body(b, ctx)
                     self.graphs[b, ctx] = graph
         torch.cuda.current_stream(self.engine.device).wait_stream(stream)
-        for graph in self.graphs.values():
+        for (b, _), graph in self.graphs.items():
+            self._fill([], [], b)
             upload(graph)
         torch.cuda.synchronize(self.engine.device)
         self.generation = self.cache.generation
@@ -138,21 +157,32 @@ class DecodeGraphs:
             uniform=False,
             rows=self.cache.graph_rows(table, ctx),
             table=table[:, : self.cache.table_width(ctx)],
+            staged=not self.gather,  # gathering, the first kernel writes the metadata
         )
         e = self.engine
-        tokens = self.tokens[:b]  # the call's ids, copied in unchecked: clamped here (in_vocab)
-        # the padding rows are checked too: ids of earlier calls, clamped already
-        if self.check_ids:
-            x = e.graph_inputs(tokens)
+        if self.gather:  # the call's row count, then the rows' sources, follow the metadata
+            size = b * (3 + self.width)
+            x = e.gathered_embedding(
+                e.token_check, self.host, self.metas[b], self.tokens, b, size, size + 1,
+                e.spec.vocab_size, e.weights.embed,
+            )  # fmt: skip
         else:
-            x = e.embed(e.in_vocab(tokens, out=tokens))
+            tokens = self.tokens[:b]  # the call's ids, copied in unchecked: clamped (in_vocab)
+            # the padding rows are checked too: ids of earlier calls, clamped already
+            if self.check_ids:
+                x = e.graph_inputs(tokens)
+            else:
+                x = e.embed(e.in_vocab(tokens, out=tokens))
         x = e._layers(x, positions, plan, batch=None)
-        self.out[:b].copy_(e.output_logits(x, e.weights.norm, e.weights.head))
+        logits = e.output_logits(x, e.weights.norm, e.weights.head).float()
+        self.outputs[b, ctx] = [logits[:n] for n in range(b + 1)]
 
-    def _fill(self, rids: list, positions: list, bucket: int) -> None:
-        """One pinned host->device copy of all the indices bucket graphs read: positions, write
-        slots, context lengths and the full-width row table. Padding rows write the cache's
-        scratch slot and attend to one token of it."""
+    def _fill(self, rids: list, positions: list, bucket: int, source: int = 0) -> None:
+        """All the indices bucket graphs read: positions, write slots, context lengths and the
+        full-width row table, in one pinned host->device copy; gathering, written into the
+        pinned buffer (once the graph before has read it) with the call's row count and each
+        row's `source` (its ids' distance from the token buffer, in int64s). Padding rows write
+        the cache's scratch slot, attend to one token of it and embed id 0."""
         cache, pad, width = self.cache, bucket - len(rids), self.width
         scratch = cache.scratch_token()
         write = cache.step_slots(rids, positions)
@@ -161,7 +191,13 @@ class DecodeGraphs:
         for r in rids:  # a paged row is an array: extended by a copy, not element by element
             values.extend(cache.table_row(r, width))
         values.extend(cache.table_row(None, width) * pad)
-        self.staging.copy(values, self.metas[bucket])
+        if not self.gather:
+            self.staging.copy(values, self.metas[bucket])
+            return
+        values.append(len(rids))
+        values.extend(int_fill(source, bucket))
+        self.engine.token_check.wait()  # the check follows the last graph's read of the buffer
+        ctypes.memmove(self.host_at, values.buffer_info()[0], 8 * len(values))
 
     def step(self, rids: list, tokens: torch.Tensor, positions: list) -> torch.Tensor:
         b = len(rids)
@@ -174,11 +210,14 @@ class DecodeGraphs:
             return self.engine.eager_decode_step(rids, tokens, positions)
         if self.generation != self.cache.generation:  # the pool moved: old graphs point at it
             self.capture()
-        self._fill(rids, positions, bucket)
-        static_tokens, out = self.row_views[b]
-        static_tokens.copy_(tokens)
+        if self.gather:  # the ids read where they are: int64 (check_token_tensor), contiguous
+            tokens = tokens if tokens.is_contiguous() else tokens.contiguous()  # held to replay
+            self._fill(rids, positions, bucket, (tokens.data_ptr() - self.tokens_at) // 8)
+        else:
+            self._fill(rids, positions, bucket)
+            self.token_views[b].copy_(tokens)
         self.graphs[bucket, ctx].replay()
-        return out.clone()
+        return self.outputs[bucket, ctx][b].clone()  # a fresh tensor
 
 
 def use_cuda_graphs(engine, variant) -> None:

@@ -90,18 +90,19 @@ class PrefillGraphs:
         # addresses read once (a tensor call costs the H200's host about a microsecond)
         self.tokens_at = self.tokens.data_ptr()
         self.copy_to = (self.host.data_ptr(), self.values.buffer_info()[0]) if self.gather else None
-        # The last token's hidden state of each prompt, and the head's logits. The head runs in
-        # a graph of its own per power-of-two prompt count: inside the layers' graph it ran all
-        # P rows (6 us more GPU time a call, docs/PERF.md, run 65); launched eagerly it cost
-        # 150-240 us of host time a call on the H200's host (run 72).
+        # The last token's hidden state of each prompt. The head runs in a graph of its own per
+        # power-of-two prompt count: inside the layers' graph it ran all P rows (6 us more GPU
+        # time a call, docs/PERF.md, run 65); launched eagerly it cost 150-240 us of host time
+        # a call on the H200's host (run 72).
         self.hidden = torch.zeros(most_prompts, spec.hidden_size, dtype=engine.dtype, device=device)
-        self.logits = torch.zeros(most_prompts, spec.vocab_size, dtype=torch.float32, device=device)
         self.head_rows = token_buckets(1, most_prompts)
         self.graphs: dict = {}
         self.heads: dict = {}
+        # prompt count m -> the views [:0], [:1], ... of the logits its head graph writes (the
+        # head's own output: no copy into a buffer of ours inside the graph)
+        self.head_outputs: dict = {}
         # Views made once (a slice is a torch call: ~3 us of host time)
         self.meta_views = {t: self.meta[: self._meta_size(t)] for t in self.buckets}
-        self.logit_views = [self.logits[:m] for m in range(most_prompts + 1)]
         self.pool = None
         self.generation = None
 
@@ -182,7 +183,8 @@ class PrefillGraphs:
     def _head(self, m: int) -> None:
         """Norm and head on the first m prompt slots (float32, as Engine._logits returns)."""
         e = self.engine
-        self.logits[:m].copy_(e.output_logits(self.hidden[:m], e.weights.norm, e.weights.head))
+        logits = e.output_logits(self.hidden[:m], e.weights.norm, e.weights.head).float()
+        self.head_outputs[m] = [logits[:r] for r in range(m + 1)]
 
     def gathers(self, tokens: int, prompts: int) -> bool:
         """Whether a graph will run the call reading its prompts in place."""
@@ -258,8 +260,9 @@ class PrefillGraphs:
                 self.tokens[:n].copy_(tokens)
         self.graphs[t].replay()
         rows = len(rids)
-        self.heads[next(m for m in self.head_rows if m >= rows)].replay()
-        return self.logit_views[rows].clone()  # a fresh tensor
+        m = next(m for m in self.head_rows if m >= rows)
+        self.heads[m].replay()
+        return self.head_outputs[m][rows].clone()  # a fresh tensor
 
 
 def use_prefill_graphs(engine, variant) -> None:

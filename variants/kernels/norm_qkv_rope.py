@@ -123,10 +123,11 @@ def _norm_qkv_rope_kernel(
     NORM_CHUNKS: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
     LANES: tl.constexpr, STAGED: tl.constexpr, ROPE_TABLE: tl.constexpr,
+    EARLY_POSITIONS: tl.constexpr,
 ):  # fmt: skip
     rope_rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    if ROPE_TABLE:  # cos / sin are the whole tables: each row's own at its position, read
-        # before a PDL wait (positions are staged before the step's first kernel: pdl.py)
+    if ROPE_TABLE and EARLY_POSITIONS:  # cos / sin are the whole tables: each row's own at its
+        # position, read before a PDL wait (positions staged before the step's first kernel)
         rope_rows = tl.load(pos_ptr + rope_rows, mask=rope_rows < M, other=0)
     e0, e1, e2, e3 = 0, 0, 0, 0  # placeholders unless staged
     o0, o1, o2, o3 = 0, 0, 0, 0
@@ -146,6 +147,8 @@ def _norm_qkv_rope_kernel(
             tl.program_id(1) * SPLIT_K + tl.program_id(2), tl.num_programs(1) * SPLIT_K, LANES,
         )  # fmt: skip
     wait_previous(PDL)
+    if ROPE_TABLE and not EARLY_POSITIONS:  # written by the kernel before (pdl.py)
+        rope_rows = tl.load(pos_ptr + rope_rows, mask=rope_rows < M, other=0)
     qkv_tile(
         tl.program_id(1), tl.program_id(0), tl.program_id(2), tile_counter(counter_ptr), x_ptr,
         norm_ptr, w_ptr, cos_ptr, sin_ptr, index_ptr, q_ptr, k_pool_ptr, v_pool_ptr, ws_ptr, M,
@@ -174,6 +177,7 @@ def norm_qkv_rope(
     prefetch: bool = True,
     stage: bool = False,
     positions: torch.Tensor | None = None,
+    positions_staged: bool = True,
 ) -> torch.Tensor:
     """x [M, K]; norm [K]; qkv [q_dim + 2 kv_dim, K] (q, k, v rows); cos/sin [M, head_dim/2]
     (each row's position, unit column stride), or with `positions` [M] the whole tables
@@ -183,7 +187,9 @@ def norm_qkv_rope(
     and v into the pools and returns RoPE(q) as a new [M, q_dim]. `tiles` = (BLOCK_N pairs,
     BLOCK_K, warps, stages); `split_k` cuts the reduction into that many programs (default:
     `default_split_k`); `pdl`, `prefetch` and `stage` as in `few_row_linear`, but `stage` is off
-    unless asked: staged pairs of tiles lost on the H200 (docs/PERF.md, runs 140-146)."""
+    unless asked: staged pairs of tiles lost on the H200 (docs/PERF.md, runs 140-146).
+    `positions_staged`: the positions were written before the step's first kernel, so a PDL
+    launch reads them before its wait; False (the kernel before wrote them): after it."""
     rows, k = x.shape
     kv_dim = (qkv.shape[0] - q_dim) // 2
     assert head_dim % 2 == 0 and q_dim % head_dim == 0 and kv_dim % head_dim == 0
@@ -214,7 +220,8 @@ def norm_qkv_rope(
         Q_DIM=q_dim, KV_DIM=kv_dim, HEAD_DIM=head_dim, NORM_CHUNKS=norm_chunks(k, block_k),
         SPLIT_K=split_k,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, PDL=pdl, PREFETCH=pdl and prefetch,
-        LANES=32 * warps, STAGED=staged, ROPE_TABLE=positions is not None, num_warps=warps,
+        LANES=32 * warps, STAGED=staged, ROPE_TABLE=positions is not None,
+        EARLY_POSITIONS=positions_staged, num_warps=warps,
         num_stages=stages, **launch_options(pdl, x.device),
     )  # fmt: skip
     return q

@@ -42,6 +42,7 @@ def run_fused_stack(engine, x, positions, plan, batch, pdl: bool = False):
         q = norm_qkv_rope(
             x, w.input_norm, qkv, eps, d, heads * d, cos, sin, cache.k[n], cache.v[n],
             plan.write_index, sm_count=sms, pdl=pdl, positions=positions,
+            positions_staged=plan.staged or n > 0,  # layer 0 follows a graph's inputs kernel
         )  # fmt: skip
         at = (q.view(-1, heads, d), cache, n, plan)
         o = engine.attention.decode_from_cache(*at, pdl=True) if pdl else (

@@ -83,7 +83,8 @@ def test_returned_logits_are_a_copy_of_the_static_buffer(tiny_config, tiny_weigh
     kept = first.clone()
     engine.decode([2], torch.tensor([9]))
     assert torch.equal(first, kept)
-    assert first.data_ptr() != graphs.out.data_ptr()
+    for views in graphs.outputs.values():  # the logits each graph writes
+        assert first.untyped_storage().data_ptr() != views[-1].untyped_storage().data_ptr()
 
 
 def test_cache_growth_triggers_recapture(tiny_config, tiny_weights):
@@ -177,3 +178,89 @@ def test_triton_attention_graphs_before_hopper_keep_one_context_bucket(tiny_conf
     )
     graphs = _emulated(engine, largest=2)
     assert graphs.contexts == [tiny_config["max_position_embeddings"]]
+
+
+def _gathering_engine(config, weights, cache: str, largest: int = 4):
+    """The fused layers on the Triton attention with the checked embedding: the emulated graphs
+    read the call's ids in place and their metadata from the host buffer (prompt_gather.py),
+    and the first layer reads its positions after the inputs kernel wrote them."""
+    pytest.importorskip("triton")
+    from variants.attention.triton_attention import TritonAttention
+    from variants.cache.paged import PagedKVCache
+    from variants.cache.slab import SlabKVCache
+    from variants.engine import assemble_engine
+    from variants.execution.eager import run_eager
+    from variants.kernels.prompt_gather import gathered_embedding
+    from variants.kernels.token_check import checked_embedding
+    from variants.layers.fused_stack import fused_head, run_fused_stack
+
+    cache_cls = SlabKVCache if cache == "slab" else PagedKVCache
+    variant = Variant(cache=cache, block_size=16, attention="triton", layers="fused")
+    engine = assemble_engine(
+        config, weights, "cpu", variant, cache_cls, TritonAttention, run_eager, run_fused_stack,
+        head=fused_head, checked_embedding=checked_embedding,
+        gathered_embedding=gathered_embedding,
+    )  # fmt: skip
+    graphs = _emulated(engine, largest=largest)
+    engine.check_device_tokens = False  # the ids checked late, as on a GPU
+    assert graphs.gather and engine.decode_checks_ids
+    return engine, graphs
+
+
+@pytest.mark.parametrize("cache", ["slab", "paged"])
+def test_gathering_graphs_read_the_ids_where_they_are(cache, tiny_config, sharp_weights):
+    """Ids as a tensor, a slice at an offset, a strided view, int32 and a list; batches that pad
+    to a bucket and one past the largest (eager). Every row matches the reference, and no call
+    wrote the token buffer."""
+    ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
+    engine, graphs = _gathering_engine(tiny_config, sharp_weights, cache)
+    gen = torch.Generator().manual_seed(6)
+    vocab = tiny_config["vocab_size"]
+    history = {}
+    for rid, n in [(4, 9), (8, 1), (15, 40), (16, 3), (23, 2)]:
+        prompt = torch.randint(0, vocab, (n,), generator=gen)
+        engine.prefill([rid], [prompt])
+        history[rid] = prompt.tolist()
+    pool = torch.randint(1, vocab, (64,), generator=gen)
+    steps = [
+        ([4, 8, 15], pool[:3]),
+        ([15], pool[10:11]),  # an offset into the pool
+        ([23, 16, 8, 4], pool[20:28:2]),  # a strided view
+        ([8, 4], pool[30:32].int()),
+        ([16, 23, 4], pool[40:43].tolist()),
+        ([4, 8, 15, 16, 23], pool[50:55]),  # past the largest bucket: eager
+        ([15, 8], pool[60:62]),
+    ]
+    for ids, tokens in steps:
+        out = engine.decode(ids, tokens)
+        assert out.shape == (len(ids), vocab) and out.dtype == torch.float32
+        for i, rid in enumerate(ids):
+            history[rid].append(int(torch.as_tensor(tokens)[i]))
+            want = ref.forward(torch.tensor(history[rid])[None])[0, -1].float()
+            assert (out[i] - want).abs().max().item() < 1e-4, (ids, rid)
+    assert not graphs.tokens.any()
+
+
+def test_a_bad_gathered_id_raises_and_leaves_the_requests_as_they_were(
+    tiny_config, sharp_weights, monkeypatch
+):
+    """A bad id read in place raises by name after the step, the lengths are restored, and the
+    next steps in the same bucket match the reference."""
+    monkeypatch.setattr(variants.engine, "token_ids_on_host", lambda ids: False)
+    ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
+    engine, graphs = _gathering_engine(tiny_config, sharp_weights, "paged")
+    vocab = tiny_config["vocab_size"]
+    history = {rid: [rid + 1, 2, 3] for rid in range(3)}
+    engine.prefill(list(history), [torch.tensor(h) for h in history.values()])
+    for bad in (vocab, -1):
+        with pytest.raises(ValueError, match=f"decode: token id {bad} is outside"):
+            engine.decode([0, 1, 2], torch.tensor([5, bad, 6]))
+        assert engine.lengths == {rid: 3 for rid in history}
+    for ids in ([2, 0, 1], [1]):
+        tokens = torch.tensor([9 + i for i in range(len(ids))])
+        out = engine.decode(ids, tokens)
+        for i, rid in enumerate(ids):
+            history[rid].append(int(tokens[i]))
+            want = ref.forward(torch.tensor(history[rid])[None])[0, -1].float()
+            assert (out[i] - want).abs().max().item() < 1e-4
+    assert not graphs.tokens.any()
