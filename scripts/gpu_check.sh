@@ -46,7 +46,8 @@ print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton._
 print("capabilities", probe_capabilities("cuda", cfg).to_dict())
 PY
 fi
-stage tests && timed gpu_tests "${TESTS_LIMIT:-300}" "$PY" -m pytest -q -m gpu -p no:cacheprovider \
+# every GPU test (172) took 371 s on a warm H200 (docs/PERF.md, run 187); a call may take 600
+stage tests && timed gpu_tests "${TESTS_LIMIT:-540}" "$PY" -m pytest -q -m gpu -p no:cacheprovider \
     --ignore=tests/variants/test_soak.py tests  # the soak has a stage of its own
 stage kernels && timed bench_kernels "${KERNELS_LIMIT:-240}" "$PY" scripts/bench_kernels.py \
     --json "$OUT/kernels.json"
@@ -80,7 +81,7 @@ stage ncu && command -v ncu > /dev/null && timed ncu "${NCU_LIMIT:-120}" ncu --c
     --kernel-name regex:_decode_split --launch-skip 2 --launch-count 1 --section SpeedOfLight \
     --section Occupancy --section LaunchStats --section WarpStateStats \
     --section MemoryWorkloadAnalysis "$PY" scripts/ncu_decode_attention.py ${NCU_ARGS:-}
-ANATOMY_VARIANT=${ANATOMY_VARIANT:-'{"cache":"paged","block_size":64,"attention":"triton","layers":"fused","graphs":"pow2","prefill_graphs":"pow2"}'}
+ANATOMY_VARIANT=${ANATOMY_VARIANT:-'{"cache":"slab","attention":"triton","layers":"fused-pdl","graphs":"pow2","prefill_graphs":"pow2"}'}  # the study's choice on the H200
 stage anatomy && timed anatomy "${ANATOMY_LIMIT:-180}" "$PY" scripts/trace_anatomy.py \
     --variant "$ANATOMY_VARIANT" --json "$OUT/anatomy.json"  # host or GPU, call by call
 if stage hostprofile; then  # the host time of a call, function by function

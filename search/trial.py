@@ -152,6 +152,11 @@ class TrialRunner:
         where = phase.read_text() if phase.is_file() else "start-up"
         if code is None:
             reason = f"timed out after {limit:.0f} s during {where}"
+            if limit < self.timeout_s:  # the budget's last seconds: no verdict on the variant
+                reason += (
+                    f" (cut short by the search budget: a trial may take {self.timeout_s:.0f} s"
+                    ", so this says nothing about the variant)"
+                )
         else:
             reason = f"process died (exit code {code}) during {where}"
         return {

@@ -184,3 +184,24 @@ def test_the_verified_best_of_an_earlier_study_on_this_hardware_is_enqueued_firs
     assert (
         enqueue_known_good(study, SearchSpace(caps), caps, storage, "this-model", "x", None) == []
     )
+
+
+def test_a_timeout_under_a_shortened_limit_says_the_budget_cut_it(tiny_config, tmp_path):
+    """A trial given only the budget's last seconds and killed there is no verdict on its
+    variant; one killed at the full trial limit is."""
+    r = TrialRunner(tiny_config, "/nowhere", "cpu", timeout_s=300.0)
+    output, log = tmp_path / "result.json", tmp_path / "log.txt"
+    log.write_text("INFO phase benchmark\n")
+    (tmp_path / "result.json.phase").write_text("benchmark")
+    short = r._result(output, None, 45.0, log)
+    assert short["timeout"] is True and short["status"] == "failed"
+    assert short["reason"].startswith(
+        "timed out after 45 s during benchmark (cut short by the search budget: a trial may "
+        "take 300 s, so this says nothing about the variant)"
+    )
+    full = r._result(output, None, 300.0, log)
+    assert full["reason"].startswith("timed out after 300 s during benchmark\n")
+    assert "budget" not in full["reason"]
+    died = r._result(output, 3, 45.0, log)
+    assert died["reason"].startswith("process died (exit code 3) during benchmark")
+    assert "budget" not in died["reason"] and died["timeout"] is False
