@@ -103,6 +103,7 @@ def test_planted_failures_are_recorded_and_the_engine_is_correct(planted):
     log = (planted["tmp"] / "ws" / "results.log").read_text()
     assert f"trial {trials['fast'].number} {PLANTED['fast'].name}: PASSED" in log
     assert "stress: passed" in log
+    assert "one pass with no warm-up" in log  # the verification's benchmark is no measurement
 
 
 def test_results_log_names_every_trial_and_the_choice(planted):
