@@ -46,8 +46,9 @@ print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton._
 print("capabilities", probe_capabilities("cuda", cfg).to_dict())
 PY
 fi
-# every GPU test (172) took 371 s on a warm H200 (docs/PERF.md, run 187); a call may take 600
-stage tests && timed gpu_tests "${TESTS_LIMIT:-540}" "$PY" -m pytest -q -m gpu -p no:cacheprovider \
+# every GPU test (172) took 371 s on a warm H200 (docs/PERF.md, run 187); a call may take 600.
+# No -q here: addopts has one, and a second hides the "N passed" line.
+stage tests && timed gpu_tests "${TESTS_LIMIT:-540}" "$PY" -m pytest -m gpu -p no:cacheprovider \
     --ignore=tests/variants/test_soak.py tests  # the soak has a stage of its own
 stage kernels && timed bench_kernels "${KERNELS_LIMIT:-240}" "$PY" scripts/bench_kernels.py \
     --json "$OUT/kernels.json"
@@ -116,6 +117,6 @@ if stage study; then
     [ -n "${STUDY_PUBLIC_TESTS-1}" ] && timed public_tests 240 bash scripts/run_public_tests.sh \
         workspace/engine.py cuda
 fi
-stage soak && timed soak 300 "$PY" -m pytest -q -s -m gpu -p no:cacheprovider \
+stage soak && timed soak 300 "$PY" -m pytest -s -m gpu -p no:cacheprovider \
     tests/variants/test_soak.py
 note "done"

@@ -96,6 +96,12 @@ COLD_PASS_NOTE = (
     "  are the measurements.)"
 )
 
+COMPILE_NOTE = (
+    "  (the first case's seconds include compiling the engine file's Triton kernels: Triton's\n"
+    "  cache key holds each kernel's line number, so the written file compiles its own copies\n"
+    "  once; on an H200 the public case took 47-60 s so, and 3 s from a warm cache.)"
+)
+
 
 def verify_engine(
     engine: Path, config_path, weight_dir, device, timeout_s: float, benchmark: bool = True
@@ -120,6 +126,8 @@ def verify_engine(
         outputs.append(f"$ python {shown}\n{_digest(json_path) or tail(log_path, 3000)}")
         if script.endswith("benchmark_throughput.py") and code == 0:
             outputs.append(COLD_PASS_NOTE)
+        if script.endswith("test_correctness.py") and "@triton.jit" in engine.read_text():
+            outputs.append(COMPILE_NOTE)
         status = "timed out" if code is None else f"exit {code}"
         steps.append(f"{Path(script).name}: {status} ({seconds:.1f} s)")
         if code != 0:

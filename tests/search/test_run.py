@@ -104,6 +104,20 @@ def test_planted_failures_are_recorded_and_the_engine_is_correct(planted):
     assert f"trial {trials['fast'].number} {PLANTED['fast'].name}: PASSED" in log
     assert "stress: passed" in log
     assert "one pass with no warm-up" in log  # the verification's benchmark is no measurement
+    assert "compiling the engine file's Triton kernels" not in log  # it has none
+
+
+def test_verification_says_a_triton_engine_compiles_its_kernels(
+    planted, micro_config_path, tiny_weights, tmp_path
+):
+    from search.select import verify_engine
+
+    engine = tmp_path / "engine.py"
+    text = (planted["tmp"] / "ws" / "engine.py").read_text()
+    engine.write_text(text + "\n# as a rendered Triton engine reads: @triton.jit\n")
+    done = verify_engine(engine, micro_config_path, tiny_weights, "cpu", 300, benchmark=False)
+    assert done.passed
+    assert "compiling the engine file's Triton kernels" in done.output
 
 
 def test_results_log_names_every_trial_and_the_choice(planted):
