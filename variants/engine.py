@@ -316,10 +316,7 @@ def assemble_engine(
     dtype = (
         spec.compute_dtype(device) if variant.dtype == "config" else dtype_from_name(variant.dtype)
     )
-    weights = load_weights(
-        spec, weight_dir, device, dtype, variant.fuse_qkv, variant.fuse_gate_up,
-        variant.fold_norms,
-    )  # fmt: skip
+    weights = load_weights(spec, weight_dir, device, dtype, variant.fuse_qkv, variant.fuse_gate_up)
     capacity = kv_capacity_tokens(spec, device, dtype, variant.cache)
     if variant.cache == "paged":
         cache = cache_cls(spec, device, dtype, capacity, block_size=variant.block_size)

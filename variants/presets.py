@@ -7,19 +7,6 @@ from __future__ import annotations
 from variants.variant import Variant
 
 PRESETS: dict[str, Variant] = {
-    # The next one with its norms folded into the projections (layers/folded_norms.py): seven
-    # launches a layer in prefill and wide steps, not nine (H200, run 191: prefill -6%, mixed
-    # -3%, wide_decode -5%). Its products round in another order than the reference's: on the
-    # course's weights (norms of ones) stress used 0.56 of the tolerance against 0.43, and on
-    # norms of 0.5-2 it failed (1.15), so where the gate rejects it the next preset stands.
-    "slab-triton-pdl-folded-allgraphs": Variant(
-        cache="slab",
-        attention="triton",
-        layers="fused-pdl",
-        graphs="pow2",
-        prefill_graphs="pow2",
-        fold_norms=True,
-    ),
     # Hopper and newer only: the same with each fused kernel launched with programmatic
     # dependent launch, its weights (and the attention's keys and values) prefetched into L2
     # while the kernel before runs (H200, run 56: decode +8%, mixed +4%, prefill within noise).

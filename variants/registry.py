@@ -108,9 +108,6 @@ def _pdl_layers(caps, partial) -> str | None:
     return reason
 
 
-TRITON_STACKS = ("triton", "fused", "fused-pdl", "persistent")  # those that run triton_stack
-
-
 def _not_with_fused_layers(axis: str) -> Requirement:
     def requires(caps, partial) -> str | None:
         if partial.get("layers") in ("fused", "fused-pdl", "persistent"):
@@ -212,12 +209,6 @@ AXES: tuple[Axis, ...] = (
     Axis("prefill_graphs", (Choice("off"), Choice("pow2", _prefill_graphs))),
     Axis("fuse_qkv", (Choice(True), Choice(False, _not_with_fused_layers("QKV")))),
     Axis("fuse_gate_up", (Choice(True), Choice(False, _not_with_fused_layers("gate-up")))),
-    # the Triton layer stacks' prefill and wide steps without norm kernels (layers/folded_norms)
-    Axis(
-        "fold_norms",
-        (Choice(False), Choice(True)),
-        applies=lambda p: p.get("layers") in TRITON_STACKS,
-    ),
 )
 
 AXES_BY_NAME = {axis.name: axis for axis in AXES}

@@ -21,7 +21,6 @@ class Variant:
     layers: str = "torch"  # torch | triton | fused (+ GEMVs) | fused-pdl | persistent
     fuse_qkv: bool = True
     fuse_gate_up: bool = True
-    fold_norms: bool = False  # Triton layers: norm weights in QKV, gate-up; no norm kernels
     dtype: str = "config"  # config | float16 | bfloat16 | float32
 
     def to_dict(self) -> dict:
@@ -50,7 +49,5 @@ class Variant:
             parts.append(f"prefill-graphs-{self.prefill_graphs}")
         fused = [n for n, on in (("qkv", self.fuse_qkv), ("gateup", self.fuse_gate_up)) if on]
         parts.append("fused-" + "+".join(fused) if fused else "unfused")
-        if self.fold_norms:
-            parts.append("folded-norms")
         parts.append(self.dtype)
         return "/".join(parts)

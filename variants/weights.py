@@ -3,9 +3,7 @@ Hugging Face LLaMA checkpoints (prefix, tied head, rotate-half q/k rows), checke
 
 Every expected key and shape is checked and the first problem is named; tensors are cast to the
 compute dtype and moved to the device one at a time; QKV and gate-up are concatenated when the
-variant fuses them, and the unfused copies are dropped. With `fold_norms` QKV and gate-up are
-also kept as W * g (each column scaled by the norm's weight, in float32, then cast): the folded
-norms' layers (layers/folded_norms.py) project the residual stream with them.
+variant fuses them, and the unfused copies are dropped.
 """
 
 import os
@@ -25,9 +23,6 @@ class LayerWeights:
     post_norm: torch.Tensor
     gate_up: list  # [w_gate_up] when fused, else [w_gate, w_up]
     down: torch.Tensor
-    # with `fold_norms`, qkv and gate_up again with the norm's weight folded into their columns
-    qkv_folded: list | None = None
-    gate_up_folded: list | None = None
 
 
 @dataclass
@@ -108,10 +103,7 @@ def course_state_dict(spec, weight_dir: str) -> dict:
     return state
 
 
-def load_weights(
-    spec, weight_dir: str, device, dtype, fuse_qkv: bool, fuse_gate_up: bool,
-    fold_norms: bool = False,
-):  # fmt: skip
+def load_weights(spec, weight_dir: str, device, dtype, fuse_qkv: bool, fuse_gate_up: bool):
     state = course_state_dict(spec, weight_dir)
 
     def take(key: str) -> torch.Tensor:
@@ -121,30 +113,17 @@ def load_weights(
         parts = [take(k) for k in keys]
         return [torch.cat(parts, dim=0)] if fuse else parts
 
-    def folded(keys: list, norm: str, fuse: bool) -> list | None:
-        if not fold_norms:
-            return None
-        g = state[norm].float()
-        parts = [(state[k].float() * g).to(device=device, dtype=dtype) for k in keys]
-        return [torch.cat(parts, dim=0)] if fuse else [p.contiguous() for p in parts]
-
     layers = []
     for n in range(spec.num_layers):
         p = f"layers.{n}."
-        qkv_keys = [p + f"self_attn.{x}_proj.weight" for x in "qkv"]
-        mlp_keys = [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]
-        qkv_folded = folded(qkv_keys, p + "input_layernorm.weight", fuse_qkv)
-        gate_up_folded = folded(mlp_keys, p + "post_attention_layernorm.weight", fuse_gate_up)
         layers.append(
             LayerWeights(
                 input_norm=take(p + "input_layernorm.weight"),
-                qkv=group(qkv_keys, fuse_qkv),
+                qkv=group([p + f"self_attn.{x}_proj.weight" for x in "qkv"], fuse_qkv),
                 o=take(p + "self_attn.o_proj.weight"),
                 post_norm=take(p + "post_attention_layernorm.weight"),
-                gate_up=group(mlp_keys, fuse_gate_up),
+                gate_up=group([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], fuse_gate_up),
                 down=take(p + "mlp.down_proj.weight"),
-                qkv_folded=qkv_folded,
-                gate_up_folded=gate_up_folded,
             )
         )
     tied = state["lm_head.weight"] is state["embed_tokens.weight"]

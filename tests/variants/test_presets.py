@@ -27,13 +27,10 @@ def test_presets_the_machine_cannot_run_are_dropped(cpu_caps):
     assert all(isinstance(v, Variant) for v in ranked)
 
 
-def test_the_pdl_presets_lead_on_hopper_and_are_dropped_elsewhere(fake_cuda_caps):
+def test_the_pdl_preset_leads_on_hopper_and_is_dropped_elsewhere(fake_cuda_caps):
     hopper = ranked_defaults(fake_cuda_caps())
-    assert hopper[0] == PRESETS["slab-triton-pdl-folded-allgraphs"]
-    assert hopper[0].fold_norms and not hopper[1].fold_norms
-    assert hopper[1] == PRESETS["slab-triton-pdl-allgraphs"]  # where the gate rejects the fold
-    assert hopper[2] == PRESETS["slab-triton-gemv-allgraphs"]
+    assert hopper[0] == PRESETS["slab-triton-pdl-allgraphs"]
+    assert hopper[1] == PRESETS["slab-triton-gemv-allgraphs"]
     rtx3090 = ranked_defaults(fake_cuda_caps(compute_capability=(8, 6), has_pdl=False))
     assert PRESETS["slab-triton-pdl-allgraphs"] not in rtx3090
-    assert PRESETS["slab-triton-pdl-folded-allgraphs"] not in rtx3090
     assert rtx3090[0] == PRESETS["slab-triton-gemv-allgraphs"]

@@ -12,17 +12,6 @@ from variants.kernels.pdl import launch_options, wait_previous
 
 
 @triton.jit
-def row_inv_rms(x_ptr, rows, rows_mask, stride_x, hidden, eps, BLOCK: tl.constexpr):
-    """1 / sqrt(mean(x ** 2) + eps) in float32 of the rows `rows` [R] of x (zero past the
-    mask), the statistics the norm below takes."""
-    offs = tl.arange(0, BLOCK)
-    mask = rows_mask[:, None] & (offs < hidden)[None, :]
-    x = tl.load(x_ptr + rows[:, None] * stride_x + offs[None, :], mask=mask, other=0.0)
-    xf = x.to(tl.float32)
-    return tl.rsqrt(tl.sum(xf * xf, axis=1) / hidden + eps)
-
-
-@triton.jit
 def _add_rms_norm_kernel(
     x_ptr, delta_ptr, w_ptr, new_x_ptr, normed_ptr,
     stride_x, stride_d, stride_nx, stride_o, hidden, eps,

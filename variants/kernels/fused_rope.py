@@ -2,17 +2,12 @@
 
 Wins in decode over eager RoPE (a dozen small launches for q and k) followed by two index_copy_
 launches into the pools. Reads q/k/v straight from the strided views of the fused QKV output;
-rounds each product like the eager reference. Needs Triton >= 3.0 and an even head_dim.
-
-With `norm_x` (the folded norms, layers/folded_norms.py) q, k and v arrive as projections of the
-unnormalised residual stream by weights with the norm's weight folded in: the kernel takes each
-token's 1 / rms from its row of `norm_x` and scales them first (in float32, cast back)."""
+rounds each product like the eager reference. Needs Triton >= 3.0 and an even head_dim."""
 
 import torch
 import triton
 import triton.language as tl
 
-from variants.kernels.fused_norm import row_inv_rms
 from variants.kernels.pdl import launch_options, wait_previous
 from variants.kernels.split_k import host_cdiv
 
@@ -55,12 +50,10 @@ def _rope_cache_write_kernel(
     q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, k_pool_ptr, v_pool_ptr, index_ptr, q_out_ptr,
     k_out_ptr, tokens, stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd,
     stride_vt, stride_vh, stride_vd, stride_ct, stride_st, stride_kpt, stride_kph, stride_vpt,
-    stride_vph, stride_ot, stride_oh, stride_kot, stride_koh, x_ptr, stride_xt, hidden, eps,
-    v_out_ptr,
+    stride_vph, stride_ot, stride_oh, stride_kot, stride_koh,
     HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr,
     BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr, STORE_K: tl.constexpr,
-    PDL: tl.constexpr, ROPE_TABLE: tl.constexpr, NORM: tl.constexpr, BLOCK_X: tl.constexpr,
-    STORE_V: tl.constexpr,
+    PDL: tl.constexpr, ROPE_TABLE: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     t_mask = t < tokens
@@ -85,11 +78,6 @@ def _rope_cache_write_kernel(
                             HEAD_DIM, BLOCK_HK, BLOCK_D)  # fmt: skip
     v, _ = _heads_tile(v_ptr, t, t_mask, stride_vt, stride_vh, stride_vd, KV_HEADS, HEAD_DIM,
                        BLOCK_HK, BLOCK_D)  # fmt: skip
-    if NORM:  # 1 / rms of each token's residual row, as the norm computes it
-        inv = row_inv_rms(x_ptr, t, t_mask, stride_xt, hidden, eps, BLOCK_X)[:, None, None]
-        q = (q.to(tl.float32) * inv).to(q.dtype)
-        k = (k.to(tl.float32) * inv).to(k.dtype)
-        v = (v.to(tl.float32) * inv).to(v.dtype)
     q_rot = _rotate_tile(q, c, s, BLOCK_T, BLOCK_HQ, BLOCK_D)
     tl.store(q_out_ptr + t[:, None, None] * stride_ot + hq * stride_oh + dd, q_rot, mask=q_mask)
     k_rot = _rotate_tile(k, c, s, BLOCK_T, BLOCK_HK, BLOCK_D)
@@ -101,9 +89,6 @@ def _rope_cache_write_kernel(
     if STORE_K:  # the rotated keys also packed by token, as the cache holds them
         tl.store(k_out_ptr + t[:, None, None] * stride_kot + hk * stride_koh + dd,
                  k_rot.to(k_out_ptr.dtype.element_ty), mask=k_mask)  # fmt: skip
-    if STORE_V:  # the scaled values packed the same way (k_out's strides)
-        tl.store(v_out_ptr + t[:, None, None] * stride_kot + hk * stride_koh + dd,
-                 v.to(v_out_ptr.dtype.element_ty), mask=k_mask)  # fmt: skip
 
 
 def rope_launch(tokens: int) -> tuple:
@@ -128,9 +113,6 @@ def rope_and_cache_write(
     launch: tuple | None = None,
     pdl: bool = False,
     positions: torch.Tensor | None = None,
-    norm_x: torch.Tensor | None = None,
-    eps: float = 0.0,
-    v_out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [N, heads, d], k/v [N, kv_heads, d] (any strides); cos/sin [N, d/2] in the compute
     dtype, or with `positions` [N] the whole tables [max_positions, d/2] that the kernel reads
@@ -140,9 +122,7 @@ def rope_and_cache_write(
     `k_out` ([N, kv_heads, d], unit last stride) also receives RoPE(k) in its dtype: a prefill
     attends over it without reading the keys back from the pool. `launch` = (tokens a program,
     warps) overrides `rope_launch`. `pdl`: launched with programmatic dependent launch
-    (kernels/pdl.py). `norm_x` [N, hidden] (unit last stride): q, k and v are first scaled by
-    each token's 1 / sqrt(mean(norm_x ** 2) + eps); `v_out` (shaped and strided as `k_out`)
-    then receives the scaled values, which a prefill attends over."""
+    (kernels/pdl.py)."""
     tokens, heads, d = q.shape
     kv_heads = k.shape[1]
     assert d % 2 == 0 and k_pool.stride(-1) == 1 and v_pool.stride(-1) == 1
@@ -153,26 +133,16 @@ def rope_and_cache_write(
         assert positions.shape == (tokens,) and cos.shape[1] * 2 == d
     q_out = torch.empty(tokens, heads, d, device=q.device, dtype=q.dtype)
     ko = q_out if k_out is None else k_out  # unread without STORE_K
-    if norm_x is not None:
-        assert norm_x.shape[0] == tokens and norm_x.stride(-1) == 1
-    nx = q_out if norm_x is None else norm_x  # unread without NORM
-    if v_out is not None:
-        assert k_out is not None and v_out.shape == k_out.shape
-        assert v_out.stride() == k_out.stride()
-    hidden = nx.shape[-1] if norm_x is not None else 1
     block_t, warps = launch or rope_launch(tokens)
     _rope_cache_write_kernel[(host_cdiv(tokens, block_t),)](
         q, k, v, cos, sin, write_index if positions is None else positions, k_pool, v_pool,
         write_index, q_out, ko, tokens,
         *q.stride(), *k.stride(), *v.stride(), cos.stride(0), sin.stride(0),
         k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
-        q_out.stride(0), q_out.stride(1), ko.stride(0), ko.stride(1), nx, nx.stride(0), hidden,
-        eps, ko if v_out is None else v_out,
+        q_out.stride(0), q_out.stride(1), ko.stride(0), ko.stride(1),
         HEADS=heads, KV_HEADS=kv_heads, HEAD_DIM=d, BLOCK_T=block_t,
         BLOCK_HQ=triton.next_power_of_2(heads), BLOCK_HK=triton.next_power_of_2(kv_heads),
         BLOCK_D=max(2, triton.next_power_of_2(d)), STORE_K=k_out is not None, PDL=pdl,
-        ROPE_TABLE=positions is not None, NORM=norm_x is not None,
-        BLOCK_X=triton.next_power_of_2(hidden), STORE_V=v_out is not None, num_warps=warps,
-        **launch_options(pdl, q.device),
+        ROPE_TABLE=positions is not None, num_warps=warps, **launch_options(pdl, q.device),
     )  # fmt: skip
     return q_out

@@ -1,21 +1,19 @@
 """Fused SwiGLU activation: silu(gate) * up in one kernel (eager torch launches two, plus the
 reads and writes of the intermediate). Rounds like the reference: silu in float32 cast to the
 compute dtype, then the product in float32 cast once. Needs Triton >= 3.0; gate and up are row
-views (the halves of a fused gate-up output, or two separate outputs). With `norm_x` (the folded
-norms, layers/folded_norms.py) gate and up are first scaled by each row's 1 / rms of `norm_x`."""
+views (the halves of a fused gate-up output, or two separate outputs)."""
 
 import torch
 import triton
 import triton.language as tl
 
-from variants.kernels.fused_norm import row_inv_rms
 from variants.kernels.pdl import launch_options, wait_previous
 
 
 @triton.jit
 def _silu_mul_kernel(
-    g_ptr, u_ptr, o_ptr, stride_g, stride_u, stride_o, cols, x_ptr, stride_x, hidden, eps,
-    BLOCK: tl.constexpr, PDL: tl.constexpr, NORM: tl.constexpr, BLOCK_X: tl.constexpr,
+    g_ptr, u_ptr, o_ptr, stride_g, stride_u, stride_o, cols, BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     wait_previous(PDL)  # gate and up come from the kernel before
     row = tl.program_id(0).to(tl.int64)
@@ -23,40 +21,22 @@ def _silu_mul_kernel(
     mask = offs < cols
     g = tl.load(g_ptr + row * stride_g + offs, mask=mask, other=0.0)
     u = tl.load(u_ptr + row * stride_u + offs, mask=mask, other=0.0)
-    if NORM:  # the row's 1 / rms, as the norm computes it
-        one = tl.full([1], 0, tl.int64) + row
-        inv = tl.sum(row_inv_rms(x_ptr, one, one >= 0, stride_x, hidden, eps, BLOCK_X), axis=0)
-        g = (g.to(tl.float32) * inv).to(g.dtype)
-        u = (u.to(tl.float32) * inv).to(u.dtype)
     gf = g.to(tl.float32)
     act = (gf / (1.0 + tl.exp(-gf))).to(g.dtype)
     out = (act.to(tl.float32) * u.to(tl.float32)).to(u.dtype)
     tl.store(o_ptr + row * stride_o + offs, out, mask=mask)
 
 
-def silu_mul(
-    gate: torch.Tensor,
-    up: torch.Tensor,
-    pdl: bool = False,
-    norm_x: torch.Tensor | None = None,
-    eps: float = 0.0,
-) -> torch.Tensor:
+def silu_mul(gate: torch.Tensor, up: torch.Tensor, pdl: bool = False) -> torch.Tensor:
     """gate, up [N, I] with unit column stride -> silu(gate) * up as a new [N, I] tensor.
-    `pdl`: launched with programmatic dependent launch (kernels/pdl.py). `norm_x` [N, hidden]
-    (unit last stride): gate and up are first scaled by each row's
-    1 / sqrt(mean(norm_x ** 2) + eps)."""
+    `pdl`: launched with programmatic dependent launch (kernels/pdl.py)."""
     assert gate.shape == up.shape and gate.stride(-1) == 1 and up.stride(-1) == 1
     rows, cols = gate.shape
     out = torch.empty(rows, cols, device=gate.device, dtype=gate.dtype)
     block = min(1024, triton.next_power_of_2(cols))
     grid = (rows, triton.cdiv(cols, block))
-    if norm_x is not None:
-        assert norm_x.shape[0] == rows and norm_x.stride(-1) == 1
-    nx = out if norm_x is None else norm_x  # unread without NORM
     _silu_mul_kernel[grid](
-        gate, up, out, gate.stride(0), up.stride(0), out.stride(0), cols, nx, nx.stride(0),
-        nx.shape[-1], eps, BLOCK=block, PDL=pdl, NORM=norm_x is not None,
-        BLOCK_X=triton.next_power_of_2(nx.shape[-1]) if norm_x is not None else 1, num_warps=4,
-        **launch_options(pdl, gate.device),
+        gate, up, out, gate.stride(0), up.stride(0), out.stride(0), cols, BLOCK=block,
+        PDL=pdl, num_warps=4, **launch_options(pdl, gate.device),
     )  # fmt: skip
     return out

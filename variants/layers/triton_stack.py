@@ -7,25 +7,19 @@ With `pdl` (the fused-pdl layers' decode steps past their row limit, Hopper) eac
 kernels in a decode step launches with programmatic dependent launch: its programs start while
 the kernel before finishes and wait there (kernels/pdl.py); the attention must then be ours too.
 On the H200 that took 64 x 256 from 648 to 637 us of step graph and 48 x 300 from 692 to 665;
-a prefill stays without it, which made 4 x 128 slower (544 -> 565 us; docs/PERF.md, run 120).
-
-Where the weights come folded (the variant's `fold_norms`), the layers run without their norm
-kernels (layers/folded_norms.py)."""
+a prefill stays without it, which made 4 x 128 slower (544 -> 565 us; docs/PERF.md, run 120)."""
 
 import torch.nn.functional as F
 
 from variants.kernels.fused_norm import add_rms_norm
 from variants.kernels.fused_rope import rope_and_cache_write
 from variants.kernels.fused_silu import silu_mul
-from variants.layers.folded_norms import run_folded_stack
 from variants.layers.projections import project_gate_up, project_qkv
 
 
 def run_triton_stack(engine, x, positions, plan, batch, pdl: bool = False):
     spec, cache = engine.spec, engine.cache
     launch = {"pdl": True} if pdl and batch is None else {}
-    if engine.weights.layers[0].qkv_folded is not None:
-        return run_folded_stack(engine, x, positions, plan, batch, launch)
     heads, kv_heads, d, eps = spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.rms_norm_eps
     cos, sin = engine.rope.cos, engine.rope.sin  # whole tables: the kernel reads `positions`
     delta = None

@@ -14,10 +14,8 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _run_case(tokens, heads, kv_heads, d, dtype, device, slots=64, seed=0, launch=None,
-              table=False, hidden=0):  # fmt: skip
-    """`table`: the kernel gets the whole cos / sin tables and the positions, not the rows.
-    `hidden`: q, k and v are scaled by each token's 1 / rms of a random [tokens, hidden]
-    residual stream first (the folded norms)."""
+              table=False):  # fmt: skip
+    """`table`: the kernel gets the whole cos / sin tables and the positions, not the rows."""
     gen = torch.Generator().manual_seed(seed)
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * d, generator=gen).to(device, dtype)
     # strided views, as the fused QKV projection hands them over
@@ -31,14 +29,10 @@ def _run_case(tokens, heads, kv_heads, d, dtype, device, slots=64, seed=0, launc
     v_pool = torch.zeros_like(k_pool)
     k_rot = torch.full((tokens, kv_heads, d), float("nan"), device=device, dtype=dtype)
     given = (rope.cos, rope.sin, positions) if table else (cos, sin, None)
-    x = (4 * torch.randn(tokens, hidden, generator=gen)).to(device, dtype) if hidden else None
     q_rot = rope_and_cache_write(
         q, k, v, given[0], given[1], k_pool, v_pool, write_index, k_out=k_rot, launch=launch,
-        positions=given[2], norm_x=x, eps=1e-5,
+        positions=given[2],
     )  # fmt: skip
-    if hidden:
-        inv = torch.rsqrt(x.float().pow(2).mean(-1) + 1e-5)[:, None, None]
-        q, k, v = ((t.float() * inv).to(dtype) for t in (q, k, v))
 
     k_ref, v_ref = torch.zeros_like(k_pool), torch.zeros_like(v_pool)
     k_ref.index_copy_(0, write_index, apply_rope(k, cos, sin))
@@ -67,16 +61,6 @@ def test_the_whole_tables_read_at_the_positions_give_the_gathered_rows_result(la
     for t, r, w in zip(table, rows, want):
         assert torch.equal(t, r)
         torch.testing.assert_close(t, w, atol=1e-6, rtol=1e-6)
-
-
-@pytest.mark.parametrize("launch", [(1, 2), (4, 2)])
-@pytest.mark.parametrize("hidden", [40, 64])
-def test_norm_x_scales_q_k_and_v_by_each_tokens_inverse_rms(launch, hidden):
-    """The folded norms: each token's q, k and v scaled by its own 1 / rms (a hidden size that
-    is not a power of two, masked) before RoPE and the cache write."""
-    got, want = _run_case(7, 4, 2, 24, torch.float32, DEVICE, launch=launch, hidden=hidden)
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
 
 
 def test_launch_by_token_count():

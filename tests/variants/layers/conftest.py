@@ -62,24 +62,10 @@ def reference_gap(tiny_config, sharp_weights):
     return scenario
 
 
-def scale_norms(path, seed: int = 0) -> None:
-    """Give the norms of the `model.pt` at `path` weights of 0.5-2 (toy weights have ones),
-    so that a norm's weight applied in the wrong place shows."""
-    state = torch.load(path, weights_only=True)
-    gen = torch.Generator().manual_seed(seed)
-    for key, value in state.items():
-        if key.endswith("norm.weight"):
-            state[key] = 0.5 + 1.5 * torch.rand(value.shape, generator=gen)
-    torch.save(state, path)
-
-
-def _graphed_engine_gap(
-    layers: str, cache: str, tmp_path, fold_norms: bool = False, scaled_norms: bool = False
-) -> None:
+def _graphed_engine_gap(layers: str, cache: str, tmp_path) -> None:
     """The public config in float16 with real CUDA graphs, `layers` for the decoder stack:
     65 requests (one of 1500 tokens, the rest 5-197), decode at batches 1, 8, 16, 32, 64 and
-    65 (past the largest bucket: eager), up to 8 rows a step checked against the reference.
-    `fold_norms`: the variant's; `scaled_norms`: norms that are not ones (scale_norms)."""
+    65 (past the largest bucket: eager), up to 8 rows a step checked against the reference."""
     import json
     from pathlib import Path
 
@@ -91,10 +77,8 @@ def _graphed_engine_gap(
         pytest.skip("needs CUDA")
     config = json.loads((Path(__file__).parents[3] / "target/model_config.json").read_text())
     save_toy_weights(config, tmp_path / "model.pt")
-    if scaled_norms:
-        scale_norms(tmp_path / "model.pt")
     variant = Variant(cache=cache, block_size=64, attention="triton", layers=layers,
-                      graphs="pow2", prefill_graphs="pow2", fold_norms=fold_norms)  # fmt: skip
+                      graphs="pow2", prefill_graphs="pow2")  # fmt: skip
     engine = build_engine(config, str(tmp_path), "cuda", variant)
     ref = ReferenceModel(config, str(tmp_path), "cuda")
     gen = torch.Generator().manual_seed(0)
