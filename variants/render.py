@@ -98,11 +98,10 @@ def render_source(variant, header: str = "") -> str:
         title,
         "",
         "Rendered by variants/render.py from the component library; it imports only",
-        "torch (and triton where a chosen component needs it).",
+        "torch (and triton where a chosen component needs it). Where it came from, when a",
+        "study wrote it: the comment at the end.",
         "",
     ]
-    if header:
-        lines += [header.rstrip(), ""]
     lines += ["Variant:"] + [f"    {k} = {v!r}" for k, v in variant.to_dict().items()]
     docstring = '"""' + "\n".join(lines).replace('"""', "'''").rstrip() + '\n"""'
     wiring = ", ".join(f"{key}={name}" for key, (_, name) in parts.items())
@@ -115,7 +114,11 @@ def render_source(variant, header: str = "") -> str:
     body = "\n\n".join(sources[m] for m in modules)
     # No `from __future__ import annotations`: string annotations make dataclasses look the
     # module up in sys.modules, and the grader's spec_from_file_location import never adds it.
-    return f"{docstring}\n\n{body}\n\n{tail}"
+    # The header goes last: every line above stays where a trial's render (no header) had it,
+    # and Triton's cache key holds each kernel's line number (docs/PERF.md, run 190), so the
+    # written engine reuses the kernels its trial compiled.
+    about = "".join(f"# {line}".rstrip() + "\n" for line in header.rstrip().splitlines())
+    return f"{docstring}\n\n{body}\n\n{tail}" + (f"\n\n{about}" if about else "")
 
 
 def render_engine(variant, path, header: str = "") -> Path:

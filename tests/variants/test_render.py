@@ -241,10 +241,15 @@ def test_rendered_source_is_standalone(rendered, index):
 
 def test_header_is_kept_and_source_is_deterministic(tmp_path):
     variant = Variant(cache="paged", block_size=32)
-    path = render_engine(variant, tmp_path / "deep" / "engine.py", header='trial 7 of "study"')
+    header = 'Written by run.sh\ntrial 7 of "study"'
+    path = render_engine(variant, tmp_path / "deep" / "engine.py", header=header)
     text = path.read_text()
-    assert 'trial 7 of "study"' in ast.get_docstring(ast.parse(text))
-    assert text == render_source(variant, header='trial 7 of "study"')
+    assert text.endswith('\n\n# Written by run.sh\n# trial 7 of "study"\n')
+    assert text == render_source(variant, header=header)
+    # the header is last: every line above sits where it does without one, so a kernel
+    # compiled from a trial's render (no header) is found in Triton's cache by line number
+    assert text.startswith(render_source(variant))
+    assert "the comment at the end" in ast.get_docstring(ast.parse(text))
     assert [p.name for p in path.parent.iterdir()] == ["engine.py"]  # no temp file left
 
 
