@@ -18,6 +18,20 @@ CORE_MODULES = (
     "variants.engine",
 )
 
+# The Triton kernel modules lead a rendered engine, in this order (each after what it imports):
+# Triton's cache key holds a kernel's line number, so where two variants render the same kernel
+# modules ahead of a kernel, it compiles once for both (docs/PERF.md, run 190). Those that every
+# Triton stack uses come first, the fused and persistent layers' own last.
+KERNEL_ORDER = tuple(
+    f"variants.kernels.{name}"
+    for name in (
+        "device", "pdl", "split_k", "fused_norm", "fused_rope", "fused_silu", "token_check",
+        "prompt_gather", "prefill_attention", "decode_attention_rules", "prefetch",
+        "decode_attention", "row_dot", "staged_dot", "few_row_linear", "norm_qkv_rope",
+        "norm_swiglu", "grid_barrier", "decode_layer",
+    )
+)  # fmt: skip
+
 CACHES = {
     "contiguous": "variants.cache.contiguous:ContiguousKVCache",
     "slab": "variants.cache.slab:SlabKVCache",

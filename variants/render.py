@@ -1,9 +1,9 @@
 """The renderer: Variant -> one standalone engine.py holding only the chosen components.
 
 It copies the source of the core modules and of the chosen components (plus whatever they import
-from us), in dependency order, drops the imports between our modules, and ends with a
-`create_engine` that wires the chosen classes. The result imports only torch (and triton where a
-chosen component does)."""
+from us), in dependency order with the Triton kernels first, drops the imports between our
+modules, and ends with a `create_engine` that wires the chosen classes. The result imports only
+torch (and triton where a chosen component does)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from variants.components import CORE_MODULES, component_paths
+from variants.components import CORE_MODULES, KERNEL_ORDER, component_paths
 
 PACKAGE = "variants"
 
@@ -87,10 +87,19 @@ def _check_unique_names(sources: dict) -> None:
                 owner[n] = module
 
 
+def _kernels_first(modules: list) -> list:
+    """`modules` with the Triton kernel modules (and what they import) moved to the front in
+    KERNEL_ORDER, so a kernel's line does not depend on the cache or layers chosen."""
+    kernels = [m for m in KERNEL_ORDER if m in modules]
+    kernels += [m for m in modules if m.startswith(f"{PACKAGE}.kernels.") and m not in kernels]
+    first = _ordered_modules(kernels)
+    return first + [m for m in modules if m not in first]
+
+
 def render_source(variant, header: str = "") -> str:
     parts = {key: path.split(":") for key, path in component_paths(variant).items()}
     roots = list(CORE_MODULES) + [module for module, _ in parts.values()]
-    modules = _ordered_modules(roots)
+    modules = _kernels_first(_ordered_modules(roots))
     sources = {m: _module_body(m) for m in modules}
     _check_unique_names(sources)
     title = f"Standalone inference engine, variant {variant.name}"

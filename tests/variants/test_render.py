@@ -281,3 +281,26 @@ def test_gpu_variants_render_with_only_their_components(variant):
     assert ("wait_previous" in names) == uses_triton
     assert ("paged_decode_attention" in names) == (variant.attention == "triton")
     assert "capture=use_cuda_graphs" in text
+
+
+def _kernel_lines(variant) -> dict:
+    """{kernel name: line} of every @triton.jit function in the variant's render."""
+    tree = ast.parse(render_source(variant))
+    return {
+        node.name: node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef)
+        and any(ast.unparse(d).startswith("triton.jit") for d in node.decorator_list)
+    }
+
+
+def test_a_kernel_sits_on_the_same_line_whatever_the_cache_and_layers():
+    """Triton's cache key holds a kernel's line number: with the kernels first in a fixed order,
+    a slab and a paged engine, and the Triton and fused stacks, share their compiled kernels."""
+    kw = dict(attention="triton", graphs="pow2", prefill_graphs="pow2")
+    fused = _kernel_lines(Variant(cache="slab", layers="fused-pdl", **kw))
+    paged = _kernel_lines(Variant(cache="paged", block_size=64, layers="fused", **kw))
+    plain = _kernel_lines(Variant(cache="paged", block_size=16, layers="triton", **kw))
+    assert len(plain) > 20 and len(fused) > len(plain)
+    assert paged == fused
+    assert all(fused[name] == line for name, line in plain.items())
