@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check, run on the device machine (H200) over a copy of the tree:
 #   bash scripts/gpu_check.sh [STAGE...]   stages: env tests kernels fewrow decodelayer tune tuneprefill
-#   profile timeline ncu anatomy hostprofile graphlaunch sweep flex table study soak
+#   profile timeline ncu anatomy hostprofile graphlaunch sweep flex table compilereuse study soak
 # (default: all). Writes logs and JSON under $OUT (or workspace/gpu_check) and a summary.txt.
 # Optuna is not installed there: wheels in .whl/ (carried) are installed into /tmp/site first.
 set -uo pipefail
@@ -10,7 +10,7 @@ OUT=${OUT:-workspace/gpu_check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PYTHON:-python3}
-STAGES=${*:-env tests kernels fewrow decodelayer tune tuneprefill profile timeline ncu anatomy hostprofile graphlaunch sweep flex table study soak}
+STAGES=${*:-env tests kernels fewrow decodelayer tune tuneprefill profile timeline ncu anatomy hostprofile graphlaunch sweep flex table compilereuse study soak}
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 note() { echo "$*" | tee -a "$SUMMARY"; }
@@ -109,6 +109,11 @@ if stage table; then
         --timeout 150 \
         --variants "${TABLE_VARIANTS:-slab-sdpa,slab-triton-fused-allgraphs,paged64-triton-fused-allgraphs,paged64-triton-gemv-allgraphs,slab-triton-gemv-allgraphs}"
 fi
+# the written engine reusing its trial's compiled kernels (an empty cache at the start), then
+# the fused layers without PDL on the slab, then on a paged cache (which adds only its own builds)
+stage compilereuse && timed compile_reuse "${REUSE_LIMIT:-300}" "$PY" scripts/compile_reuse.py \
+    --sibling slab-triton-gemv-allgraphs --sibling paged64-triton-gemv-allgraphs \
+    --json "$OUT/compile_reuse.json"
 if stage study; then
     timed run_sh "${STUDY_LIMIT:-420}" bash run.sh --device cuda \
         --budget-minutes "${STUDY_MINUTES:-5}" --fresh
