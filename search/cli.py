@@ -108,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=3,
         help="re-measure this many leaders with the grader's full protocol (default 3; 0: none)",
     )
+    run.add_argument(
+        "--warm-workers",
+        type=int,
+        help="on a GPU, compile the queued assemblies' Triton kernels this many at a time before "
+        "the first trial (default: half the CPU cores, at most 8; 0: off)",
+    )
     run.add_argument("--fresh", action="store_true", help="delete the study and start over")
     run.add_argument("--workspace", default="workspace", help="where engine.py and results.log go")
     run.add_argument("--studies-dir", default="studies", help="where default SQLite studies live")

@@ -49,6 +49,7 @@ def search_with_optuna(job) -> tuple[list[Record], Record | None]:
     """Records of the study, and the verified best when it stands (no search was needed)."""
     from search import study as st
     from search.optimize import Budget, enqueue_known_good, optimize
+    from search.warm_kernels import warm_queued
 
     args = job.args
     name = args.study or st.study_name(job.target.config, job.caps)
@@ -79,6 +80,9 @@ def search_with_optuna(job) -> tuple[list[Record], Record | None]:
         for r in records
         if r.status in ("ok", "infeasible") and r.attrs.get("trial_seconds")
     ]
+    warmed = warm_queued(job, study)
+    if warmed:
+        job.notes.append(warmed)
     budget = Budget(job.deadline, job.trial_timeout, total_s=job.budget_s)
     optimize(study, job.space, job.runner, budget, n_trials=args.trials)
     return st.load_records(study), None

@@ -113,34 +113,39 @@ class TrialRunner:
         limit = self.timeout_s if timeout_s is None else timeout_s
         with tempfile.TemporaryDirectory(prefix="trial-") as tmp:
             tmp = Path(tmp)
-            output = tmp / "result.json"
-            job = {
-                "variant": variant.to_dict(),
-                "config": self.config,
-                "weight_dir": str(self.weight_dir),
-                "device": self.device,
-                "renderer": self.renderer,
-                "traces": list(self.traces),
-                "protocol": protocol,
-                "check": check,
-                "atol": self.atol,
-                "rtol": self.rtol,
-                "tol_share_limit": self.tol_share_limit,
-                "gate_cases": list(self.gate_cases),
-                "ceilings": self.ceilings,
-                "engine_path": str(tmp / "engine.py"),
-                "output": str(output),
-            }
-            (tmp / "job.json").write_text(json.dumps(job))
-            cmd = [self.python, "-m", "search.trial_worker", str(tmp / "job.json")]
-            code, seconds = run_child(cmd, tmp / "log.txt", limit)
-            result = self._result(output, code, limit, tmp / "log.txt")
+            code, seconds = run_child(
+                self.command(variant, tmp, protocol, check), tmp / "log.txt", limit
+            )
+            result = self._result(tmp / "result.json", code, limit, tmp / "log.txt")
             if protocol == "quick" and result["status"] != "failed":
                 self.durations.append(seconds)  # crashes and timeouts say nothing typical
         outcome = outcome_from_result(result, variant, self, protocol)
         outcome.seconds = seconds
         outcome.attrs["trial_seconds"] = round(seconds, 3)
         return outcome
+
+    def command(self, variant, tmp: Path, protocol="quick", check=True, traces=None) -> list[str]:
+        """The worker's command line for `variant`, its job written to `tmp/job.json`; the
+        engine, the result (`tmp/result.json`) and its phase marker go to `tmp` too."""
+        job = {
+            "variant": variant.to_dict(),
+            "config": self.config,
+            "weight_dir": str(self.weight_dir),
+            "device": self.device,
+            "renderer": self.renderer,
+            "traces": list(self.traces if traces is None else traces),
+            "protocol": protocol,
+            "check": check,
+            "atol": self.atol,
+            "rtol": self.rtol,
+            "tol_share_limit": self.tol_share_limit,
+            "gate_cases": list(self.gate_cases),
+            "ceilings": self.ceilings,
+            "engine_path": str(tmp / "engine.py"),
+            "output": str(tmp / "result.json"),
+        }
+        (tmp / "job.json").write_text(json.dumps(job))
+        return [self.python, "-m", "search.trial_worker", str(tmp / "job.json")]
 
     def _result(self, output: Path, code, limit: float, log_path: Path) -> dict:
         if output.is_file():

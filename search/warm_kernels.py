@@ -1,0 +1,106 @@
+"""Compiling the queued assemblies' Triton kernels side by side, before the first trial.
+
+An engine's first run compiles its Triton kernels on one CPU core: 46-70 s for the fused-pdl
+preset on an H200 (PERF runs 190 and 194), most of a trial. Triton keeps them on disk, keyed by
+source and line, so a child that renders the same file and runs the correctness gate leaves them
+for the trial. Several children run at once and nothing is timed meanwhile; one that fails or
+runs out of time costs only its seconds (its trial compiles what is still missing).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from search.trial import run_child
+from search.trial_worker import load_renderer
+
+log = logging.getLogger("search.pipeline")  # the main job's log lines carry one name
+
+# At most this share of the job's budget goes to the warm-up (and never more than a trial).
+BUDGET_SHARE = 0.25
+
+
+@dataclass
+class Warmed:
+    name: str
+    status: str  # the gate's status (ok, infeasible, failed), "timed out" or "not started"
+    seconds: float
+
+
+def default_workers() -> int:
+    """Half the CPU cores (one compiles, one runs the gate's reference), at most eight."""
+    return max(1, min(8, (os.cpu_count() or 2) // 2))
+
+
+def has_triton_kernels(variant, renderer: str) -> bool:
+    with tempfile.TemporaryDirectory(prefix="warm-") as tmp:
+        path = Path(tmp) / "engine.py"
+        load_renderer(renderer)(variant, path, "")
+        return "@triton.jit" in path.read_text()
+
+
+def queued_variants(study) -> list:
+    """The study's enqueued, not yet run assemblies, in queue order."""
+    from optuna.trial import TrialState
+
+    from variants.variant import Variant
+
+    waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    return [
+        Variant.from_dict(t.user_attrs["variant"]) for t in waiting if "variant" in t.user_attrs
+    ]
+
+
+def warm_kernels(runner, variants, limit_s: float, workers: int) -> list[Warmed]:
+    """Render each variant as its trial will and run the correctness gate alone, `workers` at a
+    time, all of it within `limit_s`; each child's outcome."""
+    deadline = time.monotonic() + limit_s
+
+    def one(variant) -> Warmed:
+        left = deadline - time.monotonic()
+        if left < 1.0:
+            return Warmed(variant.name, "not started", 0.0)
+        with tempfile.TemporaryDirectory(prefix="warm-") as tmp:
+            tmp = Path(tmp)
+            cmd = runner.command(variant, tmp, protocol="quick", check=True, traces=())
+            code, seconds = run_child(cmd, tmp / "log.txt", left)
+            result = tmp / "result.json"
+            if code is None:
+                status = "timed out"
+            elif result.is_file():
+                status = json.loads(result.read_text())["status"]
+            else:
+                status = f"exit code {code}"
+        log.info("warm-up of %s: %s in %.1f s", variant.name, status, seconds)
+        return Warmed(variant.name, status, seconds)
+
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        return list(pool.map(one, variants))
+
+
+def warm_queued(job, study) -> str | None:
+    """Warm the kernels of the study's queued assemblies that have Triton kernels (on a GPU,
+    unless `--warm-workers 0`); a note for the results log, or None when nothing ran."""
+    workers = job.args.warm_workers
+    workers = default_workers() if workers is None else workers
+    if workers <= 0 or not job.device.startswith("cuda"):
+        return None
+    variants = [v for v in queued_variants(study) if has_triton_kernels(v, job.runner.renderer)]
+    if not variants:
+        return None
+    limit = min(job.trial_timeout, BUDGET_SHARE * job.budget_s, job.seconds_left())
+    start = time.monotonic()
+    warmed = warm_kernels(job.runner, variants, limit, workers)
+    outcomes = "; ".join(f"{w.name}: {w.status}, {w.seconds:.0f} s" for w in warmed)
+    return (
+        f"kernel warm-up: the {len(variants)} queued assemblies with Triton kernels, "
+        f"{min(workers, len(variants))} at a time, in {time.monotonic() - start:.0f} s "
+        f"(limit {limit:.0f} s): {outcomes}"
+    )

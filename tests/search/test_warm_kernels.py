@@ -1,0 +1,84 @@
+"""The kernel warm-up: which assemblies it takes, its children's outcomes, its time limit."""
+
+import json
+import time
+from types import SimpleNamespace
+
+import optuna
+
+from search.space import SearchSpace
+from search.trial import TrialRunner
+from search.warm_kernels import (
+    default_workers,
+    has_triton_kernels,
+    queued_variants,
+    warm_kernels,
+    warm_queued,
+)
+from variants.presets import PRESETS
+from variants.probe import probe_capabilities
+from variants.variant import Variant
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+CORRECT = Variant(cache="slab", attention="sdpa")
+CRASH = Variant(cache="contiguous", attention="sdpa")  # the fake renderer raises in create_engine
+HANG = Variant(cache="paged", block_size=256, attention="sdpa")  # it sleeps in create_engine
+
+
+def test_only_engines_with_triton_kernels_are_warmed():
+    assert has_triton_kernels(PRESETS["slab-triton-pdl-allgraphs"], "variants.render:render_engine")
+    assert has_triton_kernels(PRESETS["slab-triton-fused-graphs"], "variants.render:render_engine")
+    assert not has_triton_kernels(PRESETS["slab-sdpa-graphs"], "variants.render:render_engine")
+    assert not has_triton_kernels(PRESETS["safest"], "variants.render:render_engine")
+
+
+def test_the_queued_assemblies_in_queue_order(tiny_config):
+    space = SearchSpace(probe_capabilities("cpu", tiny_config))
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    for v in (CORRECT, CRASH):
+        v = space.canonical(v)
+        study.enqueue_trial(space.params_for(v), user_attrs={"variant": v.to_dict()})
+    assert queued_variants(study) == [space.canonical(CORRECT), space.canonical(CRASH)]
+    study.tell(study.ask(), values=[1.0, 1.0])  # the first one ran: no longer queued
+    assert queued_variants(study) == [space.canonical(CRASH)]
+
+
+def test_each_child_reports_its_gate(tiny_config, tiny_weights, fake_renderer, tmp_path):
+    runner = TrialRunner(tiny_config, tiny_weights, "cpu", renderer=fake_renderer)
+    runner.gate_cases = ("public",)
+    warmed = warm_kernels(runner, [CORRECT, CRASH], limit_s=300, workers=2)
+    assert [w.name for w in warmed] == [CORRECT.name, CRASH.name]
+    assert [w.status for w in warmed] == ["ok", "failed"]
+    assert all(0 < w.seconds < 300 for w in warmed)
+    assert runner.durations == []  # warm-ups are not trials: no typical trial time from them
+
+
+def test_a_hung_child_is_killed_at_the_limit_and_later_ones_do_not_start(
+    tiny_config, tiny_weights, fake_renderer
+):
+    runner = TrialRunner(tiny_config, tiny_weights, "cpu", renderer=fake_renderer)
+    start = time.monotonic()
+    warmed = warm_kernels(runner, [HANG, CORRECT], limit_s=6, workers=1)
+    assert time.monotonic() - start < 30  # killed at 6 s (plus the kill's grace)
+    assert warmed[0].status == "timed out" and 5 < warmed[0].seconds < 30
+    assert warmed[1].status == "not started" and warmed[1].seconds == 0.0
+
+
+def test_the_job_file_asks_for_the_gate_alone(tiny_config, tmp_path):
+    runner = TrialRunner(tiny_config, "/weights", "cuda")
+    cmd = runner.command(CORRECT, tmp_path, protocol="quick", check=True, traces=())
+    job = json.loads((tmp_path / "job.json").read_text())
+    assert cmd[-3:] == ["-m", "search.trial_worker", str(tmp_path / "job.json")]
+    assert job["traces"] == [] and job["check"] is True
+    assert job["variant"] == CORRECT.to_dict() and job["engine_path"] == str(tmp_path / "engine.py")
+    runner.command(CORRECT, tmp_path)  # a trial's job: the runner's traces
+    assert json.loads((tmp_path / "job.json").read_text())["traces"] == list(runner.traces)
+
+
+def test_no_warm_up_on_a_cpu_or_when_turned_off():
+    cpu = SimpleNamespace(args=SimpleNamespace(warm_workers=None), device="cpu")
+    assert warm_queued(cpu, study=None) is None
+    off = SimpleNamespace(args=SimpleNamespace(warm_workers=0), device="cuda")
+    assert warm_queued(off, study=None) is None
+    assert 1 <= default_workers() <= 8
