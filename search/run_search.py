@@ -1,6 +1,7 @@
 """The search phase of the main job: the Optuna study (resumed, its model recorded, known-good
-assemblies first, then the sampler inside the budget) or, without Optuna, the ranked defaults
-alone. A study whose verified best still stands is not searched again.
+assemblies first, their Triton kernels compiled side by side on a GPU, then the sampler inside
+the budget) or, without Optuna, the ranked defaults alone. A study whose verified best still
+stands is not searched again.
 """
 
 from __future__ import annotations

@@ -94,3 +94,12 @@ def render_engine(variant, path, header: str = "") -> Path:
     body = TEMPLATE.format(fault=fault_of(variant), delay=delay_of(variant))
     path.write_text(f'"""Fake engine for {variant.name}."""\n{comment}{body}')
     return path
+
+
+def render_marked(variant, path, header: str = "") -> Path:
+    """The fake engine, marked as one with Triton kernels for slab variants (the warm-up's
+    tests: it warms only engines with kernels)."""
+    path = render_engine(variant, path, header)
+    if variant.cache == "slab":
+        path.write_text(path.read_text() + "\n# @triton.jit stands for a kernel here\n")
+    return path

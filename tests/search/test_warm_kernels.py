@@ -2,6 +2,7 @@
 
 import json
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import optuna
@@ -18,6 +19,8 @@ from search.warm_kernels import (
 from variants.presets import PRESETS
 from variants.probe import probe_capabilities
 from variants.variant import Variant
+
+MARKED_RENDERER = f"{Path(__file__).parent / 'fake_render.py'}:render_marked"
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -82,3 +85,28 @@ def test_no_warm_up_on_a_cpu_or_when_turned_off():
     off = SimpleNamespace(args=SimpleNamespace(warm_workers=0), device="cuda")
     assert warm_queued(off, study=None) is None
     assert 1 <= default_workers() <= 8
+
+
+def test_the_main_job_warms_the_queued_assemblies_with_kernels(tiny_config, tiny_weights):
+    space = SearchSpace(probe_capabilities("cpu", tiny_config))
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    queued = [space.canonical(v) for v in (CORRECT, Variant(cache="paged", attention="sdpa"))]
+    for v in queued:
+        study.enqueue_trial(space.params_for(v), user_attrs={"variant": v.to_dict()})
+    runner = TrialRunner(tiny_config, tiny_weights, "cpu", renderer=MARKED_RENDERER)
+    runner.gate_cases = ("public",)
+    job = SimpleNamespace(
+        args=SimpleNamespace(warm_workers=3),
+        device="cuda",  # the warm-up runs on GPUs only; the runner's children run on the CPU
+        runner=runner,
+        trial_timeout=300.0,
+        budget_s=1200.0,
+        seconds_left=lambda: 1000.0,
+    )
+    note = warm_queued(job, study)
+    assert note.startswith(
+        "kernel warm-up: the 1 queued assemblies with Triton kernels, 1 at a time, in "
+    )
+    assert f"(limit 300 s): {queued[0].name}: ok, " in note
+    assert queued[1].name not in note  # no kernels in its engine: not warmed
+    assert len(queued_variants(study)) == 2  # the trials themselves are still to run
