@@ -49,8 +49,8 @@ def enqueue_known_good(study, space, caps, storage, name, hardware, studies_dir)
 class Budget:
     """Wall-clock deadline for the loop and what must stay in reserve after it: the full-protocol
     re-measurement of three leaders (about one trial each on an H200) and the final verification
-    (a third of a trial there), in typical trials, never more than `max_reserve_share` of the
-    whole budget."""
+    (a third of a trial there), in typical trials, plus `after_s` (the shape sweep's limit),
+    never more than `max_reserve_share` of the whole budget."""
 
     deadline: float  # time.monotonic() value
     trial_timeout_s: float
@@ -58,6 +58,7 @@ class Budget:
     reserve_trials: float = 4.0
     max_reserve_share: float = 0.35
     first_guess_s: float = 20.0
+    after_s: float = 0.0
 
     def typical_trial_s(self, durations: list[float]) -> float:
         return statistics.median(durations) if durations else self.first_guess_s
@@ -65,7 +66,8 @@ class Budget:
     def time_for_trial(self, durations: list[float]) -> float | None:
         """Seconds the next trial may take, or None when the budget is spent."""
         typical = self.typical_trial_s(durations)
-        reserve = min(self.reserve_trials * typical, self.max_reserve_share * self.total_s)
+        wanted = self.reserve_trials * typical + self.after_s
+        reserve = min(wanted, self.max_reserve_share * self.total_s)
         left = self.deadline - time.monotonic() - reserve
         if left < 0.75 * typical:
             return None

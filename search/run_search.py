@@ -17,6 +17,13 @@ from variants.variant import Variant
 log = logging.getLogger("search.pipeline")  # the main job's log lines carry one name
 
 
+def sweep_s(job) -> float:
+    """What the shape sweep after the search may take at most (its engines' builds aside)."""
+    from search.sweep_leaders import PIPELINE_LIMIT_S
+
+    return PIPELINE_LIMIT_S["cuda" if job.device.startswith("cuda") else "cpu"]
+
+
 def optuna_available() -> bool:
     try:
         import optuna  # noqa: F401
@@ -84,7 +91,7 @@ def search_with_optuna(job) -> tuple[list[Record], Record | None]:
     warmed = warm_queued(job, study)
     if warmed:
         job.notes.append(warmed)
-    budget = Budget(job.deadline, job.trial_timeout, total_s=job.budget_s)
+    budget = Budget(job.deadline, job.trial_timeout, total_s=job.budget_s, after_s=sweep_s(job))
     optimize(study, job.space, job.runner, budget, n_trials=args.trials)
     return st.load_records(study), None
 
@@ -131,7 +138,7 @@ def search_defaults(job) -> list[Record]:
     from search.optimize import Budget
 
     job.runner.ceilings = measure_ceilings(job.device)
-    budget = Budget(job.deadline, job.trial_timeout, total_s=job.budget_s)
+    budget = Budget(job.deadline, job.trial_timeout, total_s=job.budget_s, after_s=sweep_s(job))
     defaults = ranked_defaults(job.caps)[: job.args.trials or None]
     records = []
     for number, variant in enumerate(defaults):

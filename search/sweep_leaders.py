@@ -15,12 +15,15 @@ from search.sweep_variants import study_variants
 
 log = logging.getLogger("search.sweep_command")  # the sweep's lines in run.sh's log keep one name
 
-# run.sh: the defaults on a GPU, adding shapes for at most 90 s; on a CPU small shapes, and no
+# run.sh: the defaults on a GPU, adding shapes for at most 90 s (less when the budget is nearly
+# spent, never under 20 s: the figures need a few shapes); on a CPU small shapes for 10 s, and no
 # torch.compile variant (its build alone took 12 s on the tiny test model).
 PIPELINE_SETTINGS = {
-    "cpu": ["--batches", "1,2,4", "--lengths", "16,64", "--repeats", "2", "--time-limit", "10"],
-    "cuda": ["--time-limit", "90"],
+    "cpu": ["--batches", "1,2,4", "--lengths", "16,64", "--repeats", "2"],
+    "cuda": [],
 }
+PIPELINE_LIMIT_S = {"cpu": 10.0, "cuda": 90.0}
+MIN_GPU_LIMIT_S = 20.0
 PIPELINE_COMPILE = {"cpu": False, "cuda": True}
 PIPELINE_TIMEOUT_S = {"cpu": 120.0, "cuda": 400.0}  # engine builds come on top of the limit
 
@@ -50,6 +53,7 @@ def sweep_leaders(job, reuse: bool) -> list[str]:
         cmd += ["--model-config", str(job.target.config_path)]
         cmd += ["--weight-dir", str(job.target.weight_dir), "--device", job.device]
         cmd += PIPELINE_SETTINGS[kind]
+        cmd += ["--time-limit", f"{sweep_limit(kind, job.seconds_left()):.0f}"]
         if job.runner.ceilings:
             cmd += ["--ceilings", json.dumps(job.runner.ceilings)]
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -68,6 +72,14 @@ def sweep_leaders(job, reuse: bool) -> list[str]:
         log.warning("the shape sweep ended with %s:\n%s", status, tail(log_path, 1500))
         note += " — " + (tail(log_path, 300).splitlines() or ["no output"])[-1]
     return [note]
+
+
+def sweep_limit(kind: str, seconds_left: float) -> float:
+    """Seconds of shapes for the sweep: on a GPU what is left of the job's budget, within
+    20-90 s; on a CPU always 10."""
+    if kind == "cpu":
+        return PIPELINE_LIMIT_S["cpu"]
+    return max(MIN_GPU_LIMIT_S, min(PIPELINE_LIMIT_S["cuda"], seconds_left))
 
 
 def _same_sweep(path: Path, variants: list[dict], device: str) -> bool:
