@@ -136,16 +136,20 @@ def standing_best(job, study, records: list[Record]) -> Record | None:
 def search_defaults(job) -> list[Record]:
     """No Optuna: the ranked defaults, each in its own process, inside the budget."""
     from search.optimize import Budget
+    from search.warm_kernels import warm_first
 
     job.runner.ceilings = measure_ceilings(job.device)
     budget = Budget(job.deadline, job.trial_timeout, total_s=job.budget_s, after_s=sweep_s(job))
     defaults = ranked_defaults(job.caps)[: job.args.trials or None]
+    defaults = [job.space.canonical(v) for v in defaults]
+    warmed = warm_first(job, defaults)
+    if warmed:
+        job.notes.append(warmed)
     records = []
     for number, variant in enumerate(defaults):
         limit = budget.time_for_trial(job.runner.durations)
         if limit is None:
             break
-        variant = job.space.canonical(variant)
         outcome = job.runner.run(variant, timeout_s=limit)
         log.info("default %d %s: %s", number, variant.name, outcome.status)
         records.append(

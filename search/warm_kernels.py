@@ -85,14 +85,26 @@ def warm_kernels(runner, variants, limit_s: float, workers: int) -> list[Warmed]
         return list(pool.map(one, variants))
 
 
-def warm_queued(job, study) -> str | None:
-    """Warm the kernels of the study's queued assemblies that have Triton kernels (on a GPU,
-    unless `--warm-workers 0`); a note for the results log, or None when nothing ran."""
+def workers_for(job) -> int:
+    """How many children at once: `--warm-workers`, else `default_workers()`; 0 off a GPU."""
+    if not job.device.startswith("cuda"):
+        return 0
     workers = job.args.warm_workers
-    workers = default_workers() if workers is None else workers
-    if workers <= 0 or not job.device.startswith("cuda"):
+    return default_workers() if workers is None else max(0, workers)
+
+
+def warm_queued(job, study) -> str | None:
+    """`warm_first` over the study's queued assemblies."""
+    return warm_first(job, queued_variants(study)) if workers_for(job) else None
+
+
+def warm_first(job, variants: list) -> str | None:
+    """Warm the kernels of those `variants` that have Triton kernels, on a GPU unless
+    `--warm-workers 0`; a note for the results log, or None when nothing ran."""
+    workers = workers_for(job)
+    if not workers:
         return None
-    variants = [v for v in queued_variants(study) if has_triton_kernels(v, job.runner.renderer)]
+    variants = [v for v in variants if has_triton_kernels(v, job.runner.renderer)]
     if not variants:
         return None
     limit = min(job.trial_timeout, BUDGET_SHARE * job.budget_s, job.seconds_left())
@@ -100,7 +112,8 @@ def warm_queued(job, study) -> str | None:
     warmed = warm_kernels(job.runner, variants, limit, workers)
     outcomes = "; ".join(f"{w.name}: {w.status}, {w.seconds:.0f} s" for w in warmed)
     return (
-        f"kernel warm-up: the {len(variants)} queued assemblies with Triton kernels, "
+        f"kernel warm-up: {len(variants)} {'assembly' if len(variants) == 1 else 'assemblies'} "
+        "with Triton kernels to run first, "
         f"{min(workers, len(variants))} at a time, in {time.monotonic() - start:.0f} s "
         f"(limit {limit:.0f} s): {outcomes}"
     )

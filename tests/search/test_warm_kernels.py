@@ -105,7 +105,7 @@ def test_the_main_job_warms_the_queued_assemblies_with_kernels(tiny_config, tiny
     )
     note = warm_queued(job, study)
     assert note.startswith(
-        "kernel warm-up: the 1 queued assemblies with Triton kernels, 1 at a time, in "
+        "kernel warm-up: 1 assembly with Triton kernels to run first, 1 at a time, in "
     )
     assert f"(limit 300 s): {queued[0].name}: ok, " in note
     assert queued[1].name not in note  # no kernels in its engine: not warmed
