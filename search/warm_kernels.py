@@ -94,8 +94,15 @@ def workers_for(job) -> int:
 
 
 def warm_queued(job, study) -> str | None:
-    """`warm_first` over the study's queued assemblies."""
-    return warm_first(job, queued_variants(study)) if workers_for(job) else None
+    """`warm_first` over the study's queued assemblies, those that `--trials` leaves room for."""
+    if not workers_for(job):
+        return None
+    from search.study import started_trials
+
+    queued = queued_variants(study)
+    if job.args.trials is not None:
+        queued = queued[: max(0, job.args.trials - len(started_trials(study)))]
+    return warm_first(job, queued)
 
 
 def warm_first(job, variants: list) -> str | None:

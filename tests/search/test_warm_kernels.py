@@ -96,7 +96,7 @@ def test_the_main_job_warms_the_queued_assemblies_with_kernels(tiny_config, tiny
     runner = TrialRunner(tiny_config, tiny_weights, "cpu", renderer=MARKED_RENDERER)
     runner.gate_cases = ("public",)
     job = SimpleNamespace(
-        args=SimpleNamespace(warm_workers=3),
+        args=SimpleNamespace(warm_workers=3, trials=None),
         device="cuda",  # the warm-up runs on GPUs only; the runner's children run on the CPU
         runner=runner,
         trial_timeout=300.0,
@@ -110,3 +110,25 @@ def test_the_main_job_warms_the_queued_assemblies_with_kernels(tiny_config, tiny
     assert f"(limit 300 s): {queued[0].name}: ok, " in note
     assert queued[1].name not in note  # no kernels in its engine: not warmed
     assert len(queued_variants(study)) == 2  # the trials themselves are still to run
+
+
+def test_no_more_warm_ups_than_trials_asked_for(tiny_config, tiny_weights):
+    """`--trials 1`: only the first queued assembly is warmed."""
+    space = SearchSpace(probe_capabilities("cpu", tiny_config))
+    study = optuna.create_study(directions=["maximize", "minimize"])
+    queued = [space.canonical(v) for v in (CORRECT, Variant(cache="slab", attention="manual"))]
+    for v in queued:
+        study.enqueue_trial(space.params_for(v), user_attrs={"variant": v.to_dict()})
+    runner = TrialRunner(tiny_config, tiny_weights, "cpu", renderer=MARKED_RENDERER)
+    runner.gate_cases = ("public",)
+    job = SimpleNamespace(
+        args=SimpleNamespace(warm_workers=2, trials=1),
+        device="cuda",
+        runner=runner,
+        trial_timeout=300.0,
+        budget_s=1200.0,
+        seconds_left=lambda: 1000.0,
+    )
+    note = warm_queued(job, study)
+    assert note.startswith("kernel warm-up: 1 assembly with Triton kernels to run first")
+    assert queued[0].name in note and queued[1].name not in note
