@@ -37,14 +37,10 @@ def test_only_engines_with_triton_kernels_are_warmed():
 
 
 def test_the_queued_assemblies_in_queue_order(tiny_config):
-    space = SearchSpace(probe_capabilities("cpu", tiny_config))
-    study = optuna.create_study(directions=["maximize", "minimize"])
-    for v in (CORRECT, CRASH):
-        v = space.canonical(v)
-        study.enqueue_trial(space.params_for(v), user_attrs={"variant": v.to_dict()})
-    assert queued_variants(study) == [space.canonical(CORRECT), space.canonical(CRASH)]
+    study, queued = queued_study(tiny_config, [CORRECT, CRASH])
+    assert queued_variants(study) == queued
     study.tell(study.ask(), values=[1.0, 1.0])  # the first one ran: no longer queued
-    assert queued_variants(study) == [space.canonical(CRASH)]
+    assert queued_variants(study) == queued[1:]
 
 
 def test_each_child_reports_its_gate(tiny_config, tiny_weights, fake_renderer, tmp_path):
@@ -87,23 +83,35 @@ def test_no_warm_up_on_a_cpu_or_when_turned_off():
     assert 1 <= default_workers() <= 8
 
 
-def test_the_main_job_warms_the_queued_assemblies_with_kernels(tiny_config, tiny_weights):
-    space = SearchSpace(probe_capabilities("cpu", tiny_config))
+def queued_study(config, variants):
+    """A study with `variants` enqueued as the main job enqueues them; their canonical forms."""
+    space = SearchSpace(probe_capabilities("cpu", config))
     study = optuna.create_study(directions=["maximize", "minimize"])
-    queued = [space.canonical(v) for v in (CORRECT, Variant(cache="paged", attention="sdpa"))]
+    queued = [space.canonical(v) for v in variants]
     for v in queued:
         study.enqueue_trial(space.params_for(v), user_attrs={"variant": v.to_dict()})
-    runner = TrialRunner(tiny_config, tiny_weights, "cpu", renderer=MARKED_RENDERER)
+    return study, queued
+
+
+def gpu_job(config, weights, workers: int, trials=None):
+    """A main job on a GPU as the warm-up sees it; its children run on the CPU, with the fake
+    engine marked as one with kernels for slab variants."""
+    runner = TrialRunner(config, weights, "cpu", renderer=MARKED_RENDERER)
     runner.gate_cases = ("public",)
-    job = SimpleNamespace(
-        args=SimpleNamespace(warm_workers=3, trials=None),
-        device="cuda",  # the warm-up runs on GPUs only; the runner's children run on the CPU
+    args = SimpleNamespace(warm_workers=workers, trials=trials)
+    return SimpleNamespace(
+        args=args,
+        device="cuda",
         runner=runner,
         trial_timeout=300.0,
         budget_s=1200.0,
         seconds_left=lambda: 1000.0,
     )
-    note = warm_queued(job, study)
+
+
+def test_the_main_job_warms_the_queued_assemblies_with_kernels(tiny_config, tiny_weights):
+    study, queued = queued_study(tiny_config, [CORRECT, Variant(cache="paged", attention="sdpa")])
+    note = warm_queued(gpu_job(tiny_config, tiny_weights, workers=3), study)
     assert note.startswith(
         "kernel warm-up: 1 assembly with Triton kernels to run first, 1 at a time, in "
     )
@@ -114,21 +122,7 @@ def test_the_main_job_warms_the_queued_assemblies_with_kernels(tiny_config, tiny
 
 def test_no_more_warm_ups_than_trials_asked_for(tiny_config, tiny_weights):
     """`--trials 1`: only the first queued assembly is warmed."""
-    space = SearchSpace(probe_capabilities("cpu", tiny_config))
-    study = optuna.create_study(directions=["maximize", "minimize"])
-    queued = [space.canonical(v) for v in (CORRECT, Variant(cache="slab", attention="manual"))]
-    for v in queued:
-        study.enqueue_trial(space.params_for(v), user_attrs={"variant": v.to_dict()})
-    runner = TrialRunner(tiny_config, tiny_weights, "cpu", renderer=MARKED_RENDERER)
-    runner.gate_cases = ("public",)
-    job = SimpleNamespace(
-        args=SimpleNamespace(warm_workers=2, trials=1),
-        device="cuda",
-        runner=runner,
-        trial_timeout=300.0,
-        budget_s=1200.0,
-        seconds_left=lambda: 1000.0,
-    )
-    note = warm_queued(job, study)
+    study, queued = queued_study(tiny_config, [CORRECT, Variant(cache="slab", attention="manual")])
+    note = warm_queued(gpu_job(tiny_config, tiny_weights, workers=2, trials=1), study)
     assert note.startswith("kernel warm-up: 1 assembly with Triton kernels to run first")
     assert queued[0].name in note and queued[1].name not in note
