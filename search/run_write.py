@@ -6,22 +6,45 @@ verification in a fresh process, and the verified best remembered in the study.
 from __future__ import annotations
 
 import hashlib
+import statistics
 import time
 from pathlib import Path
 
 from search.records import Record
-from search.select import remeasure_leaders, verify_engine
+from search.select import rank, remeasure_leaders, verify_engine
 from variants.presets import ranked_defaults
 
 
 def remeasure(job, records: list[Record]) -> None:
-    measured = remeasure_leaders(records, job.runner, job.args.remeasure, job.seconds_left)
+    """The leaders with the full protocol, in the time that the steps after it leave."""
+    after = after_remeasure_s(job)
+    measured = remeasure_leaders(
+        records, job.runner, job.args.remeasure, lambda: job.seconds_left() - after
+    )
+    left = [r for r in rank(records)[: job.args.remeasure] if not r.has_full]
+    left = [r for r in left if r.number not in measured]
+    if left:
+        job.notes.append(
+            f"full-protocol re-measure: {len(left)} leader(s) keep their screening numbers; the "
+            f"verification and the shape sweep need the budget's last {after:.0f} s"
+        )
     for r in records:
         r.attrs.update(measured.get(r.number, {}))
     if measured and job.study is not None:
         from search.study import update_study_attr
 
         update_study_attr(job.study, "full_protocol", {str(n): a for n, a in measured.items()})
+
+
+def after_remeasure_s(job) -> float:
+    """What the steps after the re-measurement need at the least: the verification, about one
+    typical trial (21 s against 19 s on an H200, PERF run 198), and the shape sweep at its least.
+    Without this a 4-minute study on an H200 took 297 s (run 198)."""
+    from search.sweep_leaders import least_sweep_s
+
+    durations = job.runner.durations
+    typical = statistics.median(durations) if durations else 20.0
+    return typical + least_sweep_s("cuda" if job.device.startswith("cuda") else "cpu")
 
 
 def candidates(job, records: list[Record], ranked: list[Record]) -> list[Record]:

@@ -1,0 +1,88 @@
+"""The main job's re-measurement leaves the verification and the shape sweep their time."""
+
+from types import SimpleNamespace
+
+from search.records import Record
+from search.run_write import after_remeasure_s, remeasure
+from variants.variant import Variant
+
+
+class Clock:
+    def __init__(self, left: float):
+        self.left = left
+
+
+class FakeRunner:
+    """Each full-protocol run takes its trial's seconds off the clock."""
+
+    def __init__(self, clock: Clock, durations: list[float]):
+        self.clock, self.durations, self.runs = clock, durations, []
+
+    def run(self, variant, protocol, check, timeout_s):
+        self.runs.append(variant.name)
+        self.clock.left -= 20.0
+        attrs = {"full_tokens_per_s": 1000.0 - len(self.runs)}
+        return SimpleNamespace(status="ok", attrs=attrs, reason="")
+
+
+def job(device: str, left: float, durations=(19.0, 20.0, 18.0, 22.0)):
+    clock = Clock(left)
+    return SimpleNamespace(
+        device=device,
+        runner=FakeRunner(clock, list(durations)),
+        args=SimpleNamespace(remeasure=3),
+        seconds_left=lambda: clock.left,
+        study=None,
+        notes=[],
+    )
+
+
+def leaders(n: int = 3) -> list[Record]:
+    return [
+        Record(
+            i,
+            "ok",
+            Variant(cache="paged", block_size=16 * (i + 1)).to_dict(),
+            {
+                "tokens_per_s": 100.0 - i,
+                "peak_mib": 1.0,
+                "constraint": [-1.0],
+                "variant_name": f"v{i}",
+                "trial_seconds": 20.0,
+            },  # fmt: skip
+            (100.0 - i, 1.0),
+        )
+        for i in range(n)
+    ]
+
+
+def test_after_the_remeasure_a_gpu_job_keeps_a_trial_and_the_least_sweep():
+    # the median trial (19.5 s) for the verification, 20 s of shapes and 28 s of builds
+    assert after_remeasure_s(job("cuda:0", 100.0)) == 19.5 + 48.0
+    assert after_remeasure_s(job("cuda", 100.0, durations=())) == 20.0 + 48.0
+    assert after_remeasure_s(job("cpu", 100.0)) == 19.5 + 10.0
+
+
+def test_a_short_budget_skips_the_remeasure_rather_than_overrunning():
+    # PERF run 198: 84 s were left after the search of a 4-minute study; re-measuring three
+    # leaders there, then verifying and sweeping, ended 57 s past the budget.
+    short = job("cuda", 84.0)
+    records = leaders()
+    remeasure(short, records)
+    assert short.runner.runs == []
+    assert not any("full_tokens_per_s" in r.attrs for r in records)
+    assert short.notes == [
+        "full-protocol re-measure: 3 leader(s) keep their screening numbers; the verification "
+        "and the shape sweep need the budget's last 68 s"
+    ]
+
+
+def test_the_leaders_are_remeasured_while_the_later_steps_still_fit():
+    # 67.5 s kept for later and 30 s expected a leader: 62.5 s free before the first, 42.5 s
+    # before the second, 22.5 s before the third.
+    roomy = job("cuda", 130.0)
+    records = leaders()
+    remeasure(roomy, records)
+    assert roomy.runner.runs == [Variant.from_dict(records[i].variant).name for i in (0, 1)]
+    assert [("full_tokens_per_s" in r.attrs) for r in records] == [True, True, False]
+    assert roomy.notes[0].startswith("full-protocol re-measure: 1 leader(s) keep their screening")
