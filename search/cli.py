@@ -112,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--warm-workers",
         type=int,
         help="on a GPU, compile the queued assemblies' Triton kernels this many at a time before "
-        "the first trial (default: half the CPU cores, at most 8; 0: off)",
+        "the first trial (default: half the CPU cores, at most 8, and no more than fit in the "
+        "GPU's free memory; 0: off)",
     )
     run.add_argument("--fresh", action="store_true", help="delete the study and start over")
     run.add_argument("--workspace", default="workspace", help="where engine.py and results.log go")

@@ -34,10 +34,40 @@ class Warmed:
     seconds: float
 
 
+# Beyond its weights and cache a child's engine took about 0.9 GiB (graph pools, workspace): a
+# trial's peak was 10,325 MiB with 9,216 MiB of slab and 228 MiB of weights (PERF run 196).
+CHILD_EXTRA_BYTES = 1 << 30
+
+
 def default_workers() -> int:
     """Half the CPU cores, at most eight: in PERF run 196 six children on 16 cores took 56 s,
     as long as the slowest of them."""
     return max(1, min(8, (os.cpu_count() or 2) // 2))
+
+
+def workers_in_memory(free_bytes: int, weight_bytes: int, cache_bytes: int) -> int:
+    """How many children fit in 80% of the GPU's free memory, each as much as one engine alone
+    takes: its weights, a cache of `cache_bytes` and `CHILD_EXTRA_BYTES`. At least one."""
+    child = weight_bytes + cache_bytes + CHILD_EXTRA_BYTES
+    return max(1, int(0.8 * free_bytes) // child)
+
+
+def memory_workers(job) -> int:
+    """`workers_in_memory` for this job's GPU and model: the weights at their files' size (an
+    upper bound: float32 files load as float16), the cache as large as a slab engine makes it
+    alone (the largest of the layouts)."""
+    import torch
+
+    from variants.engine import kv_capacity_tokens
+    from variants.spec import ModelSpec
+
+    device = torch.device(job.device)
+    free, _ = torch.cuda.mem_get_info(device)
+    spec = ModelSpec.from_config(job.target.config)
+    dtype = spec.compute_dtype(device)
+    cache = kv_capacity_tokens(spec, device, dtype, "slab") * spec.kv_bytes_per_token(dtype)
+    weights = sum(p.stat().st_size for p in Path(job.target.weight_dir).iterdir() if p.is_file())
+    return workers_in_memory(free, weights, cache)
 
 
 def has_triton_kernels(variant, renderer: str) -> bool:
@@ -87,11 +117,14 @@ def warm_kernels(runner, variants, limit_s: float, workers: int) -> list[Warmed]
 
 
 def workers_for(job) -> int:
-    """How many children at once: `--warm-workers`, else `default_workers()`; 0 off a GPU."""
+    """How many children at once: `--warm-workers`, else `default_workers()` or as many as fit
+    in the GPU's memory, the fewer; 0 off a GPU."""
     if not job.device.startswith("cuda"):
         return 0
     workers = job.args.warm_workers
-    return default_workers() if workers is None else max(0, workers)
+    if workers is not None:
+        return max(0, workers)
+    return min(default_workers(), memory_workers(job))
 
 
 def warm_queued(job, study) -> str | None:

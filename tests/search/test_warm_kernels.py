@@ -6,15 +6,21 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import optuna
+import pytest
+import torch
 
 from search.space import SearchSpace
+from search.target import resolve_target
 from search.trial import TrialRunner
 from search.warm_kernels import (
     default_workers,
     has_triton_kernels,
+    memory_workers,
     queued_variants,
     warm_kernels,
     warm_queued,
+    workers_for,
+    workers_in_memory,
 )
 from variants.presets import PRESETS
 from variants.probe import probe_capabilities
@@ -126,3 +132,42 @@ def test_no_more_warm_ups_than_trials_asked_for(tiny_config, tiny_weights):
     note = warm_queued(gpu_job(tiny_config, tiny_weights, workers=2, trials=1), study)
     assert note.startswith("kernel warm-up: 1 assembly with Triton kernels to run first")
     assert queued[0].name in note and queued[1].name not in note
+
+
+GIB = 1 << 30
+
+
+def test_the_children_that_fit_in_the_gpus_memory():
+    # the public config: 456 MB of float32 files; a slab of 64 x 4096 tokens is 9 GiB on an
+    # H200 (140 GiB free), 30% of the free memory on a 24 GB GPU
+    weights = 456 * 10**6
+    assert workers_in_memory(140 * GIB, weights, 9 * GIB) == 10
+    assert workers_in_memory(int(23.5 * GIB), weights, int(0.3 * 23.5 * GIB)) == 2
+    assert workers_in_memory(4 * GIB, weights, 3 * GIB) == 1  # never none by default
+
+
+def test_warm_workers_given_is_taken_as_it_is(tiny_config, tiny_weights):
+    job = gpu_job(tiny_config, tiny_weights, workers=5)
+    assert workers_for(job) == 5  # no GPU is asked: an explicit count wins
+    job.args.warm_workers = 0
+    assert workers_for(job) == 0
+    job.device, job.args.warm_workers = "cpu", 5
+    assert workers_for(job) == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_memory_bounds_the_default_count(tmp_path):
+    """The public target on this GPU: as many children as its free memory holds (6 or more on
+    an H200, so there the cores decide)."""
+    target = resolve_target(None, None)
+    if not (Path(target.weight_dir) / "model.pt").is_file():
+        pytest.skip("the public target's weights are not generated")
+    job = SimpleNamespace(device="cuda", target=target, args=SimpleNamespace(warm_workers=None))
+    fits = memory_workers(job)
+    free, total = torch.cuda.mem_get_info()
+    assert fits >= 1
+    assert fits * (1 << 30) <= 0.8 * free  # each child is counted at more than a GiB
+    if total > 100 * (1 << 30):
+        assert fits >= 6
+    assert workers_for(job) == min(default_workers(), fits)
