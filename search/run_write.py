@@ -21,8 +21,11 @@ def remeasure(job, records: list[Record]) -> None:
     measured = remeasure_leaders(
         records, job.runner, job.args.remeasure, lambda: job.seconds_left() - after
     )
-    left = [r for r in rank(records)[: job.args.remeasure] if not r.has_full]
-    left = [r for r in left if r.number not in measured]
+    left = [
+        r
+        for r in rank(records)[: job.args.remeasure]
+        if not r.has_full and r.number not in measured
+    ]
     if left:
         job.notes.append(
             f"full-protocol re-measure: {len(left)} leader(s) keep their screening numbers; the "
@@ -42,8 +45,9 @@ def after_remeasure_s(job) -> float:
     Without this a 4-minute study on an H200 took 297 s (run 198)."""
     from search.sweep_leaders import least_sweep_s
 
-    durations = job.runner.durations
-    typical = statistics.median(durations) if durations else 20.0
+    typical = 20.0  # no trial yet: Budget's first guess (optimize.py imports Optuna; not here)
+    if job.runner.durations:
+        typical = statistics.median(job.runner.durations)
     return typical + least_sweep_s("cuda" if job.device.startswith("cuda") else "cpu")
 
 
