@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check, run on the device machine (H200) over a copy of the tree:
 #   bash scripts/gpu_check.sh [STAGE...]   stages: env tests kernels fewrow decodelayer tune tuneprefill
-#   profile timeline ncu anatomy hostprofile graphlaunch sweep flex table compilereuse study soak
+#   profile timeline ncu anatomy hostprofile graphlaunch sweep flex table compilereuse study grader
+#   soak
 # (default: all). Writes logs and JSON under $OUT (or workspace/gpu_check) and a summary.txt.
 # Optuna is not installed there: wheels in .whl/ (carried) are installed into /tmp/site first.
 set -uo pipefail
@@ -121,6 +122,24 @@ if stage study; then
     cp -r studies "$OUT/studies" 2>/dev/null  # the study, its report and sweep, for docs/
     [ -n "${STUDY_PUBLIC_TESTS-1}" ] && timed public_tests 240 bash scripts/run_public_tests.sh \
         workspace/engine.py cuda
+fi
+# the course's own evaluator (a stage3 skeleton checkout in COURSE_SKELETON, default .course/stage3)
+# on the fastest preset, the process capped at the grader's 24 GiB; what an engine holds and the
+# peak of the grader's pattern per trace
+if stage grader; then
+    "$PY" - <<'PY'
+from variants.presets import PRESETS
+from variants.render import render_engine
+render_engine(PRESETS["slab-triton-pdl-allgraphs"], "workspace/grader_engine.py", "", 8.0)
+PY
+    timed course_grader "${GRADER_LIMIT:-300}" "$PY" scripts/course_grader.py \
+        --skeleton "${COURSE_SKELETON:-.course/stage3}" --engine workspace/grader_engine.py \
+        --memory-cap-gib 24 --json "$OUT/course_grader.json"
+    timed public_bench 200 "$PY" evaluator/benchmark_throughput.py \
+        --engine workspace/grader_engine.py --device cuda --suite public --json "$OUT/public.json"
+    timed engine_memory "${MEMORY_LIMIT:-240}" "$PY" scripts/engine_memory.py \
+        --preset slab-triton-pdl-allgraphs --preset paged64-triton-gemv-allgraphs \
+        --json "$OUT/engine_memory.json"
 fi
 stage soak && timed soak 300 "$PY" -m pytest -s -m gpu -p no:cacheprovider \
     tests/variants/test_soak.py

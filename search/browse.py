@@ -9,6 +9,7 @@ from pathlib import Path
 from search import study as st
 from search.records import Record
 from search.report import summary, trial_line
+from search.run_setup import ENGINES_ALIVE
 from search.select import rank
 from search.trial_worker import load_renderer
 from variants.variant import Variant
@@ -83,7 +84,9 @@ def render(args) -> int:
     record = _pick(study, st.load_records(study), args.trial)
     variant = Variant.from_dict(record.variant)
     header = f"variant {variant.name} from study {study.study_name}, trial {record.number}"
-    path = load_renderer(args.renderer)(variant, Path(args.output), header)
+    budget = study.user_attrs.get("memory_budget_gib")
+    engine_budget = None if budget is None else budget / ENGINES_ALIVE
+    path = load_renderer(args.renderer)(variant, Path(args.output), header, engine_budget)
     print(f"wrote {path or args.output}: trial {record.number} {variant.name}")
     print(json.dumps(variant.to_dict(), sort_keys=True))
     return 0

@@ -103,6 +103,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _search_args(run)
     run.add_argument(
+        "--memory-budget-gib",
+        type=float,
+        help="the most GPU memory (host memory on a CPU) the grader's pattern may take: a "
+        "warm-up engine and two repeats alive at once; an assembly over it is rejected, and the "
+        "written engine holds at most a third of it (default 24 for the course's target, whose "
+        "grader is an RTX 3090; else this device's memory)",
+    )
+    run.add_argument(
         "--remeasure",
         type=int,
         default=3,

@@ -73,9 +73,11 @@ class RunJob:
                 for r in candidates(self, records, ranked)
                 if r.number not in {f.number for f in first}
             ]
+            render = load_renderer(self.args.renderer)
+            budget = self.runner.engine_budget_gib
             attempts = write_verified(
                 first + rest,
-                load_renderer(self.args.renderer),
+                lambda variant, path, text: render(variant, path, text, budget),
                 self.workspace,
                 verify(self, benchmark=standing is None),
                 lambda record: header(self, record),

@@ -36,7 +36,7 @@ def top_table(ranked: list[Record], n: int = 5) -> str:
     if not ranked:
         return "(no correct trial)"
     traces = trace_names(ranked)
-    header = ["rank", "trial", "variant", "tok/s (gmean)", "peak MiB", "protocol"]
+    header = ["rank", "trial", "variant", "tok/s (gmean)", "grader peak MiB", "protocol"]
     header += [f"{t} tok/s" for t in traces] + ["max err", "tol share"]
     rows = []
     for i, r in enumerate(ranked[:n], 1):
@@ -95,8 +95,14 @@ def trial_line(r: Record) -> str:
             for n in trace_names([r])
             if n in per
         )
+        peak = f"peak {_num(a.get('peak_mib'), 0)} MiB"
+        if a.get("engine_peak_mib") is not None:  # the peak is the grader's pattern's
+            peak = (
+                f"peak {_num(a.get('peak_mib'), 0)} MiB in the grader's pattern "
+                f"({_num(a.get('engine_peak_mib'), 0)} one engine)"
+            )
         body = (
-            f" | {_num(a.get('tokens_per_s'))} tok/s gmean, peak {_num(a.get('peak_mib'), 0)} MiB,"
+            f" | {_num(a.get('tokens_per_s'))} tok/s gmean, {peak},"
             f" create {_num(a.get('create_s'), 2)} s | tok/s/decode tok/s per trace: {traces}"
         )
         if r.has_full:

@@ -109,6 +109,7 @@ def prepare_study(job, study) -> None:
         "traces": list(job.runner.traces),
         "objectives": "maximize geometric-mean tokens/s over the traces; minimize peak MiB",
         "ceilings": job.runner.ceilings,
+        "memory_budget_gib": job.memory_budget_gib,
     }
     for key, value in attrs.items():
         if study.user_attrs.get(key) != value:

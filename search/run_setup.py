@@ -17,6 +17,11 @@ from variants.probe import probe_capabilities
 log = logging.getLogger("search.pipeline")  # the main job's log lines carry one name
 
 DEFAULT_BUDGET_MIN = {"cuda": 20.0, "cpu": 5.0}
+# The course's grader runs on an RTX 3090: its target's memory budget by default.
+COURSE_GRADER_GIB = 24.0
+# Engines alive at once in the grader's pattern: the warm-up engine, the last repeat's and the
+# one being built. Each written engine gets this share of the memory budget (MEMORY_BUDGET_GIB).
+ENGINES_ALIVE = 3
 DEFAULT_TRIAL_TIMEOUT_S = {"cuda": 300.0, "cpu": 180.0}
 CPU_STRESS_MAX_POSITIONS = 1024  # above this, CPU trials skip the stress case (see gate_cases)
 
@@ -59,6 +64,12 @@ def set_up(job) -> None:
     job.trial_timeout = args.trial_timeout or DEFAULT_TRIAL_TIMEOUT_S[kind]
     job.notes.append(f"budget {minutes:g} min, trial limit {job.trial_timeout:.0f} s")
     job.environment = describe_environment(job.device)
+    job.memory_budget_gib, why = memory_budget_gib(args, job.device)
+    job.notes.append(
+        f"memory budget {job.memory_budget_gib:g} GiB ({why}): an assembly whose peak in the "
+        "grader's pattern (a warm-up engine and two repeats alive) exceeds it is rejected; the "
+        f"written engine's MEMORY_BUDGET_GIB is a third of it"
+    )
     job.runner = TrialRunner(
         job.target.config,
         str(job.target.weight_dir),
@@ -67,6 +78,8 @@ def set_up(job) -> None:
         traces=objective_traces(job, kind),
         timeout_s=job.trial_timeout,
         gate_cases=gate_cases(job, kind),
+        memory_budget_mib=1024 * job.memory_budget_gib,
+        engine_budget_gib=job.memory_budget_gib / ENGINES_ALIVE,
     )
     # Verification runs public and stress in a fresh process: on a CPU with a long context the
     # stress case alone took over 10 minutes (public config, 2 cores).
@@ -78,6 +91,33 @@ def set_up(job) -> None:
         job.device,
         job.space.size,
     )
+
+
+def device_memory_gib(device: str) -> float:
+    """The GPU's memory, or the host's (MemTotal) for a CPU."""
+    import torch
+
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_properties(torch.device(device)).total_memory / 2**30
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) / 2**20
+    return 16.0  # (not Linux: a laptop's worth)
+
+
+def memory_budget_gib(args, device: str) -> tuple[float, str]:
+    """--memory-budget-gib; else the course's grader's GPU for the course's target (no
+    --model-config); else this device's memory."""
+    if args.memory_budget_gib is not None:
+        if args.memory_budget_gib <= 0:
+            raise SystemExit(
+                f"error: --memory-budget-gib must be > 0, got {args.memory_budget_gib}"
+            )
+        return args.memory_budget_gib, "--memory-budget-gib"
+    if args.model_config is None:
+        return COURSE_GRADER_GIB, "the course's target: its grader is a 24 GB RTX 3090"
+    return round(device_memory_gib(device), 1), "this device's memory"
 
 
 def gate_cases(job, kind: str) -> tuple[str, ...]:

@@ -154,6 +154,31 @@ def _floor_efficiency(trace, config: dict, device: str, ceilings, seconds: float
         return None
 
 
+def grader_peak(create_engine, job: dict, per_trace: dict) -> float:
+    """The peak (MiB) of the trace that took the most memory, in the grader's pattern (a
+    warm-up engine and two repeats: three engines alive while the last is built); the full
+    protocol measured every trace that way already."""
+    from evaluator.benchmark import time_trace
+    from evaluator.benchmark_traces import get_trace
+
+    if job["protocol"] == "full":
+        return max(t["peak_mib"] for t in per_trace.values())
+    name = max(per_trace, key=lambda n: per_trace[n]["peak_mib"])
+    trace = get_trace(name, job["config"])
+    args = (create_engine, job["config"], job["weight_dir"], job["device"], trace)
+    return time_trace(*args, warmup=1, repeat=2, fresh_engine=True)["peak_mib"]
+
+
+def over_budget(peak_mib: float, job: dict) -> str | None:
+    budget = job.get("memory_budget_mib")
+    if budget is None or peak_mib <= budget:
+        return None
+    return (
+        f"peak {peak_mib:.0f} MiB in the grader's pattern (a warm-up engine and two repeats "
+        f"alive) is over the memory budget of {budget:.0f} MiB"
+    )
+
+
 def run_job(job: dict, phases: Phases) -> dict:
     from evaluator.engine_loader import load_engine_module
     from variants.variant import Variant
@@ -162,7 +187,7 @@ def run_job(job: dict, phases: Phases) -> dict:
     phases.enter("render")
     render = load_renderer(job.get("renderer") or DEFAULT_RENDERER)
     engine_path = Path(job["engine_path"])
-    render(variant, engine_path, job.get("header", ""))
+    render(variant, engine_path, job.get("header", ""), job.get("engine_budget_gib"))
     phases.enter("import")
     create_engine = load_engine_module(engine_path).create_engine
     result: dict = {"status": "ok", "reason": None}
@@ -173,6 +198,11 @@ def run_job(job: dict, phases: Phases) -> dict:
             return result
     phases.enter("benchmark")
     result["traces"] = measure(create_engine, job)
+    if result["traces"]:  # (a kernel warm-up times nothing)
+        phases.enter("memory")
+        result["grader_peak_mib"] = grader_peak(create_engine, job, result["traces"])
+        if (reason := over_budget(result["grader_peak_mib"], job)) is not None:
+            result.update(status="infeasible", reason=reason)
     return result
 
 

@@ -54,18 +54,18 @@ def workers_in_memory(free_bytes: int, weight_bytes: int, cache_bytes: int) -> i
 
 def memory_workers(job) -> int:
     """`workers_in_memory` for this job's GPU and model: the weights at their files' size (an
-    upper bound: float32 files load as float16), the cache as large as a slab engine makes it
-    alone (the largest of the layouts)."""
+    upper bound: float32 files load as float16), the cache as large as an engine's first one
+    (the gate's traces stay near it)."""
     import torch
 
-    from variants.engine import kv_capacity_tokens
+    from variants.engine import FIRST_CACHE_TOKENS
     from variants.spec import ModelSpec
 
     device = torch.device(job.device)
     free, _ = torch.cuda.mem_get_info(device)
     spec = ModelSpec.from_config(job.target.config)
     dtype = spec.compute_dtype(device)
-    cache = kv_capacity_tokens(spec, device, dtype, "slab") * spec.kv_bytes_per_token(dtype)
+    cache = FIRST_CACHE_TOKENS * spec.kv_bytes_per_token(dtype)
     weights = sum(p.stat().st_size for p in Path(job.target.weight_dir).iterdir() if p.is_file())
     return workers_in_memory(free, weights, cache)
 

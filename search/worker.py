@@ -15,7 +15,12 @@ from pathlib import Path
 
 from search import study as st
 from search.optimize import Budget, enqueue_known_good, optimize
-from search.run_setup import DEFAULT_TRIAL_TIMEOUT_S, measure_ceilings, resolve_device
+from search.run_setup import (
+    DEFAULT_TRIAL_TIMEOUT_S,
+    ENGINES_ALIVE,
+    measure_ceilings,
+    resolve_device,
+)
 from search.space import SearchSpace
 from search.trial import TrialRunner
 from search.trial_worker import OBJECTIVE_TRACES
@@ -75,6 +80,9 @@ def worker(args) -> int:
         timeout_s=timeout,
         ceilings=attrs.get("ceilings") or measure_ceilings(device),
     )
+    if attrs.get("memory_budget_gib"):  # the study's, as `run` recorded it
+        runner.memory_budget_mib = 1024 * attrs["memory_budget_gib"]
+        runner.engine_budget_gib = attrs["memory_budget_gib"] / ENGINES_ALIVE
     minutes = args.budget_minutes or 24 * 60
     budget = Budget(start + 60 * minutes, timeout, reserve_trials=0.0)
     ran = optimize(study, space, runner, budget, n_trials=args.trials)

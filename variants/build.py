@@ -11,6 +11,8 @@ def resolve(path: str):
     return getattr(importlib.import_module(module), name)
 
 
-def build_engine(config: dict, weight_dir: str, device: str, variant):
+def build_engine(config: dict, weight_dir: str, device: str, variant, memory_budget_gib=None):
     parts = {key: resolve(path) for key, path in component_paths(variant).items()}
-    return assemble_engine(config, weight_dir, device, variant, **parts)
+    return assemble_engine(
+        config, weight_dir, device, variant, **parts, memory_budget_gib=memory_budget_gib
+    )

@@ -10,6 +10,7 @@ import torch
 
 from variants.attention.padding import PrefillBatch
 from variants.cache.plans import CachePlan
+from variants.cache.pool import CacheFullError
 from variants.deferred_check import DeferredRangeCheck
 from variants.layers.block import make_layer_math
 from variants.layers.rope import RopeTable
@@ -68,13 +69,12 @@ class Engine:
         self.token_check = DeferredRangeCheck(device, in_graph=True)
         self.checked_embedding = checked_embedding
         self.gathered_embedding = gathered_embedding
-        # True where a step's graph starts the deferred check itself (CUDA graphs set them)
-        self.decode_checks_ids = self.prefill_checks_ids = False
-        self.decode_step = self.eager_decode_step  # CUDA graphs replace these
-        self.prefill_step = self.eager_prefill_step
-        self.prefill_tokens = lambda tokens, prompts: None  # where a step wants its packed ids
-        # whether a step reads the prompts where they are, and checks and clamps them itself
-        self.prefill_gathers = lambda tokens, prompts: False
+        # The runners of captured CUDA graphs (execution/cuda_graphs.py, prefill_graphs.py),
+        # when the variant has them; a call they cannot take runs eagerly. They hold no
+        # reference back to the engine (it is passed to them), so the last reference to the
+        # engine frees it, its cache and its graphs without the cyclic collector.
+        self.decode_graphs = None
+        self.prefill_graphs = None
         self.in_place = getattr(attention, "reads_cache_in_place", False)
 
     # ----------------------------------------------------------------- the course interface
@@ -103,30 +103,36 @@ class Engine:
                 )
             prompts.append(t)
             lengths.append(n)
-        vocab = self.spec.vocab_size
+        vocab, graphs = self.spec.vocab_size, self.prefill_graphs
         # A re-prefill replaces state that an undo could not bring back: checked first.
         deferred = not self.check_device_tokens and not any(r in self.lengths for r in rids)
+        staged = deferred and graphs is not None  # a graph may take the ids unchecked
         place = None
-        if deferred and self.prefill_gathers(sum(lengths), len(prompts)):
+        if staged and graphs.gathers(sum(lengths), len(prompts)):
             tokens = prompts  # the step's graph reads, checks and clamps them in place
         else:
             # Unchecked ids go straight into a graph's buffer only when that graph checks them
             # after this call (a later graph checks that buffer's stale padding rows too).
-            place = self.prefill_tokens(sum(lengths), len(prompts)) if deferred else None
+            place = graphs.token_buffer(sum(lengths), len(prompts)) if staged else None
             tokens = torch.cat(prompts) if place is None else torch.cat(prompts, out=place)
             if not deferred:
                 check_token_range(tokens, vocab, f"prefill of {rids}")
-            elif not (place is not None and self.prefill_checks_ids):  # (else the graph does)
+            elif not (place is not None and graphs.check_ids):  # (else the graph does)
                 self.token_check.start(tokens)  # the step clamps the ids it runs with (in_vocab)
 
         try:
+            # room for the call (or CacheFullError, nothing changed yet)
+            self.cache.reserve(rids, lengths, self.lengths)
             for rid, n in zip(rids, lengths):  # re-prefill replaces the old state
                 if rid in self.lengths:
                     self.cache.release(rid)
                     del self.lengths[rid]
                 self.cache.allocate(rid, n)
                 self.lengths[rid] = n
-            out = self.prefill_step(rids, lengths, tokens)
+            if graphs is None:
+                out = self.eager_prefill_step(rids, lengths, tokens)
+            else:
+                out = graphs.step(self, rids, lengths, tokens)
         except BaseException:
             if place is not None:  # no unchecked id stays in the graph's buffer
                 self.in_vocab(place, out=place)
@@ -172,18 +178,21 @@ class Engine:
                     f"request {rid}: decoding past max_position_embeddings "
                     f"{self.spec.max_positions}"
                 )
-        vocab = self.spec.vocab_size
+        vocab, graphs = self.spec.vocab_size, self.decode_graphs
         deferred = not (self.check_device_tokens or token_ids_on_host(token_ids))
         if not deferred:
             check_token_range(tokens, vocab, "decode")
-        elif not self.decode_checks_ids:  # (else the step's graph starts it)
+        elif graphs is None or not graphs.check_ids:  # (else the step's graph starts it)
             self.token_check.start(tokens)  # the step clamps the ids it runs with (in_vocab)
 
         positions = [self.lengths[r] for r in rids]
+        self.cache.extend_step(rids, positions, self.lengths)  # room, or CacheFullError
         for rid, p in zip(rids, positions):
-            self.cache.extend(rid, p + 1)
             self.lengths[rid] = p + 1
-        out = self.decode_step(rids, tokens, positions)
+        if graphs is None:
+            out = self.eager_decode_step(rids, tokens, positions)
+        else:
+            out = graphs.step(self, rids, tokens, positions)
         if deferred and (message := self.token_check.error(vocab, "decode")) is not None:
             for rid, p in zip(rids, positions):  # the key written at p is past the length again
                 self.cache.truncate(rid, p)
@@ -284,31 +293,28 @@ class Engine:
             torch.cuda.synchronize(self.device)
 
 
-def kv_capacity_tokens(spec, device, dtype, layout: str) -> int:
-    """Initial cache size. The slab holds whole max_positions slots (up to 64 live requests,
-    within 30% of free GPU memory); pools start smaller and double on demand."""
-    per_token = spec.kv_bytes_per_token(dtype)
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        budget = int(0.3 * free) // per_token
-    else:
-        budget = (1 << 30) // per_token
-    if layout == "slab":
-        slots = min(64 if device.type == "cuda" else 4, max(1, budget // spec.max_positions))
-        return slots * spec.max_positions
-    return max(spec.max_positions, min(budget, 32 * 1024))
+# The first KV cache holds this many tokens (the slab: slots of FIRST_SLOT_TOKENS, as many as
+# make it up); it grows by doubling when live requests need more. The course's traces need a
+# few thousand at most.
+FIRST_CACHE_TOKENS = 8192
+
+
+def _allocated(device: torch.device) -> int:
+    return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
 
 
 def assemble_engine(
     model_config, weight_dir, device, variant, cache_cls, attention_cls, wrap, stack,
     capture=None, capture_prefill=None, head=None, checked_embedding=None,
-    gathered_embedding=None,
+    gathered_embedding=None, memory_budget_gib=None,
 ):  # fmt: skip
     """Build an engine from chosen component classes; the standalone file calls this too.
     `capture(engine, variant)` and `capture_prefill(...)`, when given, capture the decode and
     prefill CUDA graphs after the first warm-up; `head` replaces the output head and
     `checked_embedding` a graph's range check and embedding, `gathered_embedding` a decode
-    graph's reading of its ids in place (see Engine)."""
+    graph's reading of its ids in place (see Engine). `memory_budget_gib`: the most the engine
+    may hold (weights, KV cache, graphs and buffers; None: what the device has): its cache then
+    grows no further, and a call that needs more raises CacheFullError, changing nothing."""
     spec = ModelSpec.from_config(model_config)
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
@@ -316,12 +322,17 @@ def assemble_engine(
     dtype = (
         spec.compute_dtype(device) if variant.dtype == "config" else dtype_from_name(variant.dtype)
     )
+    before = _allocated(device)
     weights = load_weights(spec, weight_dir, device, dtype, variant.fuse_qkv, variant.fuse_gate_up)
-    capacity = kv_capacity_tokens(spec, device, dtype, variant.cache)
-    if variant.cache == "paged":
-        cache = cache_cls(spec, device, dtype, capacity, block_size=variant.block_size)
-    else:
-        cache = cache_cls(spec, device, dtype, capacity)
+    budget = None if memory_budget_gib is None else int(memory_budget_gib * 2**30)
+    limit = None if budget is None else budget - weights.nbytes()
+    if limit is not None and limit <= 0:
+        raise CacheFullError(
+            f"the engine's memory budget of {memory_budget_gib:g} GiB (MEMORY_BUDGET_GIB) does "
+            f"not hold its weights ({weights.nbytes() / 2**30:.2f} GiB)"
+        )
+    extra = {"block_size": variant.block_size} if variant.cache == "paged" else {}
+    cache = cache_cls(spec, device, dtype, FIRST_CACHE_TOKENS, limit_bytes=limit, **extra)
     attention = attention_cls(spec, dtype, variant)
     engine = Engine(
         spec, weights, device, dtype, cache, attention, lambda fn: wrap(fn, variant), stack, head,
@@ -333,4 +344,9 @@ def assemble_engine(
         c(engine, variant)
     if captures:
         engine.warm_up()  # through the graphs: first-replay costs stay out of timed calls
+    if (
+        budget is not None
+    ):  # the rest of the budget, once graphs and buffers are made, is the cache's
+        held = _allocated(device) - before if device.type == "cuda" else weights.nbytes()
+        cache.limit_bytes = budget - max(held - cache.memory_bytes(), weights.nbytes())
     return engine

@@ -96,7 +96,9 @@ def _kernels_first(modules: list) -> list:
     return first + [m for m in modules if m not in first]
 
 
-def render_source(variant, header: str = "") -> str:
+def render_source(variant, header: str = "", memory_budget_gib: float | None = None) -> str:
+    """The engine's source; `memory_budget_gib` becomes its MEMORY_BUDGET_GIB (None: the
+    device's memory is its only bound)."""
     parts = {key: path.split(":") for key, path in component_paths(variant).items()}
     roots = list(CORE_MODULES) + [module for module, _ in parts.values()]
     modules = _kernels_first(_ordered_modules(roots))
@@ -113,12 +115,21 @@ def render_source(variant, header: str = "") -> str:
     ]
     lines += ["Variant:"] + [f"    {k} = {v!r}" for k, v in variant.to_dict().items()]
     docstring = '"""' + "\n".join(lines).replace('"""', "'''").rstrip() + '\n"""'
-    wiring = ", ".join(f"{key}={name}" for key, (_, name) in parts.items())
+    wiring = "".join(f"        {key}={name},\n" for key, (_, name) in parts.items())
+    budget = None if memory_budget_gib is None else round(float(memory_budget_gib), 2)
     tail = (
-        f"VARIANT = Variant.from_dict({variant.to_dict()!r})\n\n\n"
+        f"VARIANT = Variant.from_dict({variant.to_dict()!r})\n"
+        "# The most memory (GiB) one engine holds: weights, KV cache, CUDA graphs. Its KV cache\n"
+        "# grows with the live requests up to what is left of it; a call that needs more raises\n"
+        "# CacheFullError and changes nothing. None: the device's memory is the only bound.\n"
+        f"MEMORY_BUDGET_GIB = {budget!r}\n\n\n"
         'def create_engine(model_config: dict, weight_dir: str, device: str = "cuda"):\n'
         '    """The course entry point: build, load and warm up (nothing lazy is left)."""\n'
-        f"    return assemble_engine(model_config, weight_dir, device, VARIANT, {wiring})\n"
+        "    return assemble_engine(\n"
+        "        model_config, weight_dir, device, VARIANT,\n"
+        f"{wiring}"
+        "        memory_budget_gib=MEMORY_BUDGET_GIB,\n"
+        "    )\n"
     )
     body = "\n\n".join(sources[m] for m in modules)
     # No `from __future__ import annotations`: string annotations make dataclasses look the
@@ -130,11 +141,11 @@ def render_source(variant, header: str = "") -> str:
     return f"{docstring}\n\n{body}\n\n{tail}" + (f"\n\n{about}" if about else "")
 
 
-def render_engine(variant, path, header: str = "") -> Path:
+def render_engine(variant, path, header: str = "", memory_budget_gib: float | None = None) -> Path:
     """Write the standalone engine atomically (a temp file in the same folder, then rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = render_source(variant, header)
+    text = render_source(variant, header, memory_budget_gib)
     compile(text, str(path), "exec")  # a syntax error must never reach disk
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     with os.fdopen(fd, "w") as f:

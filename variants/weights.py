@@ -32,6 +32,13 @@ class ModelWeights:
     norm: torch.Tensor
     head: torch.Tensor
 
+    def nbytes(self) -> int:
+        """Bytes of every tensor, a tied head counted once."""
+        tensors = [self.embed, self.norm, *([] if self.head is self.embed else [self.head])]
+        for w in self.layers:
+            tensors += [w.input_norm, *w.qkv, w.o, w.post_norm, *w.gate_up, w.down]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
 
 def expected_shapes(spec) -> dict:
     h, i, v = spec.hidden_size, spec.intermediate_size, spec.vocab_size

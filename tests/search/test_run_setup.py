@@ -1,10 +1,17 @@
-"""Set-up choices of the main job that depend on the machine: the trial correctness gate."""
+"""Set-up choices of the main job that depend on the machine: the trial correctness gate and
+the memory budget (and a trial over it)."""
 
 from types import SimpleNamespace
 
 import pytest
 
-from search.run_setup import CPU_STRESS_MAX_POSITIONS, gate_cases
+from search.run_setup import (
+    COURSE_GRADER_GIB,
+    CPU_STRESS_MAX_POSITIONS,
+    device_memory_gib,
+    gate_cases,
+    memory_budget_gib,
+)
 
 
 def _job(max_positions: int):
@@ -25,3 +32,50 @@ def test_trial_gate_by_device_and_context(kind, max_positions, cases):
     job = _job(max_positions)
     assert gate_cases(job, kind) == cases
     assert bool(job.notes) == (cases == ("public",))  # results.log says when stress waits
+
+
+def _args(**given):
+    return SimpleNamespace(**{"memory_budget_gib": None, "model_config": None, **given})
+
+
+def test_the_memory_budget_defaults_to_the_graders_gpu_for_the_course_target():
+    assert memory_budget_gib(_args(), "cpu") == (COURSE_GRADER_GIB, ANY_REASON)
+    budget, why = memory_budget_gib(_args(model_config="m.json"), "cpu")
+    assert budget == round(device_memory_gib("cpu"), 1) and why == "this device's memory"
+    assert memory_budget_gib(_args(memory_budget_gib=6.5), "cpu") == (6.5, "--memory-budget-gib")
+    with pytest.raises(SystemExit, match="--memory-budget-gib must be > 0"):
+        memory_budget_gib(_args(memory_budget_gib=0.0), "cpu")
+
+
+class _AnyReason:
+    def __eq__(self, other):
+        return "RTX 3090" in other
+
+
+ANY_REASON = _AnyReason()
+
+
+def _job_dict(config, weights, tmp_path, budget_mib):
+    return {
+        "variant": {"cache": "slab"}, "config": config, "weight_dir": weights, "device": "cpu",
+        "traces": ["decode"], "protocol": "quick", "check": False,
+        "engine_path": str(tmp_path / "engine.py"), "memory_budget_mib": budget_mib,
+        "engine_budget_gib": None,
+    }  # fmt: skip
+
+
+def test_a_trial_over_the_memory_budget_in_the_graders_pattern_is_infeasible(
+    tiny_config, tiny_weights, tmp_path
+):
+    from search.trial_worker import Phases, run_job
+
+    phases = Phases(tmp_path / "result.json")
+    ok = run_job(_job_dict(tiny_config, tiny_weights, tmp_path, 10**6), phases)
+    assert ok["status"] == "ok" and ok["grader_peak_mib"] > 0
+    # the grader's pattern holds three engines where the timing held one
+    assert ok["grader_peak_mib"] >= ok["traces"]["decode"]["peak_mib"] - 1
+    over = run_job(_job_dict(tiny_config, tiny_weights, tmp_path, 1.0), phases)
+    assert over["status"] == "infeasible"
+    assert (
+        over["reason"].startswith("peak ") and "over the memory budget of 1 MiB" in over["reason"]
+    )

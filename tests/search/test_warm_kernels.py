@@ -138,11 +138,10 @@ GIB = 1 << 30
 
 
 def test_the_children_that_fit_in_the_gpus_memory():
-    # the public config: 456 MB of float32 files; a slab of 64 x 4096 tokens is 9 GiB on an
-    # H200 (140 GiB free), 30% of the free memory on a 24 GB GPU
-    weights = 456 * 10**6
-    assert workers_in_memory(140 * GIB, weights, 9 * GIB) == 10
-    assert workers_in_memory(int(23.5 * GIB), weights, int(0.3 * 23.5 * GIB)) == 2
+    # the public config: 456 MB of float32 files, a first cache of 8192 tokens (288 MiB)
+    weights, cache = 456 * 10**6, 288 * 2**20
+    assert workers_in_memory(140 * GIB, weights, cache) == 65
+    assert workers_in_memory(int(23.5 * GIB), weights, cache) == 11
     assert workers_in_memory(4 * GIB, weights, 3 * GIB) == 1  # never none by default
 
 

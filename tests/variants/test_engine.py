@@ -110,7 +110,7 @@ def test_pool_growth_with_live_requests(
     while requests are live; what they hold must survive every reallocation."""
     import variants.engine as engine_module
 
-    monkeypatch.setattr(engine_module, "kv_capacity_tokens", lambda *args: 1)
+    monkeypatch.setattr(engine_module, "FIRST_CACHE_TOKENS", 1)
     calls, expected = script_and_expected
     engine = build_engine(tiny_config, sharp_weights, "cpu", variant)
     # Fillers that stay live: the script's requests come on top and force growth.

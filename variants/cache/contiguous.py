@@ -5,31 +5,59 @@ every write and read loops over the requests of the batch (one copy each per lay
 
 import torch
 
+from variants.cache.pool import check_limit, new_pools, pool_bytes
+
+
+def _capacity(length: int) -> int:
+    return 1 << max(length - 1, 0).bit_length()
+
 
 class ContiguousKVCache:
-    def __init__(self, spec, device, dtype, capacity_tokens: int = 0):
+    def __init__(self, spec, device, dtype, capacity_tokens: int = 0, limit_bytes=None):
+        """`limit_bytes`: the most all requests' tensors may take (None: what the device has)."""
         self.spec, self.device, self.dtype = spec, device, dtype
+        self.limit_bytes = limit_bytes
         self.store: dict = {}  # rid -> (k, v), each [layers, capacity, kv_heads, head_dim]
-
-    def _empty(self, capacity: int) -> torch.Tensor:
-        shape = (self.spec.num_layers, capacity, self.spec.num_kv_heads, self.spec.head_dim)
-        return torch.zeros(shape, device=self.device, dtype=self.dtype)
 
     def memory_bytes(self) -> int:
         return sum(2 * k.numel() * k.element_size() for k, _ in self.store.values())
 
+    @property
+    def max_context(self) -> int:
+        return self.spec.max_positions
+
+    def reserve(self, rids: list, lengths: list, live=None) -> None:
+        """Raises CacheFullError, before any request changes, when the tensors requests `rids`
+        of `lengths` tokens would grow to take the cache past its limit (`live`: unused, each
+        request has tensors of its own)."""
+        if self.limit_bytes is None:
+            return
+        held = {r: self.store[r][0].shape[1] for r in rids if r in self.store}
+        more = sum(max(0, _capacity(n) - held.get(r, 0)) for r, n in zip(rids, lengths))
+        need = pool_bytes(self.spec, self.dtype, more) + self.memory_bytes()
+        check_limit(need, self.limit_bytes, f"{len(set(self.store) | set(rids))} requests")
+
+    def _new(self, rid: int, capacity: int) -> tuple:
+        return new_pools(self.spec, self.device, self.dtype, capacity, None, f"request {rid} would")
+
     def allocate(self, rid: int, length: int) -> None:
-        capacity = 1 << max(length - 1, 0).bit_length()
-        self.store[rid] = (self._empty(capacity), self._empty(capacity))
+        self.reserve([rid], [length])
+        self.store[rid] = self._new(rid, _capacity(length))
 
     def extend(self, rid: int, length: int) -> None:
         k, v = self.store[rid]
         if length > k.shape[1]:
-            capacity = 1 << (length - 1).bit_length()
-            bigger_k, bigger_v = self._empty(capacity), self._empty(capacity)
+            self.reserve([rid], [length])
+            bigger_k, bigger_v = self._new(rid, _capacity(length))
             bigger_k[:, : k.shape[1]] = k
             bigger_v[:, : v.shape[1]] = v
             self.store[rid] = (bigger_k, bigger_v)
+
+    def extend_step(self, rids: list, positions: list, live=None) -> None:
+        """Room for a decode step: each row's token at its position."""
+        self.reserve(rids, [p + 1 for p in positions])
+        for r, p in zip(rids, positions):
+            self.extend(r, p + 1)
 
     def truncate(self, rid: int, length: int) -> None:
         """Capacity only grows (a copy to shrink would cost more than the memory it frees)."""

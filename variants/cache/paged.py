@@ -1,22 +1,28 @@
 """Paged KV cache (vLLM style): fixed-size blocks from one pool, a block table per request.
 
 Wins on memory: a request holds ceil(len / block_size) blocks, freed blocks return to the pool,
-so many short requests fit where a slab would reserve max_positions each. Reads gather the
-blocks of the batch; the pool doubles when it runs out. Block 0 is scratch: never handed out,
-it pads block tables and takes the writes of CUDA-graph padding rows."""
+so many short requests fit where a slab would reserve a whole slot each. Reads gather the
+blocks of the batch. The pool starts at the engine's first size and doubles (at least to what a
+call needs) when it runs out, copying its blocks; `generation` tells captured graphs. Block 0
+is scratch: never handed out, it pads block tables and takes the writes of CUDA-graph padding
+rows."""
 
 import array
 
 import torch
 
-from variants.cache.pool import grow_pools
+from variants.cache.pool import new_pools, pool_bytes
 from variants.staging import host_tensor, int_range
 
 
 class PagedKVCache:
-    def __init__(self, spec, device, dtype, capacity_tokens: int, block_size: int = 16):
+    def __init__(
+        self, spec, device, dtype, capacity_tokens: int, block_size: int = 16, limit_bytes=None
+    ):
+        """`capacity_tokens`: the first pool's size; `limit_bytes`: the most the pool may take
+        (None: what the device has)."""
         self.spec, self.device, self.dtype = spec, device, dtype
-        self.block_size = block_size
+        self.block_size, self.limit_bytes = block_size, limit_bytes
         self.blocks = 0
         self.k = self.v = None
         self.free_blocks: list = []
@@ -27,14 +33,17 @@ class PagedKVCache:
         self.rows: dict = {}
         self._zero_row = array.array("q", [0]) * self.table_width(spec.max_positions)
         self.generation = 0  # bumped when the pool is reallocated (captured graphs go stale)
-        self._grow(1 + max(1, -(-capacity_tokens // block_size)))
+        self._grow(1 + max(1, -(-capacity_tokens // block_size)), "the first pool's token slots")
 
-    def _grow(self, blocks: int) -> None:
-        if self.k is not None:
-            self.generation += 1
-        self.k, self.v = grow_pools(
-            self.spec, self.device, self.dtype, blocks * self.block_size, self.k, self.v
+    def _grow(self, blocks: int, why: str) -> None:
+        k, v = new_pools(
+            self.spec, self.device, self.dtype, blocks * self.block_size, self.limit_bytes, why
         )
+        if self.k is not None:
+            k[:, : self.k.shape[1]] = self.k
+            v[:, : self.v.shape[1]] = self.v
+            self.generation += 1
+        self.k, self.v = k, v
         first_new = max(self.blocks, 1)  # block 0 stays scratch
         self.free_blocks = list(range(blocks - 1, first_new - 1, -1)) + self.free_blocks
         self.blocks = blocks
@@ -42,10 +51,34 @@ class PagedKVCache:
     def memory_bytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()
 
-    def _take_block(self) -> int:
-        if not self.free_blocks:
-            self._grow(self.blocks * 2)
-        return self.free_blocks.pop()
+    @property
+    def max_context(self) -> int:
+        """The longest context a read can return (any, up to max_positions)."""
+        return self.spec.max_positions
+
+    def _blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    def reserve(self, rids: list, lengths: list, live=None) -> None:
+        """Room for requests `rids` of `lengths` tokens: a new request's blocks, or the blocks a
+        live one lacks (a re-prefill keeps what it holds: enough either way). The pool doubles,
+        or grows to what is needed, (or raises CacheFullError) before any request changes.
+        (`live`: unused, a block holds what it holds.)"""
+        free, bs = len(self.free_blocks), self.block_size
+        if sum(lengths) // bs + len(rids) <= free:
+            return  # (at most that many blocks: the call's usual case, on the hot path)
+        table = self.table
+        need = sum(
+            max(0, self._blocks_for(n) - len(table.get(r, ()))) for r, n in zip(rids, lengths)
+        )
+        if need > free:
+            held = self.blocks - 1 - free
+            why = f"{held + need} blocks of {bs} tokens"
+            blocks = max(2 * self.blocks, self.blocks + need - free)
+            if self.limit_bytes is not None:
+                if pool_bytes(self.spec, self.dtype, blocks * bs) > self.limit_bytes:
+                    blocks = self.blocks + need - free  # the least that holds them
+            self._grow(blocks, why)
 
     def allocate(self, rid: int, length: int) -> None:
         self.table[rid] = []
@@ -55,9 +88,24 @@ class PagedKVCache:
     def extend(self, rid: int, length: int) -> None:
         """Make room for `length` tokens in total (at most max_positions)."""
         blocks, row = self.table[rid], self.rows[rid]
+        if self._blocks_for(length) - len(blocks) > len(self.free_blocks):
+            self.reserve([rid], [length])
         while len(blocks) * self.block_size < length:
-            blocks.append(self._take_block())
+            blocks.append(self.free_blocks.pop())
             row[len(blocks) - 1] = blocks[-1]
+
+    def extend_step(self, rids: list, positions: list, live=None) -> None:
+        """Room for a decode step: a new block for each row whose token starts one (a row of n
+        tokens holds ceil(n / block_size) blocks, so only a position on a block boundary can)."""
+        table, bs = self.table, self.block_size
+        starting = [
+            (r, p) for r, p in zip(rids, positions) if not p % bs and p >= len(table[r]) * bs
+        ]
+        if starting:
+            if len(starting) > len(self.free_blocks):  # (raises before any row changes)
+                self.reserve([r for r, _ in starting], [p + 1 for _, p in starting])
+            for r, p in starting:
+                self.extend(r, p + 1)
 
     def truncate(self, rid: int, length: int) -> None:
         """Give back the blocks past `length` tokens (a refused decode's new block)."""

@@ -1,9 +1,14 @@
 """The token-slot pools behind the slab and paged caches: per layer, [token slots, kv_heads,
-head_dim] for K and for V, zeroed, and grown by copying the old pool into a larger one. On the
-host a pool that would not fit in the available memory is refused with a MemoryError (Linux
-would otherwise kill the process); on a GPU torch's out-of-memory error says it."""
+head_dim] for K and for V, zeroed. A pool grows by allocating a larger one and copying (the
+caller lays the old contents out). A pool past the engine's limit, or one the host or GPU cannot
+hold, is refused with a `CacheFullError` that says how much was asked and why, before any request
+changes (Linux would otherwise kill the process; a GPU would raise a bare out-of-memory)."""
 
 import torch
+
+
+class CacheFullError(MemoryError):
+    """The KV cache cannot grow to what a call needs; the engine is as it was before the call."""
 
 
 def _host_bytes_available() -> int | None:
@@ -18,20 +23,44 @@ def _host_bytes_available() -> int | None:
     return None
 
 
-def grow_pools(spec, device, dtype, token_slots: int, old_k=None, old_v=None):
-    """New K and V pools of `token_slots` slots per layer, holding the old pools' contents."""
-    shape = (spec.num_layers, token_slots, spec.num_kv_heads, spec.head_dim)
+def pool_bytes(spec, dtype, token_slots: int) -> int:
+    """K and V of every layer for `token_slots` slots."""
+    per_slot = spec.num_layers * spec.num_kv_heads * spec.head_dim
+    return 2 * per_slot * token_slots * torch.empty((), dtype=dtype).element_size()
+
+
+def check_limit(need: int, limit_bytes, why: str) -> None:
+    """Raises CacheFullError when `need` bytes of KV cache are over `limit_bytes` (None: no
+    limit of the engine's own); `why` names what asked for them."""
+    if limit_bytes is not None and need > limit_bytes:
+        raise CacheFullError(
+            f"KV cache full: {why} need {need / 2**30:.2f} GiB of KV cache, over the "
+            f"{limit_bytes / 2**30:.2f} GiB this engine may take (its memory budget, "
+            "MEMORY_BUDGET_GIB in engine.py, less its weights and graphs); remove requests or "
+            "raise the budget"
+        )
+
+
+def new_pools(spec, device, dtype, token_slots: int, limit_bytes, why: str):
+    """Zeroed K and V pools of `token_slots` slots per layer, within `limit_bytes`."""
+    need = pool_bytes(spec, dtype, token_slots)
+    gib = need / 2**30
+    check_limit(need, limit_bytes, why)
     if torch.device(device).type == "cpu":
-        need = 2 * torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
         free = _host_bytes_available()
         if free is not None and need > 0.8 * free:
-            raise MemoryError(
-                f"the KV cache needs {need / 2**30:.1f} GiB for {token_slots} token slots "
-                f"but only {free / 2**30:.1f} GiB of host memory is available"
+            raise CacheFullError(
+                f"KV cache full: {why} need {gib:.2f} GiB of KV cache ({token_slots} token "
+                f"slots) but only {free / 2**30:.1f} GiB of host memory is available"
             )
-    k = torch.zeros(shape, device=device, dtype=dtype)
-    v = torch.zeros(shape, device=device, dtype=dtype)
-    if old_k is not None:
-        k[:, : old_k.shape[1]] = old_k
-        v[:, : old_v.shape[1]] = old_v
-    return k, v
+    shape = (spec.num_layers, token_slots, spec.num_kv_heads, spec.head_dim)
+    try:
+        return (
+            torch.zeros(shape, device=device, dtype=dtype),
+            torch.zeros(shape, device=device, dtype=dtype),
+        )
+    except torch.cuda.OutOfMemoryError:
+        raise CacheFullError(
+            f"KV cache full: {why} need {gib:.2f} GiB of KV cache ({token_slots} token slots) "
+            f"and {device} has no room for it"
+        ) from None

@@ -1,47 +1,104 @@
-"""Static slab KV cache (gpt-fast style): one slot of max_positions tokens per live request.
+"""Static slab KV cache (gpt-fast style): one slot per live request, every slot the same length.
 
 Wins when requests are few and long: a decode batch on consecutive slots reads a plain view,
-no gather. Costs slots x max_positions of memory up front; the slab doubles its slots when full.
-One extra slot at the end is scratch: padding rows of a CUDA-graph batch write there."""
+no gather. Sized to the work: slots start at FIRST_SLOT_TOKENS (or max_positions, if shorter),
+double in length when a request outgrows them and double in number when all are taken; each
+resize copies the contents into a new pool (`generation` tells captured graphs). One extra slot
+at the end is scratch: padding rows of a CUDA-graph batch write there."""
 
 import array
 
 import torch
 
-from variants.cache.pool import grow_pools
+from variants.cache.pool import new_pools, pool_bytes
 from variants.staging import host_tensor, int_range
+
+FIRST_SLOT_TOKENS = 512  # a slot's first length: the course's traces stay under it
 
 
 class SlabKVCache:
-    def __init__(self, spec, device, dtype, capacity_tokens: int):
+    def __init__(self, spec, device, dtype, capacity_tokens: int, limit_bytes=None):
+        """`capacity_tokens`: the first pool's slots x slot length; `limit_bytes`: the most the
+        pool may take (None: what the device has)."""
         self.spec, self.device, self.dtype = spec, device, dtype
-        self.max_len = spec.max_positions
+        self.limit_bytes = limit_bytes
+        self.max_len = min(spec.max_positions, FIRST_SLOT_TOKENS)  # tokens a slot holds now
         self.slots = 0
         self.k = self.v = None
         self.free_slots: list = []
         self.slot_of: dict = {}
         self.generation = 0  # bumped when the pool is reallocated (captured graphs go stale)
-        self._grow(max(1, capacity_tokens // self.max_len))
-
-    def _grow(self, slots: int) -> None:
-        if self.k is not None:
-            self.generation += 1
-        self.k, self.v = grow_pools(
-            self.spec, self.device, self.dtype, (slots + 1) * self.max_len, self.k, self.v
+        self._resize(
+            max(1, capacity_tokens // self.max_len), self.max_len, "the first pool's token slots"
         )
+
+    def _resize(self, slots: int, slot_len: int, why: str) -> None:
+        """A pool of `slots` slots of `slot_len` tokens (plus scratch), holding every slot's
+        first `slot_len` tokens where they were (a shorter slot holds all its request has)."""
+        k, v = new_pools(
+            self.spec, self.device, self.dtype, (slots + 1) * slot_len, self.limit_bytes, why
+        )
+        if self.k is not None:
+            rest = (self.spec.num_kv_heads, self.spec.head_dim)
+            layers, old, n = self.spec.num_layers, self.slots, min(self.max_len, slot_len)
+            for new_pool, old_pool in ((k, self.k), (v, self.v)):
+                into = new_pool.view(layers, slots + 1, slot_len, *rest)[:, :old, :n]
+                into.copy_(old_pool.view(layers, old + 1, self.max_len, *rest)[:, :old, :n])
+            self.generation += 1
+        self.k, self.v = k, v
         self.free_slots = sorted(self.free_slots + list(range(self.slots, slots)), reverse=True)
-        self.slots = slots
+        self.slots, self.max_len = slots, slot_len
 
     def memory_bytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()
 
+    @property
+    def max_context(self) -> int:
+        """The longest context a read can return now."""
+        return self.max_len
+
+    def reserve(self, rids: list, lengths: list, live=None) -> None:
+        """Room for requests `rids` of `lengths` tokens: a new request takes a slot, a live one
+        keeps its own. When the pool must change, its slots become as long as the longest of
+        these and of the `live` ones (request id -> tokens held; None: as long as they are),
+        which can shorten them again after a long request left, and their number doubles (or,
+        where the limit forbids, grows to what is needed). Raises CacheFullError, before any
+        request changes, when even that does not fit."""
+        longest = max(lengths)
+        if len(rids) <= len(self.free_slots) and longest <= self.max_len:
+            return  # (the call's usual case, on the hot path: nothing to count)
+        calling = set(rids)
+        held = self.max_len
+        if live is not None:
+            held = max((n for r, n in live.items() if r not in calling), default=0)
+        most = self.spec.max_positions
+        slot_len = min(FIRST_SLOT_TOKENS, most)
+        while slot_len < min(max(longest, held), most):
+            slot_len = min(2 * slot_len, most)
+        needed = len(self.slot_of) + sum(1 for rid in rids if rid not in self.slot_of)
+        slots = self.slots
+        while slots < needed:
+            slots *= 2
+        if self.limit_bytes is not None:
+            if pool_bytes(self.spec, self.dtype, (slots + 1) * slot_len) > self.limit_bytes:
+                slots = max(needed, self.slots)  # the least that holds them
+        if (slots, slot_len) != (self.slots, self.max_len):
+            why = f"{needed} live requests of up to {max(longest, held)} tokens"
+            self._resize(slots, slot_len, why)
+
     def allocate(self, rid: int, length: int) -> None:
-        if not self.free_slots:
-            self._grow(self.slots * 2)
+        if not self.free_slots or length > self.max_len:
+            self.reserve([rid], [length])
         self.slot_of[rid] = self.free_slots.pop()
 
     def extend(self, rid: int, length: int) -> None:
-        """A slot already holds max_positions tokens: nothing to do."""
+        if length > self.max_len:
+            self.reserve([rid], [length])
+
+    def extend_step(self, rids: list, positions: list, live=None) -> None:
+        """Room for a decode step: each row's token at its position (`live` as in reserve)."""
+        if max(positions) >= self.max_len:
+            self.reserve(rids, [p + 1 for p in positions], live)
 
     def truncate(self, rid: int, length: int) -> None:
         """Nothing to give back: a slot is the request's whatever its length."""
@@ -69,7 +126,7 @@ class SlabKVCache:
 
     @property
     def kernel_block_size(self) -> int:
-        return self.max_len  # a slab is a paged pool with one max_positions block per slot
+        return self.max_len  # a slab is a paged pool with one block per slot
 
     def scratch_token(self) -> int:
         return self.slots * self.max_len

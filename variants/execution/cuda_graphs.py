@@ -75,10 +75,13 @@ def upload(graph: torch.cuda.CUDAGraph) -> None:
 
 
 class DecodeGraphs:
+    """The decode runner of an engine: it owns the graphs and their static buffers, and is
+    handed the engine on each call (it keeps no reference to it)."""
+
     def __init__(self, engine, policy: str, largest_batch: int = 64, check_ids=None):
         """`check_ids`: each graph starts the engine's deferred token check itself (default:
         where the check can be captured, `DeferredRangeCheck.in_graph`)."""
-        self.engine, self.cache = engine, engine.cache
+        self.cache, self.token_check, self.device = engine.cache, engine.token_check, engine.device
         in_graph = engine.token_check.in_graph
         self.check_ids = in_graph if check_ids is None else bool(check_ids) and in_graph
         # the graphs read the ids in place (their first kernel gathers, checks and embeds)
@@ -86,14 +89,7 @@ class DecodeGraphs:
         self.gather = self.check_ids and gather
         spec, device = engine.spec, engine.device
         self.batches = batch_buckets(policy, largest_batch)
-        # An attention that reads the cache in place serves every context from one graph a
-        # batch, unless it asks for context buckets of its own (its launch depends on them).
-        if not getattr(engine.attention, "reads_cache_in_place", False):
-            self.contexts = context_buckets(spec.max_positions)
-        elif hasattr(engine.attention, "graph_contexts"):
-            self.contexts = engine.attention.graph_contexts(spec.max_positions, device)
-        else:
-            self.contexts = [spec.max_positions]
+        self.contexts = self._contexts(engine)
         big, width = self.batches[-1], self.cache.table_width(spec.max_positions)
         self.width = width
         # Per batch bucket b, one buffer: positions [b], write slots [b], context lengths [b],
@@ -117,37 +113,56 @@ class DecodeGraphs:
         # head's own output: no copy into a buffer of ours inside the graph)
         self.outputs: dict = {}
         self.graphs: dict = {}
+        self.pool = None
         self.generation = None
 
-    def capture(self) -> None:
-        """Capture every (batch, context) bucket; largest first so the shared pool is sized once."""
+    def _contexts(self, engine) -> list:
+        """The context buckets. An attention that reads the cache in place serves every context
+        from one graph a batch, unless it asks for buckets of its own (its launch depends on
+        them); one that reads a gathered context needs a bucket per length it reads, up to
+        what the cache holds now."""
+        attention, most = engine.attention, engine.spec.max_positions
+        if not getattr(attention, "reads_cache_in_place", False):
+            return context_buckets(self.cache.max_context)
+        if hasattr(attention, "graph_contexts"):
+            return attention.graph_contexts(most, self.device)
+        return [most]
+
+    def capture(self, engine) -> None:
+        """Capture every (batch, context) bucket; largest first so the shared pool is sized
+        once. After the cache's pool moves, buckets are captured again as calls need them."""
         self.graphs.clear()
-        pool = torch.cuda.graph_pool_handle()
-        stream = capture_stream(self.engine.device)
-        stream.wait_stream(torch.cuda.current_stream(self.engine.device))
-        with no_collection(), torch.cuda.stream(stream):
+        self.pool = None
+        self.generation = self.cache.generation
+        with no_collection():
             for ctx in reversed(self.contexts):
                 for b in reversed(self.batches):
-                    # padding rows only (the gathering buffer's layout is the bucket's own)
-                    self._fill([], [], b)
-                    self._body(b, ctx)  # warm-up run: kernels chosen, workspaces allocated
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=pool, stream=stream):
-                        self._body(b, ctx)
-                    self.graphs[b, ctx] = graph
-        torch.cuda.current_stream(self.engine.device).wait_stream(stream)
-        for (b, _), graph in self.graphs.items():
+                    self._capture_one(engine, b, ctx)
+        torch.cuda.synchronize(self.device)
+
+    def _capture_one(self, engine, b: int, ctx: int) -> None:
+        if self.pool is None:  # one memory pool for the graphs of one cache pool
+            self.pool = torch.cuda.graph_pool_handle()
+        stream = capture_stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            # padding rows only (the gathering buffer's layout is the bucket's own)
             self._fill([], [], b)
-            upload(graph)
-        torch.cuda.synchronize(self.engine.device)
-        self.generation = self.cache.generation
+            self._body(engine, b, ctx)  # warm-up run: kernels chosen, workspaces allocated
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                self._body(engine, b, ctx)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        self._fill([], [], b)
+        upload(graph)
+        self.graphs[b, ctx] = graph
 
     def _views(self, b: int) -> tuple:
         meta = self.metas[b]
         positions, write, kv_lens = meta[: 3 * b].view(3, b)
         return positions, write, kv_lens, meta[3 * b :].view(b, self.width)
 
-    def _body(self, b: int, ctx: int) -> None:
+    def _body(self, e, b: int, ctx: int) -> None:
         positions, write, kv_lens, table = self._views(b)
         plan = CachePlan(
             rids=None,
@@ -159,7 +174,6 @@ class DecodeGraphs:
             table=table[:, : self.cache.table_width(ctx)],
             staged=not self.gather,  # gathering, the first kernel writes the metadata
         )
-        e = self.engine
         if self.gather:  # the call's row count, then the rows' sources, follow the metadata
             size = b * (3 + self.width)
             x = e.gathered_embedding(
@@ -196,20 +210,26 @@ class DecodeGraphs:
             return
         values.append(len(rids))
         values.extend(int_fill(source, bucket))
-        self.engine.token_check.wait()  # the check follows the last graph's read of the buffer
+        self.token_check.wait()  # the check follows the last graph's read of the buffer
         ctypes.memmove(self.host_at, values.buffer_info()[0], 8 * len(values))
 
-    def step(self, rids: list, tokens: torch.Tensor, positions: list) -> torch.Tensor:
+    def step(self, engine, rids: list, tokens: torch.Tensor, positions: list) -> torch.Tensor:
+        if self.generation != self.cache.generation:  # the pool moved: old graphs point at it
+            self.graphs.clear()
+            self.pool = None
+            self.contexts = self._contexts(engine)
+            self.generation = self.cache.generation
         b = len(rids)
         longest = max(positions) + 1
         bucket = next((s for s in self.batches if s >= b), None)
         ctx = next((c for c in self.contexts if c >= longest), None)
         if bucket is None or ctx is None:
             if self.check_ids:  # the engine left the check to a graph
-                self.engine.token_check.start(tokens)
-            return self.engine.eager_decode_step(rids, tokens, positions)
-        if self.generation != self.cache.generation:  # the pool moved: old graphs point at it
-            self.capture()
+                self.token_check.start(tokens)
+            return engine.eager_decode_step(rids, tokens, positions)
+        if (bucket, ctx) not in self.graphs:
+            with no_collection():
+                self._capture_one(engine, bucket, ctx)
         if self.gather:  # the ids read where they are: int64 (check_token_tensor), contiguous
             tokens = tokens if tokens.is_contiguous() else tokens.contiguous()  # held to replay
             self._fill(rids, positions, bucket, (tokens.data_ptr() - self.tokens_at) // 8)
@@ -224,7 +244,5 @@ def use_cuda_graphs(engine, variant) -> None:
     """Capture decode graphs for the engine and route its decode steps through them."""
     if variant.graphs == "off":
         return
-    graphs = DecodeGraphs(engine, variant.graphs)
-    graphs.capture()
-    engine.decode_step = graphs.step
-    engine.decode_checks_ids = graphs.check_ids
+    engine.decode_graphs = DecodeGraphs(engine, variant.graphs)
+    engine.decode_graphs.capture(engine)

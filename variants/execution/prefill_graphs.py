@@ -55,9 +55,12 @@ def length_meta(lengths: tuple, t: int, prompts: int, block_m: int, blocks: int)
 
 
 class PrefillGraphs:
+    """The prefill runner of an engine: it owns the graphs and their static buffers, and is
+    handed the engine on each call (it keeps no reference to it)."""
+
     def __init__(self, engine, largest_tokens: int = 8192, most_prompts: int = 64, check_ids=None):
         """`check_ids` as in DecodeGraphs: the graphs start the engine's deferred token check."""
-        self.engine, self.cache = engine, engine.cache
+        self.cache, self.token_check, self.device = engine.cache, engine.token_check, engine.device
         in_graph = engine.token_check.in_graph
         self.check_ids = in_graph if check_ids is None else bool(check_ids) and in_graph
         # the graphs read the prompts in place (their first kernel gathers, checks and embeds)
@@ -121,30 +124,30 @@ class PrefillGraphs:
         schedule = self.meta[2 * t + 2 * p + 1 : self._meta_size(t)].view(2, q)
         return positions, write, last, starts, schedule
 
-    def capture(self) -> None:
+    def capture(self, engine) -> None:
         """Capture every bucket, largest first so the shared pool is sized once."""
         self.graphs.clear()
         self.pool = torch.cuda.graph_pool_handle()
         self.generation = self.cache.generation
         with no_collection():
             for t in reversed(self.buckets):
-                self._capture_bucket(t)
+                self._capture_bucket(engine, t)
             for m in self.head_rows:
-                self._capture_head(m)
+                self._capture_head(engine, m)
         # The head at every prompt count once, for the eager path: Triton specializes a kernel
         # on its row count (1, multiples of 16, others), and no timed call may compile one.
         for n in range(1, self.prompts + 1):
-            self.engine._logits(self.hidden[:n])
+            engine._logits(self.hidden[:n])
 
-    def _capture_bucket(self, t: int) -> None:
+    def _capture_bucket(self, engine, t: int) -> None:
         self._fill([], [], t)
-        self.graphs[t] = self._graph(lambda: self._body(t))
+        self.graphs[t] = self._graph(lambda: self._body(engine, t))
 
-    def _capture_head(self, m: int) -> None:
-        self.heads[m] = self._graph(lambda: self._head(m))
+    def _capture_head(self, engine, m: int) -> None:
+        self.heads[m] = self._graph(lambda: self._head(engine, m))
 
     def _graph(self, body) -> torch.cuda.CUDAGraph:
-        device = self.engine.device
+        device = self.device
         stream = capture_stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
@@ -157,14 +160,13 @@ class PrefillGraphs:
         torch.cuda.synchronize(device)
         return graph
 
-    def _body(self, t: int) -> None:
+    def _body(self, e, t: int) -> None:
         positions, write, last, starts, schedule = self._views(t)
         plan = CachePlan(rids=None, write_index=write)
         batch = PrefillBatch(
             lengths=None, max_len=t, uniform=False, pad_index=None, last_index=last,
             cu_seqlens=starts, schedule=schedule,
         )  # fmt: skip
-        e = self.engine
         if self.gather:  # the call's token count sits at starts[P] of the metadata
             x = gathered_embedding(
                 e.token_check, self.host, self.meta_views[t], self.tokens, t,
@@ -180,9 +182,8 @@ class PrefillGraphs:
         x = e._layers(x, positions, plan, batch=batch)
         torch.index_select(x, 0, last, out=self.hidden)
 
-    def _head(self, m: int) -> None:
+    def _head(self, e, m: int) -> None:
         """Norm and head on the first m prompt slots (float32, as Engine._logits returns)."""
-        e = self.engine
         logits = e.output_logits(self.hidden[:m], e.weights.norm, e.weights.head).float()
         self.head_outputs[m] = [logits[:r] for r in range(m + 1)]
 
@@ -225,18 +226,18 @@ class PrefillGraphs:
             values[at : at + count] = int_fill(source, count)
             at += count
         assert len(values) == self.values_size, "a prompt's sources had the wrong length"
-        self.engine.token_check.wait()  # the check follows the last graph's read of the buffer
+        self.token_check.wait()  # the check follows the last graph's read of the buffer
         ctypes.memmove(*self.copy_to, 8 * at)  # write_host, its addresses read once
 
-    def step(self, rids: list, lengths: list, tokens) -> torch.Tensor:
+    def step(self, engine, rids: list, lengths: list, tokens) -> torch.Tensor:
         """tokens: the call's packed ids, or (when `gathers`) its prompts, unchecked."""
         n = sum(lengths)
         t = next((b for b in self.buckets if b >= n), None)
         if t is None or len(rids) > self.prompts:
             if isinstance(tokens, list):  # (the engine asks `gathers` first: not reached)
                 tokens = torch.cat(tokens)
-                self.engine.token_check.start(tokens)
-            return self.engine.eager_prefill_step(rids, lengths, tokens)
+                self.token_check.start(tokens)
+            return engine.eager_prefill_step(rids, lengths, tokens)
         if self.generation != self.cache.generation:  # the pool moved: old graphs point at it
             self.graphs.clear()  # (the head graphs read no cache)
             self.generation = self.cache.generation
@@ -245,7 +246,7 @@ class PrefillGraphs:
             prompts = [p if p.is_contiguous() else p.contiguous() for p in prompts]  # held
             if t not in self.graphs:
                 with no_collection():
-                    self._capture_bucket(t)
+                    self._capture_bucket(engine, t)
             self._fill(rids, lengths, t, prompts)  # after a capture: it fills the buffer too
         else:
             if t not in self.graphs:
@@ -253,7 +254,7 @@ class PrefillGraphs:
                 # unchecked ids (concatenated into place): kept aside for the replay's check.
                 held = self.tokens[:n].clone()
                 with no_collection():
-                    self._capture_bucket(t)
+                    self._capture_bucket(engine, t)
                 self.tokens[:n].copy_(held)
             self._fill(rids, lengths, t)
             if tokens.data_ptr() != self.tokens.data_ptr():  # not concatenated into place
@@ -269,9 +270,5 @@ def use_prefill_graphs(engine, variant) -> None:
     """Capture prefill graphs for the engine and route its prefill passes through them."""
     if variant.prefill_graphs == "off":
         return
-    graphs = PrefillGraphs(engine)
-    graphs.capture()
-    engine.prefill_step = graphs.step
-    engine.prefill_tokens = graphs.token_buffer
-    engine.prefill_checks_ids = graphs.check_ids
-    engine.prefill_gathers = graphs.gathers
+    engine.prefill_graphs = PrefillGraphs(engine)
+    engine.prefill_graphs.capture(engine)

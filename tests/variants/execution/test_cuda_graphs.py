@@ -27,26 +27,29 @@ def test_context_buckets_end_at_max_positions():
 class _EagerReplay:
     """Stands in for a captured graph: replay runs the captured body on the static buffers."""
 
-    def __init__(self, graphs, batch, ctx):
-        self.graphs, self.batch, self.ctx = graphs, batch, ctx
+    def __init__(self, graphs, engine, batch, ctx):
+        self.graphs, self.engine, self.batch, self.ctx = graphs, engine, batch, ctx
 
     def replay(self):
-        self.graphs._body(self.batch, self.ctx)
+        self.graphs._body(self.engine, self.batch, self.ctx)
 
 
 def _emulated(engine, largest, check_ids=None):
+    """The engine's decode runner, each bucket "captured" as an eager replay of its body (and
+    listed in `graphs.captured`)."""
     graphs = DecodeGraphs(engine, "pow2", largest_batch=largest, check_ids=check_ids)
+    graphs.captured = []
 
-    def capture():
-        graphs.graphs = {
-            (b, c): _EagerReplay(graphs, b, c) for b in graphs.batches for c in graphs.contexts
-        }
-        graphs.generation = engine.cache.generation
+    def capture_one(engine, b, ctx):
+        graphs.graphs[b, ctx] = _EagerReplay(graphs, engine, b, ctx)
+        graphs.captured.append((b, ctx))
 
-    graphs.capture = capture
-    capture()
-    engine.decode_step = graphs.step
-    engine.decode_checks_ids = graphs.check_ids
+    graphs._capture_one = capture_one
+    for c in graphs.contexts:
+        for b in graphs.batches:
+            capture_one(engine, b, c)
+    graphs.generation = engine.cache.generation
+    engine.decode_graphs = graphs
     return graphs
 
 
@@ -87,19 +90,18 @@ def test_returned_logits_are_a_copy_of_the_static_buffer(tiny_config, tiny_weigh
         assert first.untyped_storage().data_ptr() != views[-1].untyped_storage().data_ptr()
 
 
-def test_cache_growth_triggers_recapture(tiny_config, tiny_weights):
+def test_cache_growth_recaptures_the_buckets_calls_need(tiny_config, tiny_weights):
     engine = build_engine(tiny_config, tiny_weights, "cpu", Variant(cache="slab"))
     graphs = _emulated(engine, largest=2)
-    captured = []
-    graphs.capture = lambda: (
-        captured.append(engine.cache.generation)
-        or setattr(graphs, "generation", engine.cache.generation)
-    )
+    graphs.captured.clear()
     slots = engine.cache.slots
     ids = list(range(slots + 1))  # one more request than slots: the slab grows
     engine.prefill(ids, [torch.tensor([1, 2])] * len(ids))
+    assert engine.cache.generation == 1
     engine.decode([0], torch.tensor([3]))
-    assert captured == [engine.cache.generation] and engine.cache.generation == 1
+    engine.decode([1, 2], torch.tensor([3, 4]))
+    engine.decode([3], torch.tensor([5]))
+    assert graphs.captured == [(1, 128), (2, 128)] and graphs.generation == 1
 
 
 @pytest.mark.parametrize("check_ids", [False, True], ids=["engine-check", "graph-check"])
@@ -116,7 +118,7 @@ def test_a_bad_id_raises_by_name_and_leaves_the_requests_as_they_were(
     graphs = _emulated(engine, largest=4, check_ids=check_ids)
     engine.check_device_tokens = False  # the deferred check of ids on a GPU:
     monkeypatch.setattr(variants.engine, "token_ids_on_host", lambda ids: False)
-    assert engine.decode_checks_ids is check_ids
+    assert engine.decode_graphs.check_ids is check_ids
     vocab = tiny_config["vocab_size"]
     history = {rid: [rid, 2, 3] for rid in range(5)}
     engine.prefill(list(history), [torch.tensor(h) for h in history.values()])
@@ -203,7 +205,7 @@ def _gathering_engine(config, weights, cache: str, largest: int = 4):
     )  # fmt: skip
     graphs = _emulated(engine, largest=largest)
     engine.check_device_tokens = False  # the ids checked late, as on a GPU
-    assert graphs.gather and engine.decode_checks_ids
+    assert graphs.gather and graphs.check_ids
     return engine, graphs
 
 

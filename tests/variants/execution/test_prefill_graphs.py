@@ -25,11 +25,11 @@ def test_token_buckets_double_up_to_the_largest():
 
 
 class _EagerReplay:
-    def __init__(self, body, arg):
-        self.body, self.arg = body, arg
+    def __init__(self, body, engine, arg):
+        self.body, self.engine, self.arg = body, engine, arg
 
     def replay(self):
-        self.body(self.arg)
+        self.body(self.engine, self.arg)
 
 
 def _emulated(engine, largest_tokens, most_prompts, check_ids=None):
@@ -38,22 +38,19 @@ def _emulated(engine, largest_tokens, most_prompts, check_ids=None):
     )
     graphs.captured = []
 
-    def capture_one(t, warm_up=True):
+    def capture_one(engine, t, warm_up=True):
         if warm_up:  # a capture runs the body once, on padding metadata, before capturing it
             graphs._fill([], [], t)
-            graphs._body(t)
-        graphs.graphs[t] = _EagerReplay(graphs._body, t)
+            graphs._body(engine, t)
+        graphs.graphs[t] = _EagerReplay(graphs._body, engine, t)
         graphs.captured.append(t)
 
     graphs._capture_bucket = capture_one
     graphs.generation = engine.cache.generation
     for t in reversed(graphs.buckets):
-        capture_one(t, warm_up=False)
-    graphs.heads = {m: _EagerReplay(graphs._head, m) for m in graphs.head_rows}
-    engine.prefill_step = graphs.step
-    engine.prefill_tokens = graphs.token_buffer
-    engine.prefill_checks_ids = graphs.check_ids
-    engine.prefill_gathers = graphs.gathers
+        capture_one(engine, t, warm_up=False)
+    graphs.heads = {m: _EagerReplay(graphs._head, engine, m) for m in graphs.head_rows}
+    engine.prefill_graphs = graphs
     return graphs
 
 
@@ -150,7 +147,7 @@ def _checked_engine(config, weights, check_ids, largest_tokens=64):
     )  # fmt: skip
     graphs = _emulated(engine, largest_tokens=largest_tokens, most_prompts=4, check_ids=check_ids)
     engine.check_device_tokens = False
-    assert engine.prefill_checks_ids is check_ids
+    assert engine.prefill_graphs.check_ids is check_ids
     return engine, graphs
 
 
@@ -296,7 +293,7 @@ def test_prompts_past_the_largest_bucket_run_eagerly_with_their_check(tiny_confi
     assert not graphs.gathers(20, 2)
     for rid, prompt in zip((1, 2), prompts):
         engine.cache.allocate(rid, prompt.numel())
-    out = graphs.step([1, 2], [10, 10], prompts)
+    out = graphs.step(engine, [1, 2], [10, 10], prompts)
     want = ReferenceModel(tiny_config, tiny_weights, "cpu").forward(prompts[0][None])[0, -1]
     assert out.shape == (2, vocab) and torch.allclose(out[0], want, atol=1e-4)
     assert f"token id {vocab + 1} is outside" in engine.token_check.error(vocab, "prefill")

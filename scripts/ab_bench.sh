@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# A/B of the public traces between a base commit and the working tree, on one machine: hosts
+# differ by a few percent, so only numbers from one machine compare.
+#
+#   bash scripts/ab_bench.sh prepare BASE    # here: BASE's tree into .ab/base (ignored by git)
+#   bash scripts/ab_bench.sh run [ROUNDS]    # on the GPU (carry .ab): both engines of PRESET,
+#                                            # each timed by its own tree's benchmark, alternately
+#
+# Writes one JSON line per round, tree and trace to ${OUT:-.ab}/ab.jsonl and prints the medians.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+PRESET=${PRESET:-slab-triton-pdl-allgraphs}
+case "${1:-}" in
+prepare)
+    base=${2:?usage: ab_bench.sh prepare BASE}
+    rm -rf .ab/base && mkdir -p .ab/base
+    git archive "$base" variants evaluator search target | tar -x -C .ab/base
+    echo "$base $(git rev-parse "$base")" > .ab/base/COMMIT
+    ;;
+run)
+    [ -d .ab/base ] || { echo "error: no .ab/base: run 'ab_bench.sh prepare BASE' first" >&2; exit 2; }
+    out=${OUT:-.ab}
+    root=$PWD
+    [ -f target/weights/model.pt ] || "$PY" scripts/generate_toy_weights.py \
+        --config target/model_config.json --output target/weights/model.pt > /dev/null
+    for tree in .ab/base .; do
+        (cd "$tree" && PYTHONPATH=$PWD "$PY" -c "
+from variants.presets import PRESETS; from variants.render import render_engine
+render_engine(PRESETS['$PRESET'], '$root/.ab/engine_${tree//[.\/]/}.py')")
+    done
+    for round in $(seq 1 "${2:-3}"); do
+        for tree in .ab/base .; do
+            name=${tree//[.\/]/}
+            (cd "$tree" && PYTHONPATH=$PWD "$PY" evaluator/benchmark_throughput.py \
+                --engine "$root/.ab/engine_$name.py" --model-config "$root/target/model_config.json" \
+                --weight-dir "$root/target/weights" --device cuda --suite public \
+                --json "$root/.ab/last.json" > "$out/ab_${round}_${name:-head}.log" 2>&1)
+            "$PY" -c "
+import json; d = json.load(open('.ab/last.json'))
+for k, t in d['traces'].items():
+    print(json.dumps({'round': $round, 'tree': '${name:-head}', 'trace': k, 'ms': 1e3 * t['seconds']}))
+" >> "$out/ab.jsonl"
+        done
+    done
+    "$PY" -c "
+import json, statistics, collections
+rows = collections.defaultdict(list)
+for line in open('$out/ab.jsonl'):
+    r = json.loads(line); rows[r['trace'], r['tree']].append(r['ms'])
+for (trace, tree), ms in sorted(rows.items()):
+    print(f'{trace:8s} {tree:8s} median {statistics.median(ms):.4f} ms of', [round(m, 4) for m in ms])
+"
+    ;;
+*)
+    echo "usage: ab_bench.sh prepare BASE | run [ROUNDS]" >&2
+    exit 2
+    ;;
+esac
