@@ -194,6 +194,18 @@ def build_parser() -> argparse.ArgumentParser:
     _target_args(sweep)
     _study_args(sweep)
     add_arguments(sweep)
+
+    from search.import_gguf import add_arguments as add_import_arguments
+
+    import_gguf = sub.add_parser(
+        "import-gguf",
+        parents=[common],
+        help="convert a llama.cpp GGUF LLaMA into a Hugging Face folder",
+        description="Write model.safetensors (dequantized), config.json, tokenizer.json, "
+        "tokenizer_config.json and generation_config.json for a GGUF LLaMA file; the folder "
+        "is both --model-config DIR/config.json and --weight-dir DIR.",
+    )
+    add_import_arguments(import_gguf)
     return parser
 
 
@@ -218,6 +230,10 @@ def main(argv: list[str] | None = None) -> int:
         from search.sweep_command import sweep_command
 
         return sweep_command(args)
+    if args.command == "import-gguf":
+        from search.import_gguf import import_gguf_command
+
+        return import_gguf_command(args)
     from search.browse import render, report
 
     return report(args) if args.command == "report" else render(args)
