@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from types import ModuleType
 
+from variants.checkpoint.formats import find_weight_file
+
 CONFIG_KEYS = (
     "vocab_size",
     "hidden_size",
@@ -77,7 +79,10 @@ def default_target_paths(repo_root: Path) -> tuple[Path, Path]:
 
 
 def check_weight_dir(weight_dir: str | os.PathLike) -> str:
-    """`weight_dir` as a string when it holds `model.pt`."""
-    if not (Path(weight_dir) / "model.pt").is_file():
-        raise EngineLoadError(f"no model.pt in weight dir {weight_dir}")
+    """`weight_dir` as a string when the engine's loader finds weights there: `model.pt`, or a
+    Hugging Face folder's safetensors (variants/checkpoint/formats.py)."""
+    try:
+        find_weight_file(weight_dir)
+    except (FileNotFoundError, ValueError) as exc:
+        raise EngineLoadError(str(exc)) from exc
     return str(weight_dir)

@@ -10,8 +10,8 @@ if ! "$PYTHON" -c "import torch" 2>/dev/null; then
     # a multi-GB CUDA build.
     "$PYTHON" -m pip install -q "torch==2.13.0" || "$PYTHON" -m pip install -q "torch>=2.3"
 fi
-if ! "$PYTHON" -c "import optuna, pytest, ruff, transformers, hypothesis, nbclient, variants" \
-        2>/dev/null; then
+DEV_MODULES="optuna, pytest, ruff, transformers, hypothesis, nbclient, gguf, variants"
+if ! "$PYTHON" -c "import $DEV_MODULES" 2>/dev/null; then
     "$PYTHON" -m pip install -q -e ".[dev]"
 fi
 if ! "$PYTHON" -c "import triton" 2>/dev/null; then

@@ -202,6 +202,29 @@ def build_parser() -> argparse.ArgumentParser:
     _target_args(sweep)
     _study_args(sweep)
     add_arguments(sweep)
+
+    from search.import_gguf import add_arguments as add_import_arguments
+
+    import_gguf = sub.add_parser(
+        "import-gguf",
+        parents=[common],
+        help="convert a llama.cpp GGUF LLaMA into a Hugging Face folder",
+        description="Write model.safetensors (dequantized), config.json, tokenizer.json, "
+        "tokenizer_config.json and generation_config.json for a GGUF LLaMA file; the folder "
+        "is both --model-config DIR/config.json and --weight-dir DIR.",
+    )
+    add_import_arguments(import_gguf)
+
+    from search.generate import add_arguments as add_generate_arguments
+
+    generate = sub.add_parser(
+        "generate",
+        parents=[common],
+        help="generate text with an engine file and a Hugging Face model folder",
+        description="Load an engine file as the grader does, prefill the prompts in one call, "
+        "decode them together and print each continuation and the tokens/s.",
+    )
+    add_generate_arguments(generate)
     return parser
 
 
@@ -226,6 +249,14 @@ def main(argv: list[str] | None = None) -> int:
         from search.sweep_command import sweep_command
 
         return sweep_command(args)
+    if args.command == "import-gguf":
+        from search.import_gguf import import_gguf_command
+
+        return import_gguf_command(args)
+    if args.command == "generate":
+        from search.generate import generate_command
+
+        return generate_command(args)
     from search.browse import render, report
 
     return report(args) if args.command == "report" else render(args)

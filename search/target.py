@@ -12,6 +12,7 @@ from pathlib import Path
 
 from evaluator.engine_loader import default_target_paths, load_model_config
 from search.trial import REPO_ROOT
+from variants.checkpoint.formats import find_weight_file
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,16 @@ class Target:
         }
 
 
+def has_weight_file(folder: Path) -> bool:
+    """Whether the engine's loader finds weights there (model.pt, model.safetensors, ...): toy
+    weights must never shadow a user's model. Several candidates raise the loader's error."""
+    try:
+        find_weight_file(folder)
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def resolve_target(model_config: str | None, weight_dir: str | None) -> Target:
     default_config, default_weights = default_target_paths(REPO_ROOT)
     config_path = Path(model_config) if model_config else default_config
@@ -40,9 +51,9 @@ def resolve_target(model_config: str | None, weight_dir: str | None) -> Target:
     if model_config is None:
         notes.append(f"model config found at {config_path}")
     config = load_model_config(config_path)
-    if not (weights / "model.pt").is_file():
+    if not has_weight_file(weights):
         if weights.resolve().is_relative_to(Path("/target")):
-            raise FileNotFoundError(f"no model.pt in {weights}: the target's weights are missing")
+            raise FileNotFoundError(f"no weights in {weights}: the target's weights are missing")
         from evaluator.toy_weights import save_toy_weights
 
         save_toy_weights(config, weights / "model.pt", seed=1234)
