@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         result["floor_efficiency"] = floor_efficiency(floor_s, result["seconds"])
         rows[trace.name] = result
         log.info(
-            "%s: %.0f tok/s, %.0f decode tok/s, floor efficiency %.3f",
+            "%s: %.0f tok/s, %.0f decode tok/s, floor efficiency %s",
             trace.name,
             result["tokens_per_s"],
             result["decode_tokens_per_s"],

@@ -113,8 +113,12 @@ def trace_floor_seconds(
     )
 
 
-def floor_efficiency(floor_seconds: float, measured_seconds: float) -> float:
-    return floor_seconds / measured_seconds
+def floor_efficiency(floor_seconds: float, measured_seconds: float) -> float | None:
+    """floor / measured, at most 1 by definition; None when over 1: the ceilings were measured
+    below what the engine reached (a busy or throttled machine, a CPU's rough figures), so the
+    floor is no floor."""
+    efficiency = floor_seconds / measured_seconds
+    return efficiency if efficiency <= 1.0 else None
 
 
 # --- measuring the ceilings -------------------------------------------------------------------

@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 from search import study as st
+from search.errors import UserError
 from search.records import Record
 from search.report import summary, trial_line
 from search.run_setup import ENGINES_ALIVE
@@ -18,22 +19,8 @@ log = logging.getLogger(__name__)
 
 
 def open_existing(args):
-    """The study named by --storage/--study, or the default one for the target and device."""
-    name = args.study
-    if args.storage is None and name is None:
-        from search.run_setup import resolve_device
-        from search.target import resolve_target
-        from variants.probe import probe_capabilities
-
-        target = resolve_target(args.model_config, args.weight_dir)
-        name = st.study_name(
-            target.config, probe_capabilities(resolve_device(args.device), target.config)
-        )
-    url = args.storage or st.default_storage_url(name)
-    try:
-        return st.load_study(st.open_storage(url), name), url
-    except KeyError as exc:
-        raise SystemExit(f"error: no study {name!r} in {url}") from exc
+    """The study of --storage/--study; without them, the one the last `run` wrote."""
+    return st.locate_study(args.storage, args.study, args.studies_dir)
 
 
 def report(args) -> int:
@@ -68,7 +55,7 @@ def _pick(study, records: list[Record], number: int | None) -> Record:
     if number is None:
         ranked = rank(records)
         if not ranked:
-            raise SystemExit("error: the study has no correct trial to render")
+            raise UserError("the study has no correct trial to render; run more trials")
         return ranked[0]
     for r in records:
         if r.number == number and r.variant:
@@ -76,7 +63,7 @@ def _pick(study, records: list[Record], number: int | None) -> Record:
     best = study.user_attrs.get("verified_best") or {}
     if best.get("trial") == number:
         return Record(number, "ok", best["variant"], {"variant_name": best["variant_name"]})
-    raise SystemExit(f"error: trial {number} has no variant in study {study.study_name}")
+    raise UserError(f"trial {number} has no variant in study {study.study_name}; see `report`")
 
 
 def render(args) -> int:

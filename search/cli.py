@@ -29,6 +29,9 @@ def _common() -> argparse.ArgumentParser:
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
         help="logging level (default INFO)",
     )
+    common.add_argument(
+        "--debug", action="store_true", help="show the traceback of a user error, not one line"
+    )
     return common
 
 
@@ -41,8 +44,10 @@ def _study_args(p: argparse.ArgumentParser, storage_required: bool = False) -> N
     )
     p.add_argument(
         "--study",
-        help="study name; default derived from the model shape, the GPU (or cpu) and torch",
+        help="study name; default: for run, derived from the model, its weights, the gate, the "
+        "GPU (or cpu) and torch; for the other commands, the study the last run wrote",
     )
+    p.add_argument("--studies-dir", default="studies", help="where default SQLite studies live")
 
 
 def _target_args(p: argparse.ArgumentParser) -> None:
@@ -125,7 +130,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--fresh", action="store_true", help="delete the study and start over")
     run.add_argument("--workspace", default="workspace", help="where engine.py and results.log go")
-    run.add_argument("--studies-dir", default="studies", help="where default SQLite studies live")
     run.add_argument(
         "--traces",
         help=f"comma-separated objective traces (default {','.join(OBJECTIVE_TRACES)})",
@@ -160,7 +164,6 @@ def build_parser() -> argparse.ArgumentParser:
         "summary.md into --out.",
     )
     _study_args(report)
-    _target_args(report)
     report.add_argument("--top", type=int, default=5, help="rows in the top table (default 5)")
     report.add_argument("--all", action="store_true", help="also list every trial")
     report.add_argument(
@@ -183,7 +186,6 @@ def build_parser() -> argparse.ArgumentParser:
         "else its best correct trial).",
     )
     _study_args(render)
-    _target_args(render)
     render.add_argument("--trial", type=int, help="trial number (default: the best)")
     render.add_argument("--output", required=True, help="engine file to write")
     render.add_argument("--renderer", default=DEFAULT_RENDERER, help="module:function")
@@ -229,6 +231,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command's exit code: 0 done, 1 its job failed, 2 a user error (one line; the
+    traceback with --debug)."""
+    from evaluator.engine_loader import EngineLoadError
+    from search.errors import UserError
+
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -237,6 +244,16 @@ def main(argv: list[str] | None = None) -> int:
         datefmt="%H:%M:%S",
     )
     args.command_line = shlex.join(argv)
+    try:
+        return dispatch(args)
+    except (UserError, EngineLoadError) as exc:
+        if args.debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def dispatch(args) -> int:
     if args.command == "run":
         from search.pipeline import run
 

@@ -17,7 +17,15 @@ from pathlib import Path
 from search.results_log import RunSummary, write_log
 from search.run_search import search_trials
 from search.run_setup import set_up
-from search.run_write import candidates, header, remeasure, remember, verify
+from search.run_write import (
+    candidates,
+    common_failure,
+    header,
+    remeasure,
+    remember,
+    set_aside,
+    verify,
+)
 from search.select import installed, rank, write_verified
 from search.trial_worker import load_renderer
 
@@ -87,7 +95,7 @@ class RunJob:
             remember(self, done.record)
             log.info("wrote %s: %s", self.workspace / "engine.py", done.record.name)
         else:
-            log.error("no candidate passed verification; %s left as it was", self.workspace)
+            self.notes.append(set_aside(self))
         if done is not None and self.study is not None:
             from search.sweep_leaders import sweep_leaders
 
@@ -96,6 +104,12 @@ class RunJob:
         self.write_figures()
         self.clock.phases["total"] = time.monotonic() - self.start
         self.write_log(records, ranked, attempts)
+        if done is None:  # the last line says why
+            log.error(
+                "no engine written: no candidate passed verification (most often: %s); %s",
+                common_failure(records, attempts),
+                self.notes[-1] if self.notes else "",
+            )
         return 0 if done is not None else 1
 
     def write_figures(self) -> None:

@@ -42,6 +42,11 @@ class Record:
         return float(value or 0.0)
 
     @property
+    def screening_tokens_per_s(self) -> float:
+        """The screening (quick protocol) throughput, which every measured trial has."""
+        return float(self.attrs.get("tokens_per_s") or 0.0)
+
+    @property
     def peak_mib(self) -> float:
         value = self.attrs.get("full_peak_mib") if self.has_full else self.attrs.get("peak_mib")
         return float(value or 0.0)

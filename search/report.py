@@ -32,17 +32,19 @@ def trace_names(records: list[Record]) -> list[str]:
 
 
 def top_table(ranked: list[Record], n: int = 5) -> str:
-    """The leaders: the objectives (full-protocol numbers where measured) and tokens/s per trace."""
+    """The leaders in rank order: screening and full-protocol throughput in their own columns,
+    the peak, and tokens/s per trace (full-protocol numbers where measured)."""
     if not ranked:
         return "(no correct trial)"
     traces = trace_names(ranked)
-    header = ["rank", "trial", "variant", "tok/s (gmean)", "grader peak MiB", "protocol"]
+    header = ["rank", "trial", "variant", "screening tok/s", "full tok/s", "grader peak MiB"]
     header += [f"{t} tok/s" for t in traces] + ["max err", "tol share"]
     rows = []
     for i, r in enumerate(ranked[:n], 1):
         per = r.trace_numbers("full_" if r.has_full else "")
-        row = [str(i), str(r.number), r.name, _num(r.tokens_per_s), _num(r.peak_mib, 0)]
-        row.append("full" if r.has_full else "quick")
+        full = r.attrs.get("full_tokens_per_s")
+        row = [str(i), str(r.number), r.name, _num(r.screening_tokens_per_s), _num(full)]
+        row.append(_num(r.peak_mib, 0))
         row += [_num(per.get(t, {}).get("tps")) for t in traces]
         err = r.attrs.get("max_abs_err")
         row += ["-" if err is None else f"{err:.3g}", _num(r.attrs.get("tol_share"), 3)]

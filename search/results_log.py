@@ -38,13 +38,27 @@ def _section(title: str, body: str) -> str:
     return f"== {title} ==\n{body.rstrip()}\n"
 
 
+RANKING = (
+    "Ranking: correct trials only (within half the tolerance), one per assembly; the leaders "
+    "re-measured with the grader's full protocol first, by those numbers, then the others by "
+    "their screening numbers; within 1 % the smaller peak memory first. The first that passes "
+    "verification is written."
+)
+
+
+def _compare(chosen: Record, other: Record) -> tuple[float, float, str]:
+    """Both trials' throughput from one protocol: the full one when both have it."""
+    if chosen.has_full and other.has_full:
+        return chosen.tokens_per_s, other.tokens_per_s, "full protocol"
+    return chosen.screening_tokens_per_s, other.screening_tokens_per_s, "screening"
+
+
 def _why(chosen: Record, ranked: list[Record]) -> str:
     if chosen.number < 0:
         return (
             f"{chosen.name}: a ranked default that was not measured here; no measured trial "
             "passed verification, so the safest default that passes it was written."
         )
-    others = [r for r in ranked if r.number != chosen.number]
     protocol = "full protocol" if chosen.has_full else "screening"
     text = (
         f"{chosen.name} (trial {chosen.number}): {chosen.tokens_per_s:.1f} tokens/s "
@@ -52,19 +66,23 @@ def _why(chosen: Record, ranked: list[Record]) -> str:
         f"max error {chosen.attrs.get('max_abs_err', float('nan')):.3g} "
         f"({chosen.attrs.get('tol_share', float('nan')):.2f} of the tolerance)."
     )
+    others = [r for r in ranked if r.number != chosen.number]
     if not others:
-        return text + "\nIt was the only correct candidate."
+        return text + "\nIt was the only correct candidate.\n" + RANKING
     up = others[0]
-    ratio = chosen.tokens_per_s / up.tokens_per_s if up.tokens_per_s else float("inf")
+    mine, theirs, protocol = _compare(chosen, up)
+    ratio = mine / theirs if theirs else float("inf")
     text += (
-        f"\nRunner-up: {up.name} (trial {up.number}): {up.tokens_per_s:.1f} tokens/s, "
-        f"peak {up.peak_mib:.0f} MiB; the chosen one is {ratio:.3f}x its throughput"
+        f"\nRunner-up: {up.name} (trial {up.number}): {theirs:.1f} against {mine:.1f} tokens/s "
+        f"({protocol}, both), peak {up.peak_mib:.0f} MiB: the chosen one is {ratio:.3f}x its "
+        "throughput"
     )
     if abs(ratio - 1) < 0.01:
         text += " (a tie within 1 %: the smaller peak memory decided)"
+    text += "."
     if ranked and ranked[0].number != chosen.number:
         text += "\nHigher-ranked trial(s) failed verification: see below."
-    return text + "."
+    return text + "\n" + RANKING
 
 
 def _verification(attempts: list[Attempt]) -> str:

@@ -60,11 +60,15 @@ def search_with_optuna(job) -> tuple[list[Record], Record | None]:
     from search.warm_kernels import warm_queued
 
     args = job.args
-    name = args.study or st.study_name(job.target.config, job.caps)
+    target = job.target
+    name = args.study or st.study_name(target.config, job.caps, target.fingerprint, job.gate)
     url = args.storage or st.default_storage_url(name, args.studies_dir)
     job.storage_url, job.study_name, job.dashboard = url, name, st.dashboard_command(url)
     storage = st.open_storage(url)
     study = job.study = st.open_study(storage, name, fresh=args.fresh, seed=args.seed)
+    check_same_model(job, study)
+    if args.storage is None:
+        st.remember_last_run(args.studies_dir, url, name)
     st.fail_stale_trials(study, older_than_s=2 * job.trial_timeout + 120)
     records = st.load_records(study)
     best = standing_best(job, study, records)
@@ -96,10 +100,27 @@ def search_with_optuna(job) -> tuple[list[Record], Record | None]:
     return st.load_records(study), None
 
 
+def check_same_model(job, study) -> None:
+    """A study resumes only over the weights and gate it measured (its name says so unless
+    --study named it)."""
+    from search.errors import UserError
+
+    for key, now in (("weights_fingerprint", job.target.fingerprint), ("gate", job.gate)):
+        then = study.user_attrs.get(key)
+        if then is not None and then != now:
+            raise UserError(
+                f"study {study.study_name} measured another {key.replace('_', ' ')} ({then}; "
+                f"this run: {now}): pass --fresh to start it over, or another --study"
+            )
+
+
 def prepare_study(job, study) -> None:
     from search.study import hardware_key
 
     attrs = {
+        "weights_fingerprint": job.target.fingerprint,
+        "weights_file": job.target.weights_file,
+        "gate": job.gate,
         "model_config": job.target.config,
         "model_config_path": str(job.target.config_path),
         "weight_dir": str(job.target.weight_dir),

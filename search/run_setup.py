@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 
 from search.environment import describe_environment
+from search.errors import UserError
 from search.space import SearchSpace
 from search.target import resolve_target
 from search.trial import TrialRunner
@@ -31,11 +32,18 @@ def resolve_device(text: str) -> str:
 
     if text == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    kind = torch.device(text).type
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise SystemExit(f"error: --device {text}, but torch sees no CUDA device")
-    if kind not in ("cuda", "cpu"):
-        raise SystemExit(f"error: --device must be auto, cpu or cuda[:N], got {text!r}")
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cuda", "cpu"):
+        raise UserError(f"--device must be auto, cpu, cuda or cuda:N, got {text!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {text}, but torch sees no CUDA device; use --device cpu")
+    if device.type == "cuda" and device.index is not None:
+        if device.index >= torch.cuda.device_count():
+            count = torch.cuda.device_count()
+            raise UserError(f"--device {text}, but torch sees {count} CUDA device(s)")
     return text
 
 
@@ -56,6 +64,8 @@ def set_up(job) -> None:
     job.device = resolve_device(args.device)
     kind = "cuda" if job.device.startswith("cuda") else "cpu"
     job.target = resolve_target(args.model_config, args.weight_dir)
+    check_dtype(job.target, job.device)
+    job.gate = gate_name(job.target)
     job.caps = probe_capabilities(job.device, job.target.config)
     job.space = SearchSpace(job.caps)
     minutes = args.budget_minutes if args.budget_minutes else DEFAULT_BUDGET_MIN[kind]
@@ -93,6 +103,26 @@ def set_up(job) -> None:
     )
 
 
+def gate_name(target) -> str:
+    """`course`: the course's exact check (its target); `noise`: the dtype-noise gate."""
+    return "course" if target.course else "noise"
+
+
+def check_dtype(target, device: str) -> None:
+    """The config's dtype must run here: bfloat16 needs a GPU that computes it."""
+    import torch
+
+    from variants.spec import ModelSpec
+
+    spec = ModelSpec.from_config(target.config)
+    if device.startswith("cuda") and spec.config_dtype == torch.bfloat16:
+        if not torch.cuda.is_bf16_supported():
+            raise UserError(
+                f"{target.config_path.name} says bfloat16, which this GPU does not compute; "
+                "use --device cpu (float32) or a GPU of compute capability 8.0 or newer"
+            )
+
+
 def device_memory_gib(device: str) -> float:
     """The GPU's memory, or the host's (MemTotal) for a CPU."""
     import torch
@@ -111,9 +141,7 @@ def memory_budget_gib(args, device: str) -> tuple[float, str]:
     --model-config); else this device's memory."""
     if args.memory_budget_gib is not None:
         if args.memory_budget_gib <= 0:
-            raise SystemExit(
-                f"error: --memory-budget-gib must be > 0, got {args.memory_budget_gib}"
-            )
+            raise UserError(f"--memory-budget-gib must be > 0, got {args.memory_budget_gib}")
         return args.memory_budget_gib, "--memory-budget-gib"
     if args.model_config is None:
         return COURSE_GRADER_GIB, "the course's target: its grader is a 24 GB RTX 3090"

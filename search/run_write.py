@@ -65,10 +65,16 @@ def candidates(job, records: list[Record], ranked: list[Record]) -> list[Record]
 
 
 def header(job, record: Record) -> str:
+    target = job.target
     lines = [
         "Written by `bash run.sh` (python -m search run), " + time.strftime("%Y-%m-%d %H:%M:%S"),
+        f"model: {target.config_path}",
+        f"weights: {target.weights_file}",
+        f"{FINGERPRINT}{target.fingerprint}",
         f"variant: {record.name}",
     ]
+    if job.study_name:
+        lines.append(f"study: {job.study_name} ({job.storage_url})")
     if record.number >= 0:
         where = f"study {job.study_name}, " if job.study_name else ""
         lines.append(
@@ -76,6 +82,52 @@ def header(job, record: Record) -> str:
             f"mean of {', '.join(job.runner.traces)}), peak {record.peak_mib:.0f} MiB"
         )
     return "\n".join(lines)
+
+
+FINGERPRINT = "weights fingerprint: "  # a header line: which weights the engine was verified on
+
+
+def engine_fingerprint(path: Path) -> str | None:
+    """The weights fingerprint in an engine file's header (None: none there)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    for line in reversed(text.splitlines()):
+        if line.startswith("# " + FINGERPRINT):
+            return line[len("# " + FINGERPRINT) :].strip()
+    return None
+
+
+def set_aside(job) -> str:
+    """After a run that wrote nothing: an engine.py left by a run on these weights stays (it
+    was verified on them); any other moves to engine.stale.py. Says which."""
+    engine = job.workspace / "engine.py"
+    if not engine.is_file():
+        return "no engine.py is in place"
+    if engine_fingerprint(engine) == job.target.fingerprint:
+        return f"the earlier {engine} (verified on these weights) stays in place"
+    stale = engine.with_name("engine.stale.py")
+    engine.replace(stale)
+    return f"the earlier {engine}, not verified on these weights, moved to {stale.name}"
+
+
+def common_failure(records: list[Record], attempts) -> str:
+    """The most frequent first line of the trials' and verifications' failure reasons."""
+    reasons = [
+        (r.attrs.get("reason") or "").strip().splitlines()[0]
+        for r in records
+        if r.status in ("failed", "infeasible") and (r.attrs.get("reason") or "").strip()
+    ]
+    for a in attempts:
+        if a.verification is not None and not a.verification.passed:
+            reasons.append(a.verification.steps[-1] if a.verification.steps else "verification")
+        elif a.error:
+            reasons.append(a.error)
+    if not reasons:
+        return "no trial ran"
+    reason = max(set(reasons), key=reasons.count)
+    return f"{reason} ({reasons.count(reason)} of {len(reasons)})"
 
 
 def verify(job, benchmark: bool):

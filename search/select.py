@@ -154,10 +154,14 @@ def _digest(json_path: Path) -> str | None:
         lines.append(
             f"  {name}: {t['tokens_per_s']:.1f} tok/s, "
             f"{t['decode_tokens_per_s']:.1f} decode tok/s, "
-            f"floor eff {t.get('floor_efficiency', float('nan')):.4f}, "
+            f"floor eff {_eff(t.get('floor_efficiency'))}, "
             f"peak {t['peak_mib']:.0f} MiB, create {t['create_s']:.2f} s"
         )
     return "\n".join(lines) or None
+
+
+def _eff(value) -> str:
+    return "-" if value is None else f"{value:.4f}"
 
 
 @dataclass

@@ -58,14 +58,77 @@ def hardware_key(caps) -> str:
     return f"{where}-torch{torch.__version__.split('+')[0]}"
 
 
-def study_name(config: dict, caps) -> str:
+def study_name(config: dict, caps, fingerprint: str = "", gate: str = "") -> str:
+    """model type, config shape hash, weights fingerprint, gate, GPU (or cpu) and torch: a
+    study resumes only over the same model, weights, gate and machine."""
     model = _slug(str(config.get("model_type", "model"))) or "model"
-    return f"{model}-{config_hash(config)}-{hardware_key(caps)}"
+    parts = [model, config_hash(config)]
+    parts += [f"w{fingerprint[:6]}"] if fingerprint else []
+    parts += [gate] if gate else []
+    return "-".join([*parts, hardware_key(caps)])
 
 
 def default_storage_url(name: str, studies_dir: str | Path = "studies") -> str:
     Path(studies_dir).mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{Path(studies_dir) / name}.db"
+
+
+LAST_RUN = "last_run.json"  # in the studies folder: the study the last `run` wrote
+
+
+def remember_last_run(studies_dir: str | Path, url: str, name: str) -> None:
+    path = Path(studies_dir) / LAST_RUN
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"storage": url, "study": name}) + "\n")
+
+
+def _sqlite_path(url: str) -> Path | None:
+    return Path(url[len("sqlite:///") :]) if url.startswith("sqlite:///") else None
+
+
+def known_studies(studies_dir: str | Path = "studies") -> list[str]:
+    """The studies of the default SQLite files in `studies_dir`."""
+    names = []
+    for path in sorted(Path(studies_dir).glob("*.db")):
+        try:
+            names += optuna.get_all_study_names(f"sqlite:///{path}")
+        except Exception as exc:  # an unreadable file is listed as nothing
+            log.debug("cannot read %s: %s", path, exc)
+    return names
+
+
+def locate_study(storage: str | None, name: str | None, studies_dir="studies"):
+    """(study, storage URL) of an existing study, creating nothing: --storage and --study as
+    given; without --storage, the study's default SQLite file; without either, the study the
+    last `run` wrote, else the only one there is. A wrong name lists the studies that exist."""
+    from search.errors import UserError
+
+    if storage is None and name is None:
+        last = Path(studies_dir) / LAST_RUN
+        if last.is_file():
+            remembered = json.loads(last.read_text())
+            storage, name = remembered["storage"], remembered["study"]
+        else:
+            names = known_studies(studies_dir)
+            if len(names) != 1:
+                found = ", ".join(names) or "none"
+                raise UserError(f"which study? {studies_dir}/ holds: {found}; pass --study NAME")
+            name = names[0]
+    url = storage or f"sqlite:///{Path(studies_dir) / name}.db"
+    path = _sqlite_path(url)
+    exists = path.is_file() if path is not None else True
+    if _is_journal(url):
+        exists = Path(journal_path(url)).is_file()
+    names = optuna.get_all_study_names(url) if exists else []
+    if name is None:
+        if len(names) != 1:
+            raise UserError(f"which study? {url} holds: {', '.join(names) or 'none'}; pass --study")
+        name = names[0]
+    if name not in names:
+        there = ", ".join(names) if storage else ", ".join(known_studies(studies_dir))
+        where = storage or f"{studies_dir}/"
+        raise UserError(f"no study {name!r} in {where}; studies there: {there or 'none'}")
+    return optuna.load_study(study_name=name, storage=open_storage(url)), url
 
 
 def _is_journal(url: str) -> bool:

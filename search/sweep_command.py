@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from search.errors import UserError
 from search.sweep_variants import study_variants, variant_from_spec
 from variants.presets import PRESETS
 
@@ -94,11 +95,7 @@ def _study_and_out(args):
     from search import study as st
     from search.summary_md import default_report_dir
 
-    url = args.storage or st.default_storage_url(args.study)
-    try:
-        study = st.load_study(st.open_storage(url), args.study)
-    except KeyError as exc:
-        raise SystemExit(f"error: no study {args.study!r} in {url}") from exc
+    study, url = st.locate_study(args.storage, args.study, args.studies_dir)
     config = args.model_config or study.user_attrs.get("model_config_path")
     weights = args.weight_dir or study.user_attrs.get("weight_dir")
     out = default_report_dir(url, study.study_name) / SWEEP_FILE
@@ -115,7 +112,7 @@ def sweep_command(args) -> int:
     from_study, out, config_path, weight_dir = _study_and_out(args)
     variants += from_study or []
     if not variants:
-        raise SystemExit("error: give --variant NAME_OR_JSON (repeatable) or --study NAME")
+        raise UserError("give --variant NAME_OR_JSON (repeatable) or --study NAME")
     out = Path(args.out) if args.out else out
     device = resolve_device(args.device)
     target = resolve_target(config_path, weight_dir)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+from search.errors import UserError
 from search.records import Record
 from variants.presets import PRESETS
 from variants.variant import Variant
@@ -22,10 +23,10 @@ def variant_from_spec(text: str) -> tuple[str, Variant]:
         try:
             variant = Variant.from_dict(json.loads(fields))
         except (ValueError, TypeError) as exc:
-            raise SystemExit(f"error: --variant {text!r}: {exc}") from exc
+            raise UserError(f"--variant {text!r}: {exc}") from exc
         return label or variant.name, variant
-    raise SystemExit(
-        f"error: --variant {text!r} is neither a preset ({', '.join(PRESETS)}) nor a JSON "
+    raise UserError(
+        f"--variant {text!r} is neither a preset ({', '.join(PRESETS)}) nor a JSON "
         "object of Variant fields (or LABEL=JSON)"
     )
 

@@ -143,12 +143,17 @@ def _floor_efficiency(trace, config: dict, device: str, ceilings, seconds: float
     if not ceilings:
         return None
     try:
-        from evaluator.floor import Ceilings, dtype_bytes_for, trace_floor_seconds
+        from evaluator.floor import (
+            Ceilings,
+            dtype_bytes_for,
+            floor_efficiency,
+            trace_floor_seconds,
+        )
 
         floor = trace_floor_seconds(
             trace, config, Ceilings(**ceilings), dtype_bytes_for(config, device)
         )
-        return floor / seconds
+        return floor_efficiency(floor, seconds)
     except Exception as exc:  # the floor model is a diagnostic; it never fails a trial
         log.warning("floor efficiency unavailable: %s", exc)
         return None

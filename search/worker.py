@@ -8,20 +8,23 @@ otherwise (weights at another path on another machine). Workers never write `eng
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from pathlib import Path
+
+import optuna
 
 from search import study as st
+from search.errors import UserError
 from search.optimize import Budget, enqueue_known_good, optimize
 from search.run_setup import (
     DEFAULT_TRIAL_TIMEOUT_S,
     ENGINES_ALIVE,
+    gate_name,
     measure_ceilings,
     resolve_device,
 )
 from search.space import SearchSpace
+from search.target import resolve_target
 from search.trial import TrialRunner
 from search.trial_worker import OBJECTIVE_TRACES
 from variants.probe import probe_capabilities
@@ -31,28 +34,30 @@ log = logging.getLogger(__name__)
 
 def worker(args) -> int:
     start = time.monotonic()
-    storage = st.open_storage(args.storage)
     device = resolve_device(args.device)
+    if args.study is None and not args.model_config:
+        raise UserError("name the study to add trials to with --study (or give --model-config)")
+    storage = st.open_storage(args.storage)
     name = args.study
-    if args.model_config:
-        config = json.loads(Path(args.model_config).read_text())
-    else:
-        try:
-            existing = st.load_study(storage, name)
-        except KeyError as exc:
-            raise SystemExit(
-                f"error: no study {name!r} in {args.storage}; create it with "
-                "`python -m search run --storage ...` or pass --model-config"
-            ) from exc
-        name, config = existing.study_name, existing.user_attrs.get("model_config")
-        if not config:
-            raise SystemExit(f"error: study {name!r} records no model config; pass --model-config")
-    caps = probe_capabilities(device, config)
-    study = st.open_study(storage, name or st.study_name(config, caps), seed=args.seed)
+    known = name is not None and name in optuna.get_all_study_names(storage)
+    attrs = st.load_study(storage, name).user_attrs if known else {}
+    config_path = args.model_config or attrs.get("model_config_path")
+    if not config_path:
+        raise UserError(f"no study {name!r} in {args.storage}: create it with `python -m "
+                        "search run --storage ...`, or pass --model-config")  # fmt: skip
+    target = resolve_target(config_path, args.weight_dir or attrs.get("weight_dir"))
+    caps = probe_capabilities(device, target.config)
+    gate = attrs.get("gate") or gate_name(target)
+    study = st.open_study(
+        storage, name or st.study_name(target.config, caps, target.fingerprint, gate),
+        seed=args.seed,
+    )  # fmt: skip
     attrs = study.user_attrs
-    weight_dir = args.weight_dir or attrs.get("weight_dir")
-    if not weight_dir or not (Path(weight_dir) / "model.pt").is_file():
-        raise SystemExit(f"error: no model.pt in weight dir {weight_dir!r}; pass --weight-dir")
+    if attrs.get("weights_fingerprint") not in (None, target.fingerprint):
+        raise UserError(
+            f"the weights in {target.weight_dir} are not the ones study {study.study_name} "
+            "measured; pass --weight-dir with that study's weights"
+        )
     if attrs.get("hardware") and attrs["hardware"] != st.hardware_key(caps):
         log.warning(
             "this worker runs on %s but the study measured %s: numbers will not compare",
@@ -60,13 +65,17 @@ def worker(args) -> int:
             attrs["hardware"],
         )
     recorded = {
-        "model_config": config,
-        "weight_dir": str(weight_dir),
+        "model_config": target.config,
+        "model_config_path": str(target.config_path),
+        "weight_dir": str(target.weight_dir),
+        "weights_fingerprint": target.fingerprint,
+        "gate": gate,
         "hardware": st.hardware_key(caps),
     }
     for key, value in recorded.items():
         if not attrs.get(key):
             study.set_user_attr(key, value)
+    config, weight_dir = target.config, target.weight_dir
     space = SearchSpace(caps)
     enqueue_known_good(study, space, caps, storage, study.study_name, st.hardware_key(caps), None)
     kind = "cuda" if device.startswith("cuda") else "cpu"

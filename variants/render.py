@@ -150,5 +150,6 @@ def render_engine(variant, path, header: str = "", memory_budget_gib: float | No
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     with os.fdopen(fd, "w") as f:
         f.write(text)
+    os.chmod(tmp, 0o644)  # (mkstemp makes it 0600) readable by a grader or a container
     os.replace(tmp, path)
     return path

@@ -98,7 +98,11 @@ def check_state_dict(spec, state: dict) -> None:
 def course_state_dict(spec, weight_dir: str) -> dict:
     """The checkpoint in the course layout on the CPU: prefix stripped, lm_head tied when the
     config says so or the checkpoint has none, checked, q/k rows in interleaved order."""
-    checkpoint = read_checkpoint(weight_dir)
+    return course_layout(spec, read_checkpoint(weight_dir))
+
+
+def course_layout(spec, checkpoint) -> dict:
+    """`checkpoint`'s tensors in the course layout (its state is handed over)."""
     state, prefixed = strip_model_prefix(checkpoint.state)
     checkpoint.state = None
     if spec.tie_word_embeddings or "lm_head.weight" not in state:

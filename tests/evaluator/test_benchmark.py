@@ -1,8 +1,8 @@
 """time_trace times like the grader: fresh engines, untimed construction, token counts."""
 
-import gc
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -94,8 +94,9 @@ def test_benchmark_cli_reports_every_trace(tiny_weights, capsys):
     assert list(report["traces"]) == ["prefill", "decode", "mixed"]
     for row in report["traces"].values():
         assert row["tokens_per_s"] > 0 and row["create_s"] > 0
-        assert 0 < row["floor_efficiency"] <= 1
-        assert row["floor_efficiency"] == pytest.approx(row["floor_s"] / row["seconds"])
+        if row["floor_efficiency"] is not None:  # (None: the CPU's ceilings measured too low)
+            assert 0 < row["floor_efficiency"] <= 1
+            assert row["floor_efficiency"] == pytest.approx(row["floor_s"] / row["seconds"])
     assert report["traces"]["decode"]["decode_tokens"] == 128
 
 
@@ -110,14 +111,19 @@ def test_benchmark_cli_rejects_a_missing_engine_as_a_file(tmp_path):
     assert run.stderr.startswith("error: engine file not found") and run.stderr.count("\n") == 1
 
 
-class Heavy:
-    """An engine holding 64 MiB of host memory; `cyclic` ones also hold a reference to
-    themselves, so only the cyclic collector (which the grader never runs) frees them."""
+HEAVY = """
+import json, sys
+import torch
+from evaluator.benchmark import time_trace
+from evaluator.traces import Decode, Prefill, Remove, Trace
 
-    cyclic = False
+class Heavy:
+    # holds 64 MiB of host memory (every page touched); a cyclic one also holds itself, so
+    # only the cyclic collector (which the grader never runs) frees it
+    cyclic = sys.argv[1] == "cyclic"
 
     def __init__(self, config, weight_dir, device):
-        self.block = torch.ones(16 * 2**20)  # 64 MiB, every page touched
+        self.block = torch.ones(16 * 2**20)
         self.vocab = config["vocab_size"]
         if self.cyclic:
             self.me = self
@@ -125,24 +131,27 @@ class Heavy:
     def prefill(self, ids, tokens):
         return torch.zeros(len(ids), self.vocab)
 
-    def decode(self, ids, tokens):
-        return torch.zeros(len(ids), self.vocab)
+    decode = prefill
 
     def remove(self, ids):
         pass
 
+trace = Trace("small", (Prefill([3, 1], [5, 9]), Decode([1, 3]), Remove([1, 3])))
+config = {"vocab_size": 8}
+print(json.dumps(time_trace(Heavy, config, "-", "cpu", trace, repeat=4)["peak_mib"]))
+"""
 
-class HeavyCyclic(Heavy):
-    cyclic = True
 
-
-def test_the_grader_pattern_keeps_what_a_cycle_holds(tiny_config, tiny_weights):
-    """A warm-up engine and a fresh engine per repeat by assignment, nothing collected: engines
-    freed by reference counting peak at three alive (warm-up, last, new), cyclic ones at all
-    of them."""
-    peaks = {
-        cls.__name__: time_trace(cls, tiny_config, tiny_weights, "cpu", SMALL, repeat=4)["peak_mib"]
-        for cls in (Heavy, HeavyCyclic)
-    }
-    assert peaks["HeavyCyclic"] - peaks["Heavy"] > 1.5 * 64, peaks
-    assert gc.isenabled()
+def test_the_grader_pattern_keeps_what_a_cycle_holds():
+    """A warm-up engine and a fresh engine per repeat by assignment, nothing collected (each
+    measured in a fresh process): engines freed by reference counting peak at three alive
+    (warm-up, last, new), cyclic ones at all five."""
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1")
+    peaks = {}
+    for kind in ("plain", "cyclic"):
+        out = subprocess.run(
+            [sys.executable, "-c", HEAVY, kind], cwd=REPO_ROOT, env=env,
+            capture_output=True, text=True, timeout=120, check=True,
+        )  # fmt: skip
+        peaks[kind] = json.loads(out.stdout)
+    assert peaks["cyclic"] - peaks["plain"] > 1.5 * 64, peaks

@@ -62,3 +62,9 @@ def test_efficiency_of_a_plausible_engine_is_a_fraction():
     floor_s = trace_floor_seconds(TRACE, HAND, Ceilings(1e-9, 1e-12))
     assert floor_efficiency(floor_s, 2000.0) == pytest.approx(0.736)
     assert math.isfinite(floor_s)
+
+
+def test_an_efficiency_over_one_is_no_efficiency():
+    """Faster than the floor means the ceilings were measured too low: nothing is printed."""
+    assert floor_efficiency(1.0, 1.0) == 1.0
+    assert floor_efficiency(1.9, 1.0) is None

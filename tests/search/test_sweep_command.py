@@ -9,6 +9,7 @@ import pytest
 
 from search.cli import main
 from search.demo_study import create_demo_study
+from search.errors import UserError
 from search.records import Record
 from search.select import rank
 from search.study import load_records
@@ -30,9 +31,9 @@ def test_a_variant_is_a_preset_a_json_object_or_a_named_json_object():
     paged = Variant(cache="paged", block_size=64)
     assert variant_from_spec('{"cache": "paged", "block_size": 64}') == (paged.name, paged)
     assert variant_from_spec('#3 best={"cache": "paged", "block_size": 64}') == ("#3 best", paged)
-    with pytest.raises(SystemExit, match="neither a preset"):
+    with pytest.raises(UserError, match="neither a preset"):
         variant_from_spec("no-such-preset")
-    with pytest.raises(SystemExit, match="unknown variant field"):
+    with pytest.raises(UserError, match="unknown variant field"):
         variant_from_spec('{"cahce": "paged"}')
 
 

@@ -29,6 +29,7 @@ def test_two_workers_complete_the_target_together(
     study = st.open_study(storage, "shared")
     # What `run` records, so that workers need only the storage and the study name.
     study.set_user_attr("model_config", config)
+    study.set_user_attr("model_config_path", str(micro_config_path))
     study.set_user_attr("weight_dir", tiny_weights)
     study.set_user_attr("hardware", st.hardware_key(caps))
     study.set_user_attr("traces", ["prefill"])

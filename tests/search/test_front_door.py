@@ -1,0 +1,152 @@
+"""The front door: every user mistake is one line naming the problem and the fix, exit 2, within
+seconds, with nothing written; studies are found (or listed) without creating any."""
+
+import json
+import os
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from evaluator.toy_weights import make_toy_weights
+from search.run_write import FINGERPRINT, common_failure, engine_fingerprint, set_aside
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def model(tiny_config, tmp_path):
+    """A user's model folder (the course's format)."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "model_config.json").write_text(json.dumps(tiny_config))
+    torch.save(make_toy_weights(tiny_config), folder / "model.pt")
+    return folder
+
+
+def _run(search_cli, tmp_path, *args):
+    ws, studies = tmp_path / "ws", tmp_path / "studies"
+    start = time.monotonic()
+    proc = search_cli(["run", "--workspace", str(ws), "--studies-dir", str(studies), *args])
+    return proc, time.monotonic() - start, ws, studies
+
+
+def _bad_weights(folder, tiny_config):
+    state = make_toy_weights(tiny_config)
+    del state["layers.1.self_attn.k_proj.weight"]
+    torch.save(state, folder / "model.pt")
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("bad-json", "is not valid JSON"),
+        ("no-config", "cannot read model config"),
+        ("no-weights", "no weights in"),
+        ("missing-key", "weight 'layers.1.self_attn.k_proj.weight' is missing"),
+        ("heads", "is not a multiple of num_key_value_heads 3; fix the config"),
+        ("device-gpu", "--device must be auto, cpu, cuda or cuda:N, got 'gpu'"),
+        ("budget", "--memory-budget-gib must be > 0"),
+    ],
+)
+def test_a_users_mistake_is_one_line_exit_2_and_nothing_written(
+    case, message, model, tiny_config, tmp_path, search_cli
+):
+    config, weights, extra = model / "model_config.json", model, []
+    if case == "bad-json":
+        config.write_text("{bad json")
+    elif case == "no-config":
+        config = model / "missing.json"
+    elif case == "no-weights":
+        weights = tmp_path / "empty"
+        weights.mkdir()
+    elif case == "missing-key":
+        _bad_weights(model, tiny_config)
+    elif case == "heads":
+        config.write_text(json.dumps({**tiny_config, "num_key_value_heads": 3}))
+    elif case == "device-gpu":
+        extra = ["--device", "gpu"]
+    elif case == "budget":
+        extra = ["--memory-budget-gib", "0"]
+    before = {p: p.stat().st_mtime_ns for p in model.iterdir()}
+    args = ["--model-config", str(config), "--weight-dir", str(weights), "--device", "cpu", *extra]
+    proc, seconds, ws, studies = _run(search_cli, tmp_path, *args)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: ") and message in lines[-1], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert seconds < 30
+    assert not ws.exists() and not studies.exists()
+    assert {p: p.stat().st_mtime_ns for p in model.iterdir()} == before
+    if case == "no-weights":
+        assert list(weights.iterdir()) == []
+
+
+def test_debug_shows_the_traceback(model, tmp_path, search_cli):
+    (model / "model_config.json").write_text("{bad json")
+    args = ["--model-config", str(model / "model_config.json"), "--device", "cpu", "--debug"]
+    proc, _, _, _ = _run(search_cli, tmp_path, *args)
+    assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+def test_run_sh_says_the_same_in_one_line(model, tmp_path, child_env):
+    import subprocess
+
+    (model / "model_config.json").write_text("{bad json")
+    proc = subprocess.run(
+        ["bash", "run.sh", "--model-config", str(model / "model_config.json"), "--device", "cpu"],
+        cwd=REPO_ROOT, env=child_env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: model config")
+
+
+@pytest.mark.parametrize("command", ["report", "render"])
+def test_report_and_render_list_the_studies_and_create_nothing(command, tmp_path, search_cli):
+    studies = tmp_path / "studies"
+    args = [command, "--studies-dir", str(studies)]
+    args += ["--output", str(tmp_path / "e.py")] if command == "render" else []
+    proc = search_cli([*args, "--study", "nope"])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "no study 'nope' in" in proc.stderr and "studies there: none" in proc.stderr
+    proc = search_cli(args)
+    assert proc.returncode == 2 and "which study?" in proc.stderr
+    assert not studies.exists() and not (REPO_ROOT / "studies" / "nope.db").exists()
+
+
+def test_set_aside_keeps_an_engine_of_these_weights_and_moves_another(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    engine = ws / "engine.py"
+    job = SimpleNamespace(workspace=ws, target=SimpleNamespace(fingerprint="abc"))
+    engine.write_text(f"x = 1\n\n# {FINGERPRINT}abc\n")
+    assert engine_fingerprint(engine) == "abc"
+    assert "stays in place" in set_aside(job) and engine.is_file()
+    engine.write_text(f"x = 1\n\n# {FINGERPRINT}def\n")
+    assert "moved to engine.stale.py" in set_aside(job)
+    assert not engine.exists() and (ws / "engine.stale.py").is_file()
+    assert set_aside(job) == "no engine.py is in place"
+
+
+def test_the_last_line_names_the_most_common_cause():
+    from search.records import Record
+
+    records = [
+        Record(0, "failed", {}, {"reason": "KeyError: 'x'\ntraceback..."}),
+        Record(1, "failed", {}, {"reason": "KeyError: 'x'"}),
+        Record(2, "infeasible", {}, {"reason": "uses 0.7 of the tolerance"}),
+        Record(3, "ok", {}, {}),
+    ]
+    assert common_failure(records, []) == "KeyError: 'x' (2 of 3)"
+    assert common_failure([], []) == "no trial ran"
+
+
+def test_a_written_engine_is_readable_by_all(tmp_path):
+    from variants.render import render_engine
+    from variants.variant import Variant
+
+    path = render_engine(Variant(), tmp_path / "engine.py", f"{FINGERPRINT}abc")
+    assert os.stat(path).st_mode & 0o777 == 0o644
+    assert engine_fingerprint(path) == "abc"
