@@ -95,11 +95,15 @@ class ContinuousBatchScheduler:
         max_live: int = 8,
         prefill_token_budget: int = 512,
         clock=time.perf_counter,
+        history: bool = True,
     ):
+        """`history` keeps every finished request and per-step count (for `run` and the
+        notebooks); a long-running server turns it off."""
         if max_live < 1 or prefill_token_budget < 1:
             raise ValueError("max_live and prefill_token_budget must be >= 1")
         self.engine, self.sampler, self.clock = engine, sampler, clock
         self.max_live, self.prefill_token_budget = max_live, prefill_token_budget
+        self.history = history
         self.waiting: deque = deque()
         self.running: dict = {}  # request id -> ServingRequest, in admission order
         self.finished: list = []
@@ -198,7 +202,8 @@ class ContinuousBatchScheduler:
             ids = [r.request_id for r in decoding]
             last = torch.tensor([r.output[-1] for r in decoding], dtype=torch.long)
             self._call(decoding, lambda: self.engine.decode(ids, last))
-        self.live_per_step.append(len(self.running))
+        if self.history:
+            self.live_per_step.append(len(self.running))
         done = [r for r in self.running.values() if r.done]
         if done:
             kept = [r.request_id for r in done if r.error is None]  # (failed ones: forgotten)
@@ -207,7 +212,8 @@ class ContinuousBatchScheduler:
             for r in done:
                 r.state = RequestState.FINISHED
                 del self.running[r.request_id]
-            self.finished += done
+            if self.history:
+                self.finished += done
         self.steps += 1
         return done
 
