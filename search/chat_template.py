@@ -1,10 +1,12 @@
-"""A model folder's chat template (`chat_template` of tokenizer_config.json) rendered for one user
-message with jinja2, as Hugging Face renders it: sandboxed, `trim_blocks` and `lstrip_blocks`,
-the `loopcontrols` extension, `raise_exception`, and the generation prompt appended."""
+"""A model folder's chat template (`chat_template` of tokenizer_config.json) rendered for a
+conversation with jinja2, as Hugging Face renders it: sandboxed, `trim_blocks` and
+`lstrip_blocks`, the `loopcontrols` extension, `raise_exception`, and the generation prompt
+appended."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -31,8 +33,9 @@ def chat_template(model: Path) -> tuple:
     return template, config
 
 
-def render_chat(model: Path, prompt: str) -> str:
-    """The text the model sees for `prompt` as the user's message, up to the assistant's turn."""
+def chat_renderer(model: Path) -> Callable[[list], str]:
+    """`render(messages)`: the text the model sees for a conversation (dicts of role and
+    content), up to the assistant's next turn. The template is read and compiled once."""
     template, config = chat_template(model)
     try:
         from jinja2 import TemplateError
@@ -48,11 +51,20 @@ def render_chat(model: Path, prompt: str) -> str:
     )
     env.globals["raise_exception"] = raise_exception
     try:
-        return env.from_string(template).render(
-            messages=[{"role": "user", "content": prompt}],
-            add_generation_prompt=True,
-            bos_token=_token_text(config.get("bos_token")),
-            eos_token=_token_text(config.get("eos_token")),
-        )
+        compiled = env.from_string(template)
     except TemplateError as exc:
         raise ChatTemplateError(f"the chat template of {model} failed: {exc}") from exc
+    tokens = {k: _token_text(config.get(k)) for k in ("bos_token", "eos_token")}
+
+    def render(messages: list) -> str:
+        try:
+            return compiled.render(messages=messages, add_generation_prompt=True, **tokens)
+        except TemplateError as exc:
+            raise ChatTemplateError(f"the chat template of {model} failed: {exc}") from exc
+
+    return render
+
+
+def render_chat(model: Path, prompt: str) -> str:
+    """The text the model sees for `prompt` as the user's message, up to the assistant's turn."""
+    return chat_renderer(model)([{"role": "user", "content": prompt}])

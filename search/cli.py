@@ -227,6 +227,18 @@ def build_parser() -> argparse.ArgumentParser:
         "decode them together and print each continuation and the tokens/s.",
     )
     add_generate_arguments(generate)
+
+    from search.serve import add_arguments as add_serve_arguments
+
+    serve = sub.add_parser(
+        "serve",
+        parents=[common],
+        help="an OpenAI-compatible HTTP server over an engine file, with continuous batching",
+        description="Serve /v1/completions, /v1/chat/completions (streamed as Server-Sent "
+        "Events on request), /v1/models and /health from an engine file and a Hugging Face "
+        "model folder; one engine thread batches every live request (docs/SERVING.md).",
+    )
+    add_serve_arguments(serve)
     return parser
 
 
@@ -274,6 +286,10 @@ def dispatch(args) -> int:
         from search.generate import generate_command
 
         return generate_command(args)
+    if args.command == "serve":
+        from search.serve import serve_command
+
+        return serve_command(args)
     from search.browse import render, report
 
     return report(args) if args.command == "report" else render(args)

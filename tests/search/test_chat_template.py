@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from search.chat_template import ChatTemplateError, render_chat
+from search.chat_template import ChatTemplateError, chat_renderer, render_chat
 
 
 def test_smollm2_template_renders_as_transformers(smollm2_dir):
@@ -16,6 +16,14 @@ def test_smollm2_template_renders_as_transformers(smollm2_dir):
         theirs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         assert render_chat(smollm2_dir, prompt) == theirs
     assert render_chat(smollm2_dir, "Hi!").endswith("<|im_end|>\n<|im_start|>assistant\n")
+    conversation = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi!"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Capital of France?"},
+    ]
+    theirs = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+    assert chat_renderer(smollm2_dir)(conversation) == theirs
 
 
 def write_config(folder, **config):

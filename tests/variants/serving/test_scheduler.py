@@ -21,7 +21,7 @@ def _requests(n, vocab, max_new=(3, 7, 1, 5, 9), lengths=(5, 40, 12, 70, 3), eos
             100 + i,
             torch.randint(0, vocab, (lengths[i % len(lengths)],), generator=gen),
             max_new[i % len(max_new)],
-            eos_id=eos,
+            eos_ids=frozenset() if eos is None else frozenset([eos]),
         )
         for i in range(n)
     ]
@@ -131,3 +131,60 @@ def test_bad_requests_raise():
     sched.add(ServingRequest(1, torch.tensor([1]), 1))
     with pytest.raises(ValueError):
         sched.add(ServingRequest(1, torch.tensor([2]), 1))
+
+
+class FailingEngine(CountingEngine):
+    """The real engine, raising for any call holding request `bad` once it has been decoded
+    `after` times: after the call ran, as a bug or an out-of-memory could."""
+
+    def __init__(self, engine, bad, after=0):
+        super().__init__(engine)
+        self.bad, self.after = bad, after
+
+    def _check(self, ids, out):
+        if self.bad in ids and self.after <= 0:
+            raise RuntimeError("boom")
+        return out
+
+    def prefill(self, ids, prompts):
+        return self._check(ids, super().prefill(ids, prompts))
+
+    def decode(self, ids, tokens):
+        out = self._check(ids, super().decode(ids, tokens))
+        self.after -= self.bad in ids
+        return out
+
+
+@pytest.mark.parametrize("after", [0, 2])
+def test_a_failing_request_fails_alone_and_the_others_keep_their_tokens(engine, tiny_config, after):
+    vocab = tiny_config["vocab_size"]
+    expected = _requests(4, vocab, max_new=(6,))
+    ContinuousBatchScheduler(engine, max_live=4).run(expected)
+    failing = FailingEngine(engine, bad=101, after=after)
+    requests = _requests(4, vocab, max_new=(6,))
+    ContinuousBatchScheduler(failing, max_live=4).run(requests)
+    bad = requests[1]
+    assert bad.finish_reason == "error" and bad.error == "RuntimeError: boom"
+    assert bad.output == expected[1].output[: after + 1 if after else 0]
+    for r, e in zip(requests, expected):
+        if r is not bad:
+            assert r.finish_reason == "length" and r.output == e.output
+    assert engine.lengths == {}  # the failed request's state too was removed
+
+
+def test_per_request_samplers_and_cancel(engine, tiny_config):
+    vocab = tiny_config["vocab_size"]
+    greedy = _requests(3, vocab, max_new=(5,))
+    ContinuousBatchScheduler(engine).run(greedy)
+    requests = _requests(3, vocab, max_new=(5,))
+    requests[1].sampler = TokenSampler(SamplingParams(temperature=1.0), seed=7)
+    sched = ContinuousBatchScheduler(engine, max_live=2)
+    for r in requests:
+        sched.add(r)
+    sched.step()  # 100 and 101 run, 102 waits
+    assert sched.cancel(101) and sched.cancel(102) and not sched.cancel(101)
+    assert set(engine.lengths) == {100}
+    while not sched.idle:
+        sched.step()
+    assert requests[0].output == greedy[0].output and requests[2].output == []
+    assert len(requests[1].output) == 1 and engine.lengths == {}

@@ -1,0 +1,234 @@
+"""The OpenAI-compatible HTTP API of `python -m search serve` (FastAPI): /v1/completions and
+/v1/chat/completions (Server-Sent Events when `stream`), /v1/models and /health, over one
+EngineLoop. Bad input gets a 4xx with OpenAI's error body; a request the engine fails gets a 500
+and the others go on; a client that leaves frees its requests. Needs the `serve` extra."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from search.openai_schema import (
+    APIError,
+    ChatBody,
+    ChatFormat,
+    CompletionBody,
+    CompletionFormat,
+    chat_prompt,
+    completion_prompts,
+    validation_error,
+)
+from search.text_stream import TextStream
+from variants.serving.engine_loop import EngineLoop
+from variants.serving.sampling import SamplingParams, TokenSampler
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ServedModel:
+    name: str
+    tokenizer: object  # tokenizers.Tokenizer
+    render_chat: object  # messages -> text (search.chat_template.chat_renderer), or None
+    eos_ids: frozenset
+    max_positions: int
+    vocab_size: int
+    device: str  # where the engine's logits are: the samplers' generators live there
+    created: int = 0
+
+
+class Job:
+    """One HTTP request's prompts in the engine loop, seen from the event loop: `deltas` yields
+    (prompt index, new text, finish reason or None) as tokens come; `cancel` frees the rest."""
+
+    def __init__(self, engine: EngineLoop, model: ServedModel, prompts: list, max_new: list, body):
+        self.engine, self.prompts = engine, prompts
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.texts = [TextStream(model.tokenizer, body.stop) for _ in prompts]
+        self.reasons = [None] * len(prompts)
+        temperature = 1.0 if body.temperature is None else body.temperature
+        params = SamplingParams(temperature, body.top_k, body.top_p or 1.0)
+        seed = uuid.uuid4().int % 2**62 if body.seed is None else body.seed
+        aio = asyncio.get_running_loop()
+        self.ids = []
+        for i, (prompt, n) in enumerate(zip(prompts, max_new)):
+            sampler = TokenSampler(params, seed + i, model.device) if temperature else None
+            post = lambda event, i=i: aio.call_soon_threadsafe(self.events.put_nowait, (i, event))
+            self.ids.append(engine.submit(prompt, n, post, model.eos_ids, sampler))
+
+    async def deltas(self):
+        while None in self.reasons:
+            i, event = await self.events.get()
+            stream = self.texts[i]
+            if self.reasons[i] is not None:  # ended by a stop string; more was on its way
+                continue
+            if event.error is not None:
+                raise APIError(500, f"the engine failed this request: {event.error}")
+            text = "".join(stream.push(t) for t in event.tokens if not stream.stopped)
+            if stream.stopped:
+                self.engine.cancel(self.ids[i])
+                self.reasons[i] = "stop"
+            elif event.finish_reason is not None:
+                text += stream.flush()
+                self.reasons[i] = event.finish_reason
+            yield i, text, self.reasons[i]
+
+    def cancel(self) -> None:
+        for rid, reason in zip(self.ids, self.reasons):
+            if reason is None:
+                self.engine.cancel(rid)
+
+    def usage(self) -> dict:
+        prompt, completion = sum(map(len, self.prompts)), sum(len(t.ids) for t in self.texts)
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+
+
+class EventStream(StreamingResponse):
+    """Server-Sent Events whose generator is closed however the response ends (a client that
+    disconnects too), so that its `finally` frees the engine's requests."""
+
+    def __init__(self, events):
+        super().__init__(events, media_type="text/event-stream")
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
+
+
+def _sse(data) -> str:
+    return f"data: {json.dumps(data)}\n\n"
+
+
+async def _stream(job: Job, form, deltas, first, include_usage: bool):
+    try:
+        for chunk in form.opening():
+            yield _sse(chunk)
+        delta = first
+        while delta is not None:
+            for chunk in form.chunks(*delta):
+                yield _sse(chunk)
+            delta = await anext(deltas, None)
+        if include_usage:
+            yield _sse(form.usage_chunk(job.usage()))
+    except APIError as exc:  # after the 200 went out: the error as an event
+        yield _sse({"error": exc.body()})
+    finally:
+        job.cancel()
+    yield "data: [DONE]\n\n"
+
+
+async def _whole(job: Job, form) -> dict:
+    texts = [""] * len(job.prompts)
+    async for index, text, _ in job.deltas():
+        texts[index] += text
+    return form.whole(texts, job.reasons, job.usage())
+
+
+def internal_error(request, exc: Exception) -> JSONResponse:
+    """(Starlette re-raises it afterwards, and uvicorn logs the traceback.)"""
+    return APIError(500, f"internal error: {type(exc).__name__}: {exc}").response()
+
+
+async def _until_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def create_app(engine: EngineLoop, model: ServedModel) -> FastAPI:
+    app = FastAPI(title="search serve", summary=f"OpenAI-compatible API over {model.name}")
+    app.add_exception_handler(APIError, lambda request, exc: exc.response())
+    app.add_exception_handler(
+        RequestValidationError, lambda request, exc: validation_error(exc.errors()[0]).response()
+    )
+    app.add_exception_handler(
+        HTTPException, lambda request, exc: APIError(exc.status_code, str(exc.detail)).response()
+    )
+    app.add_exception_handler(Exception, internal_error)
+
+    def budget(prompt: list, max_tokens, param: str) -> int:
+        """max_tokens, or what the context leaves (OpenAI: prompt + completion fit in it)."""
+        room, ctx, n = model.max_positions - len(prompt), model.max_positions, len(prompt)
+        code = "context_length_exceeded"
+        if room < 1:
+            message = f"the prompt has {n} tokens and the model's context is {ctx}: no room"
+            raise APIError(400, f"{message} for a completion", param, code)
+        if max_tokens is not None and max_tokens > room:
+            message = f"max_tokens is {max_tokens}, but the prompt has {n} tokens"
+            raise APIError(
+                400, f"{message} and the context {ctx}: ask for at most {room}", "max_tokens", code
+            )
+        return room if max_tokens is None else max_tokens
+
+    async def answer(request: Request, body, prompts: list, param: str, form_type):
+        if body.model is not None and body.model != model.name:
+            message = f"the model {body.model!r} does not exist: this server has {model.name!r}"
+            raise APIError(404, message, "model", "model_not_found")
+        max_new = [budget(p, body.max_tokens, param) for p in prompts]
+        meta = {"id": f"{form_type.prefix}-{uuid.uuid4().hex}", "created": int(time.time())}
+        form = form_type(dict(meta, model=model.name))
+        job = Job(engine, model, prompts, max_new, body)
+        if body.stream:
+            deltas = job.deltas()
+            try:
+                first = await anext(deltas)  # a failure of the first token is still a 500
+            except BaseException:
+                job.cancel()
+                raise
+            return EventStream(_stream(job, form, deltas, first, body.include_usage))
+        whole = asyncio.ensure_future(_whole(job, form))
+        gone = asyncio.ensure_future(_until_disconnect(request))
+        try:
+            await asyncio.wait({whole, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            whole.cancel()
+            job.cancel()
+        if not whole.done():  # the client left: nobody reads this
+            return Response(status_code=499)
+        return JSONResponse(whole.result())
+
+    @app.get("/health")
+    async def health():
+        if not engine.alive:
+            raise APIError(503, "the engine thread has stopped")
+        return {"status": "ok", **engine.load}
+
+    @app.get("/v1/models")
+    async def models():
+        card = {
+            "id": model.name,
+            "object": "model",
+            "created": model.created,
+            "owned_by": "local",
+            "max_model_len": model.max_positions,
+        }
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionBody, request: Request):
+        prompts = completion_prompts(body.prompt, model.tokenizer, model.vocab_size)
+        return await answer(request, body, prompts, "prompt", CompletionFormat)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatBody, request: Request):
+        if model.render_chat is None:
+            raise APIError(400, f"{model.name} has no chat template: use /v1/completions")
+        prompt = chat_prompt(body.messages, model.render_chat, model.tokenizer)
+        return await answer(request, body, [prompt], "messages", ChatFormat)
+
+    return app
