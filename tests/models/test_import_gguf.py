@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from models.import_gguf import ImportGGUFError, default_gguf, write_model_folder
 from search.cli import main
-from search.import_gguf import ImportGGUFError, default_gguf, write_model_folder
 
 PROMPTS = [
     "The capital of France is",

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from search.chat_template import ChatTemplateError, chat_renderer, render_chat
+from serving.chat_template import ChatTemplateError, chat_renderer, render_chat
 
 
 def test_smollm2_template_renders_as_transformers(smollm2_dir):

@@ -174,7 +174,7 @@ def encode_prompts(model: Path, tokenizer, texts: list, chat: bool) -> list:
     if not chat:
         prompts = [tokenizer.encode(t).ids for t in texts]
     else:
-        from search.chat_template import ChatTemplateError, render_chat
+        from serving.chat_template import ChatTemplateError, render_chat
 
         try:
             rendered = [render_chat(model, t) for t in texts]

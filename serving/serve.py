@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from search.generate import (
+from serving.generate import (
     GenerateError,
     eos_ids,
     load_tokenizer,
@@ -64,7 +64,7 @@ def serve_command(args) -> int:
         return 2
     import uvicorn
 
-    from search.openai_api import create_app
+    from serving.openai_api import create_app
     from variants.serving.engine_loop import EngineLoop
 
     loop = EngineLoop(engine, args.max_live, args.max_prefill_tokens).start()
@@ -103,7 +103,7 @@ def load_served_model(args):
     try:
         import uvicorn  # noqa: F401
 
-        from search.openai_api import ServedModel
+        from serving.openai_api import ServedModel
     except ImportError as exc:
         raise GenerateError(f"serve needs FastAPI and uvicorn ({exc}): {SERVE_EXTRA}") from exc
     device = resolve_device(args.device)
@@ -138,7 +138,7 @@ def load_engine(path: str, config: dict, model: str, device: str):
 
 
 def chat_renderer_or_none(model: Path):
-    from search.chat_template import ChatTemplateError, chat_renderer
+    from serving.chat_template import ChatTemplateError, chat_renderer
 
     try:
         return chat_renderer(model)

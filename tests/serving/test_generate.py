@@ -7,9 +7,9 @@ import re
 import pytest
 import torch
 
-from search.chat_template import render_chat
 from search.cli import main
-from search.generate import generate_tokens
+from serving.chat_template import render_chat
+from serving.generate import generate_tokens
 from variants.serving.sampling import greedy_tokens
 
 PROMPTS = ["The capital of France is", "Once upon a time"]

@@ -5,7 +5,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from search.gguf_tokenizer import byte_level_tokenizer, tokenizer_config
+from models.gguf_tokenizer import byte_level_tokenizer, tokenizer_config
 
 STRINGS = [
     "The capital of France is",

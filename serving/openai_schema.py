@@ -9,7 +9,7 @@ from typing import Any, Literal
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from search.chat_template import ChatTemplateError
+from serving.chat_template import ChatTemplateError
 
 
 class APIError(Exception):

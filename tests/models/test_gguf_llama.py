@@ -4,7 +4,7 @@ tensor names, and the config read from the metadata (and refused where the engin
 import pytest
 import torch
 
-from search.gguf_llama import (
+from models.gguf_llama import (
     expected_shape,
     hf_config,
     hf_tensor_name,

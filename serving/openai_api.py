@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from search.openai_schema import (
+from serving.openai_schema import (
     APIError,
     ChatBody,
     ChatFormat,
@@ -27,7 +27,7 @@ from search.openai_schema import (
     completion_prompts,
     validation_error,
 )
-from search.text_stream import TextStream
+from serving.text_stream import TextStream
 from variants.serving.engine_loop import EngineLoop
 from variants.serving.sampling import SamplingParams, TokenSampler
 
@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 class ServedModel:
     name: str
     tokenizer: object  # tokenizers.Tokenizer
-    render_chat: object  # messages -> text (search.chat_template.chat_renderer), or None
+    render_chat: object  # messages -> text (serving.chat_template.chat_renderer), or None
     eos_ids: frozenset
     max_positions: int
     vocab_size: int

@@ -1,0 +1,1 @@
+"""Bringing a model in: a llama.cpp GGUF as a Hugging Face folder the engines read."""

@@ -1,0 +1,1 @@
+"""Using a written engine: text generation and an OpenAI-compatible server over it."""
