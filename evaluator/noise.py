@@ -1,0 +1,74 @@
+"""The model dtype's own rounding noise on a case's rows: the reference computed in the model's
+dtype against the same reference in float64 on the CPU (float32 with TF32 off on CUDA), row by
+row. The noise gate measures an engine's error in these units; docs/CORRECTNESS_GATE.md says why.
+
+Needs both references once per case (one forward pass per request life, see `case_rows`), held
+one at a time; what is kept is rows of logits on the CPU.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from evaluator.case_rows import CaseRows, reference_rows
+from evaluator.reference_model import ReferenceModel
+
+
+def precise_dtype_for(model_dtype: torch.dtype, device: str | torch.device) -> torch.dtype:
+    """float64 on the CPU (cheap there) and for a float32 model (float32 against itself has no
+    noise to measure); float32 on CUDA, where float64 is slow and float32 is already ~2**13
+    times finer than float16 and ~2**16 times finer than bfloat16."""
+    if torch.device(device).type != "cuda" or model_dtype == torch.float32:
+        return torch.float64
+    return torch.float32
+
+
+@dataclass(frozen=True)
+class CaseNoise:
+    """Per call index: the precise reference's rows `[n, vocab]` (float64, CPU), the model-dtype
+    reference's rows (float64 copies) and each row's noise `max |model - precise|` `[n]`."""
+
+    precise: dict[int, torch.Tensor]
+    model: dict[int, torch.Tensor]
+    row_noise: dict[int, torch.Tensor]
+    typical: float  # the median row noise of the case
+    resolution: float  # the model dtype's machine epsilon
+
+    def allowance(self, step: int) -> torch.Tensor:
+        """The noise each row of call `step` is measured in: its own noise, but never less than
+        the case's typical noise (a row that happens to round well must not make an honest
+        engine fail) nor one rounding step of its largest logit."""
+        floor = self.precise[step].abs().amax(dim=-1) * self.resolution
+        return torch.maximum(self.row_noise[step], floor).clamp(min=self.typical)
+
+
+def measure_noise(
+    config: dict,
+    weight_dir: str | os.PathLike,
+    device: str | torch.device,
+    model_dtype: torch.dtype,
+    rows_by_case: dict[str, CaseRows],
+) -> dict[str, CaseNoise]:
+    """The noise of `model_dtype` on every case's rows, computed on `device`."""
+    computed = []
+    for dtype in (precise_dtype_for(model_dtype, device), model_dtype):
+        model = ReferenceModel(config, weight_dir, device, dtype)
+        computed.append({case: reference_rows(model, r) for case, r in rows_by_case.items()})
+        del model  # one model in memory at a time
+    precise_rows, model_rows = computed
+    out = {}
+    for case in rows_by_case:
+        precise, model = precise_rows[case], model_rows[case]
+        row_noise = {s: (model[s] - precise[s]).abs().amax(dim=-1) for s in precise}
+        everything = torch.cat(list(row_noise.values())) if row_noise else torch.zeros(1)
+        out[case] = CaseNoise(
+            precise,
+            model,
+            row_noise,
+            typical=everything.median().item(),
+            resolution=torch.finfo(model_dtype).eps,
+        )
+    return out
