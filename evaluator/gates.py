@@ -110,7 +110,7 @@ class _NoiseNumbers:
 
     def summary(self) -> dict:
         return {
-            "noise": self.noise.typical,
+            "noise": self.noise.floor,
             "noise_share": self.noise_share,
             "greedy_checked": self.greedy_checked,
             "greedy_agreed": self.greedy_agreed,

@@ -32,7 +32,7 @@ def judge_one_row(precise: list, noise: float):
         precise={0: precise},
         model={0: precise},
         row_noise={0: torch.tensor([noise], dtype=F64)},
-        typical=noise,
+        floor=noise,
         resolution=0.0,
     )
     return NoisePrepared(NoiseGate(), {"c": case}).judge("c")

@@ -20,9 +20,9 @@ def test_allowance_floors_each_row():
         precise={0: precise},
         model={0: precise},
         row_noise={0: torch.tensor([0.5, 0.01, 0.001], dtype=torch.float64)},
-        typical=0.1,
+        floor=0.1,
         resolution=torch.finfo(torch.bfloat16).eps,  # 2**-7
     )
     # Row 0: its own noise. Row 1: one rounding step of 1000 (7.8) beats the case's 0.1.
-    # Row 2: the case's typical noise, not the row's lucky 0.001.
+    # Row 2: the case's floor, not the row's lucky 0.001.
     assert noise.allowance(0).tolist() == [0.5, 1000 * 2**-7, 0.1]

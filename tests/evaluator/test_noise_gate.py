@@ -71,12 +71,15 @@ def prepared(tiny_config, sharp_weights, gqa64_weights):
 @pytest.mark.parametrize("model", ["tiny", "gqa64"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_honest_low_precision_engine_passes_with_margin(prepared, model, dtype):
-    results = check_prepared(in_dtype("kv_cache_engine", dtype), prepared(model, dtype))
+    check = prepared(model, dtype)
+    results = check_prepared(in_dtype("kv_cache_engine", dtype), check)
     for case, r in results.items():
         assert r["passed"] and r["gate"] == "noise", (case, r["failure"])
-        # The measured worst is 0.22 of the allowance (0.88x the noise); 0.5 leaves room.
-        assert 0.05 < r["noise_share"] < 0.5, (case, r["noise_share"])
-        assert r["greedy_checked"] > 0.8 * r["steps"] and r["greedy_agreed"] == r["greedy_checked"]
+        # Measured: at most 0.39 of the limit (1.6x the noise); 0.5 leaves room.
+        assert 0.1 < r["noise_share"] < 0.5, (case, r["noise_share"])
+        # Sharp logits: most greedy tokens are decided, and every decided one agrees.
+        rows = sum(len(step) for step in check.rows[case].steps.values())
+        assert r["greedy_checked"] > rows / 2 and r["greedy_agreed"] == r["greedy_checked"]
         assert 0 < r["noise"] < (0.2 if dtype == "bfloat16" else 0.02)
 
 
@@ -91,7 +94,8 @@ def test_planted_faults_fail_by_a_wide_factor(prepared, model, dtype, name, fail
         failure = results[case]["failure"]
         assert where in failure, failure
         if name != "aliased_output_engine":
-            assert results[case]["noise_share"] > 2.5, (case, results[case]["noise_share"])
+            # Measured: 4.5 and more (the position fault in bfloat16 on the tiny model).
+            assert results[case]["noise_share"] > 3, (case, results[case]["noise_share"])
 
 
 def test_project_engine_in_bfloat16_passes(prepared, tiny_config, sharp_weights):
