@@ -1,4 +1,4 @@
-"""The two correctness gates behind one interface, and the rule that says which one a target gets.
+"""The two correctness gates behind one interface.
 
 - `CourseGate`: the grader's check, `allclose(atol, rtol)` against the reference in the same
   dtype, each row recomputed alone over its full history. For the course's float16 model.
@@ -6,28 +6,22 @@
   of the model dtype's own rounding noise on the same row (`evaluator.noise`), and the greedy
   token wherever the reference's top-1 margin decides it. For every other model: in bfloat16, or
   float16 at 1B parameters, the reference's own rounding exceeds any fixed tolerance.
-`check_engine(..., gate=...)` runs either; docs/CORRECTNESS_GATE.md has the calibration.
+`check_engine(..., gate=...)` runs either; `evaluator.gate_choice.select_gate` says which one a
+target gets. docs/CORRECTNESS_GATE.md has the calibration.
 """
 
 from __future__ import annotations
 
-import os
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import asdict, dataclass, field
 from typing import ClassVar, Protocol
 
 import torch
 
 from evaluator.case_rows import CaseRows, Row
-from evaluator.noise import CaseNoise, measure_noise
+from evaluator.noise import CaseNoise, NoiseNumbers, measure_noise
 from evaluator.reference_model import ReferenceModel, compute_dtype_for
-from variants.spec import config_dtype_name, dtype_from_name
+from variants.spec import dtype_from_name
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-COURSE_CONFIG_PATHS = (
-    Path("/target/model_config.json"),
-    REPO_ROOT / "target" / "model_config.json",
-)
 # The calibrated multiple and greedy margin (docs/CORRECTNESS_GATE.md, scripts/calibrate_gate.py).
 NOISE_MULTIPLE = 4.0
 GREEDY_MARGIN = 2.0  # in noise units: above it even the model-dtype reference cannot flip a token
@@ -68,55 +62,6 @@ def _tol_share(got: torch.Tensor, ref: torch.Tensor, atol: float, rtol: float) -
     return share.nan_to_num(nan=float("inf")).amax(dim=-1)
 
 
-class _NoiseNumbers:
-    """Accumulates the error against the precise reference in units of the noise."""
-
-    def __init__(self, noise: CaseNoise, multiple: float, greedy_margin: float):
-        self.noise, self.multiple, self.greedy_margin = noise, multiple, greedy_margin
-        self.noise_share = 0.0
-        self.greedy_checked = self.greedy_agreed = 0
-
-    def rows(self, step: int, got: torch.Tensor) -> list[dict]:
-        precise, allowance = self.noise.precise[step], self.noise.allowance(step)
-        got = got.double()
-        err = (got - precise).abs().nan_to_num(nan=float("inf")).amax(dim=-1)
-        top2 = precise.topk(2, dim=-1)
-        margin = top2.values[:, 0] - top2.values[:, 1]
-        decided = margin > self.greedy_margin * allowance
-        agrees = got.argmax(dim=-1) == top2.indices[:, 0]
-        # A constant row (the reference's mean everywhere) must fail: past this the model dtype
-        # cannot tell an engine from nonsense, so the row is not judged as a pass.
-        spread = (precise - precise.mean(dim=-1, keepdim=True)).abs().amax(dim=-1)
-        judgeable = allowance.isfinite() & (self.multiple * allowance < spread)
-        share = err / (self.multiple * allowance)
-        self.noise_share = max(self.noise_share, share.max().item())
-        self.greedy_checked += int(decided.sum())
-        self.greedy_agreed += int((decided & agrees).sum())
-        return [
-            {
-                "err": err[i].item(),
-                "share": share[i].item(),
-                "allowance": allowance[i].item(),
-                "margin": margin[i].item(),
-                "decided": bool(decided[i]),
-                "agrees": bool(agrees[i]),
-                "got_token": int(got[i].argmax()),
-                "token": int(top2.indices[i, 0]),
-                "spread": spread[i].item(),
-                "judgeable": bool(judgeable[i]),
-            }
-            for i in range(len(got))
-        ]
-
-    def summary(self) -> dict:
-        return {
-            "noise": self.noise.floor,
-            "noise_share": self.noise_share,
-            "greedy_checked": self.greedy_checked,
-            "greedy_agreed": self.greedy_agreed,
-        }
-
-
 def _no_noise() -> dict:
     return {"noise": None, "noise_share": None, "greedy_checked": None, "greedy_agreed": None}
 
@@ -152,32 +97,43 @@ class CourseGate:
 
 @dataclass
 class CoursePrepared:
+    """The same-dtype reference; each row's logits are computed on first use and kept, so the
+    engines checked after the first one reuse them."""
+
     gate: CourseGate
     model: ReferenceModel
     rows_by_case: dict[str, CaseRows]
     noise: dict[str, CaseNoise] | None
+    kept: dict = field(default_factory=dict)  # (case, life, position) -> float32 CPU logits
+
+    def reference(self, case: str, row: Row) -> torch.Tensor:
+        """As the grader computes it: the request alone, batch 1, over its full history."""
+        key = (case, row.life, row.position)
+        if key not in self.kept:
+            history = self.rows_by_case[case].history(row)
+            self.kept[key] = self.model.forward(history[None])[0, -1].float().cpu()
+        return self.kept[key]
 
     def judge(self, case: str) -> CourseJudge:
         noise = None
         if self.noise is not None:
-            noise = _NoiseNumbers(self.noise[case], NOISE_MULTIPLE, GREEDY_MARGIN)
-        return CourseJudge(self.gate, self.model, self.rows_by_case[case], noise)
+            noise = NoiseNumbers(self.noise[case], NOISE_MULTIPLE, GREEDY_MARGIN)
+        return CourseJudge(self, case, noise)
 
 
 class CourseJudge:
-    def __init__(self, gate: CourseGate, model, rows: CaseRows, noise: _NoiseNumbers | None):
-        self.gate, self.model, self.rows, self.noise = gate, model, rows, noise
+    def __init__(self, prepared: CoursePrepared, case: str, noise: NoiseNumbers | None):
+        self.prepared, self.case, self.noise = prepared, case, noise
         self.max_abs_err = self.tol_share = 0.0
 
     def check(self, step: int, where: str, rows: list[Row], got: torch.Tensor) -> None:
         if self.noise is not None:
             self.noise.rows(step, got)  # reported, not enforced
+        gate = self.prepared.gate
         for i, row in enumerate(rows):
-            # As the grader does: the request alone, batch 1, over its full history.
-            history = self.rows.history(row)
-            ref = self.model.forward(history[None])[0, -1].float().cpu()
+            ref = self.prepared.reference(self.case, row)
             err = (got[i] - ref).abs().nan_to_num(nan=float("inf")).max().item()
-            worst = _tol_share(got[i], ref, self.gate.atol, self.gate.rtol).item()
+            worst = _tol_share(got[i], ref, gate.atol, gate.rtol).item()
             self.max_abs_err = max(self.max_abs_err, err)
             self.tol_share = max(self.tol_share, worst)
             if not worst <= 1.0:
@@ -234,7 +190,7 @@ class NoisePrepared:
 class NoiseJudge:
     def __init__(self, gate: NoiseGate, noise: CaseNoise):
         self.gate, self.noise = gate, noise
-        self.numbers = _NoiseNumbers(noise, gate.multiple, gate.greedy_margin)
+        self.numbers = NoiseNumbers(noise, gate.multiple, gate.greedy_margin)
         self.max_abs_err = self.tol_share = 0.0
 
     def check(self, step: int, where: str, rows: list[Row], got: torch.Tensor) -> None:
@@ -269,46 +225,3 @@ class NoiseJudge:
             "tol_share": self.tol_share,
             **self.numbers.summary(),
         }
-
-
-# --- which gate -------------------------------------------------------------------------------
-
-
-def gate_from_dict(values: dict) -> Gate:
-    """The inverse of `Gate.to_dict` (trial jobs carry their gate as JSON)."""
-    values = dict(values)
-    kinds = {CourseGate.name: CourseGate, NoiseGate.name: NoiseGate}
-    name = values.pop("name", None)
-    if name not in kinds:
-        raise ValueError(f"unknown gate {name!r}; known: {', '.join(kinds)}")
-    return kinds[name](**values)
-
-
-def is_course_target(config_path: str | os.PathLike, config: dict) -> bool:
-    """The course's model: its config path (`/target` or this repo's `target/`) and float16."""
-    path = Path(config_path).resolve()
-    at_course_path = any(path == p.resolve() for p in COURSE_CONFIG_PATHS)
-    return at_course_path and dtype_from_name(config_dtype_name(config)) == torch.float16
-
-
-def select_gate(config_path: str | os.PathLike, config: dict) -> tuple[Gate, str]:
-    """The gate for a target and a one-line reason: the course's exact check for the course's
-    model, the noise gate for everything else."""
-    dtype = config_dtype_name(config)
-    if is_course_target(config_path, config):
-        gate = CourseGate(measure_noise=True)
-        return gate, (
-            f"course gate: {config_path} is the course's {dtype} target, judged as the grader "
-            f"does (allclose atol={gate.atol:g} rtol={gate.rtol:g} against the same-dtype "
-            "reference)"
-        )
-    gate = NoiseGate()
-    where = (
-        "is not the course's target"
-        if dtype_from_name(dtype) == torch.float16
-        else (f"is a {dtype} model, the course's check is for float16")
-    )
-    return gate, (
-        f"noise gate: {config_path} {where}; error within {gate.multiple:g}x the model dtype's "
-        "own rounding noise against a float64/float32 reference, greedy tokens agree"
-    )

@@ -76,3 +76,54 @@ def measure_noise(
             resolution=torch.finfo(model_dtype).eps,
         )
     return out
+
+
+class NoiseNumbers:
+    """An engine's rows against a case's noise: the error in units of `multiple` x each row's
+    allowance, the greedy tokens the precise reference's margin decides, and whether the row can
+    be judged at all; the worst share and the greedy counts accumulate over the case."""
+
+    def __init__(self, noise: CaseNoise, multiple: float, greedy_margin: float):
+        self.noise, self.multiple, self.greedy_margin = noise, multiple, greedy_margin
+        self.noise_share = 0.0
+        self.greedy_checked = self.greedy_agreed = 0
+
+    def rows(self, step: int, got: torch.Tensor) -> list[dict]:
+        precise, allowance = self.noise.precise[step], self.noise.allowance(step)
+        got = got.double()
+        err = (got - precise).abs().nan_to_num(nan=float("inf")).amax(dim=-1)
+        top2 = precise.topk(2, dim=-1)
+        margin = top2.values[:, 0] - top2.values[:, 1]
+        decided = margin > self.greedy_margin * allowance
+        agrees = got.argmax(dim=-1) == top2.indices[:, 0]
+        # A constant row (the reference's mean everywhere) must fail: past this the model dtype
+        # cannot tell an engine from nonsense, so the row is not judged as a pass.
+        spread = (precise - precise.mean(dim=-1, keepdim=True)).abs().amax(dim=-1)
+        judgeable = allowance.isfinite() & (self.multiple * allowance < spread)
+        share = err / (self.multiple * allowance)
+        self.noise_share = max(self.noise_share, share.max().item())
+        self.greedy_checked += int(decided.sum())
+        self.greedy_agreed += int((decided & agrees).sum())
+        return [
+            {
+                "err": err[i].item(),
+                "share": share[i].item(),
+                "allowance": allowance[i].item(),
+                "margin": margin[i].item(),
+                "decided": bool(decided[i]),
+                "agrees": bool(agrees[i]),
+                "got_token": int(got[i].argmax()),
+                "token": int(top2.indices[i, 0]),
+                "spread": spread[i].item(),
+                "judgeable": bool(judgeable[i]),
+            }
+            for i in range(len(got))
+        ]
+
+    def summary(self) -> dict:
+        return {
+            "noise": self.noise.floor,
+            "noise_share": self.noise_share,
+            "greedy_checked": self.greedy_checked,
+            "greedy_agreed": self.greedy_agreed,
+        }

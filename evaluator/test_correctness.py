@@ -31,7 +31,8 @@ from evaluator.engine_loader import (  # noqa: E402
     load_engine_module,
     load_model_config,
 )
-from evaluator.gates import CourseGate, NoiseGate, select_gate  # noqa: E402
+from evaluator.gate_choice import select_gate  # noqa: E402
+from evaluator.gates import CourseGate, NoiseGate  # noqa: E402
 from variants.spec import dtype_from_name  # noqa: E402
 
 log = logging.getLogger("test_correctness")

@@ -1,26 +1,15 @@
-"""The gates' rules on hand-made rows, which gate a target gets, and the gate as JSON."""
+"""The noise gate's rules on hand-made rows: the multiple, the greedy margin, the refusal to pass
+what it cannot judge."""
 
-import json
 import math
-import shutil
-from pathlib import Path
 
 import pytest
 import torch
 
 from evaluator.case_rows import Row
-from evaluator.gates import (
-    CheckFailed,
-    CourseGate,
-    NoiseGate,
-    NoisePrepared,
-    gate_from_dict,
-    select_gate,
-)
+from evaluator.gates import CheckFailed, NoiseGate, NoisePrepared
 from evaluator.noise import CaseNoise
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-COURSE_CONFIG = REPO_ROOT / "target" / "model_config.json"
 ROWS = [Row(rid=0, life=0, position=4)]
 F64 = torch.float64
 
@@ -75,37 +64,3 @@ def test_noise_gate_can_always_fail():
     judge = judge_one_row([0.0, 1.0, 3.0], noise=0.1)
     with pytest.raises(CheckFailed, match="max \\|d\\| inf"):
         judge.check(0, "step 0", ROWS, torch.tensor([[0.0, math.nan, 3.0]]))
-
-
-def test_course_target_gets_the_course_gate(tmp_path):
-    config = json.loads(COURSE_CONFIG.read_text())
-    for path in (COURSE_CONFIG, Path("/target/model_config.json")):
-        gate, reason = select_gate(path, config)
-        assert gate == CourseGate(atol=1e-2, rtol=1e-2, measure_noise=True)
-        assert reason.startswith(f"course gate: {path} is the course's float16 target")
-        assert "atol=0.01 rtol=0.01" in reason and "\n" not in reason
-
-
-def test_other_targets_get_the_noise_gate(tmp_path):
-    config = json.loads(COURSE_CONFIG.read_text())
-    copy = tmp_path / "model_config.json"
-    shutil.copy(COURSE_CONFIG, copy)
-    gate, reason = select_gate(copy, config)
-    assert gate == NoiseGate(multiple=4.0, greedy_margin=2.0)
-    assert reason.startswith(f"noise gate: {copy} is not the course's target; error within 4x")
-    # The course's path with another dtype is not the course's model.
-    gate, reason = select_gate(COURSE_CONFIG, {**config, "torch_dtype": "bfloat16"})
-    assert gate.name == "noise"
-    assert "is a bfloat16 model, the course's check is for float16" in reason
-
-
-@pytest.mark.parametrize(
-    "gate", [CourseGate(), CourseGate(atol=0.02, measure_noise=True), NoiseGate(dtype="bfloat16")]
-)
-def test_gate_round_trips_through_json(gate):
-    assert gate_from_dict(json.loads(json.dumps(gate.to_dict()))) == gate
-
-
-def test_unknown_gate_is_named():
-    with pytest.raises(ValueError, match="unknown gate 'exact'; known: course, noise"):
-        gate_from_dict({"name": "exact"})
