@@ -49,11 +49,10 @@ def select_gate(config_path: str | os.PathLike, config: dict) -> tuple[Gate, str
             "reference)"
         )
     gate = NoiseGate()
-    where = (
-        "is not the course's target"
-        if dtype_from_name(dtype) == torch.float16
-        else (f"is a {dtype} model, the course's check is for float16")
-    )
+    if dtype_from_name(dtype) == torch.float16:
+        where = "is not the course's target"
+    else:
+        where = f"is a {dtype} model, the course's check is for float16"
     return gate, (
         f"noise gate: {config_path} {where}; error within {gate.multiple:g}x the model dtype's "
         "own rounding noise against a float64/float32 reference, greedy tokens agree"

@@ -5,7 +5,7 @@
 - `NoiseGate`: the error against a float64 (CPU) or float32 (CUDA, no TF32) reference, in units
   of the model dtype's own rounding noise on the same row (`evaluator.noise`), and the greedy
   token wherever the reference's top-1 margin decides it. For every other model: in bfloat16, or
-  float16 at 1B parameters, the reference's own rounding exceeds any fixed tolerance.
+  float16 at 1B parameters, the reference's own rounding exceeds the course's fixed tolerance.
 `check_engine(..., gate=...)` runs either; `evaluator.gate_choice.select_gate` says which one a
 target gets. docs/CORRECTNESS_GATE.md has the calibration.
 """
