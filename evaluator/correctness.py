@@ -1,9 +1,10 @@
-"""The correctness gate: run an engine through the correctness traces and compare every row.
+"""The correctness gate: run an engine through the correctness traces and judge every row.
 
-Each returned row is compared with the reference model computing that request alone, batch 1,
-over its full token history, on the same device, by the grader's rule
-(`allclose(out.float().cpu(), ref.float().cpu(), atol, rtol)`). Shape `[len(ids), vocab]`, dtype
-float32, the device, and "earlier logits are not overwritten by later calls" are checked as well.
+Each returned row is judged by a gate (`evaluator.gates`): by default the grader's rule,
+`allclose(out.float().cpu(), ref.float().cpu(), atol, rtol)` against the reference computing that
+request alone, batch 1, over its full token history, on the same device; or the noise gate.
+Shape `[len(ids), vocab]`, dtype float32, the device, and "earlier logits are not overwritten by
+later calls" are checked whatever the gate.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
+from evaluator.case_rows import CaseRows, case_rows
 from evaluator.correctness_traces import public_correctness, stress
-from evaluator.reference_model import ReferenceModel
+from evaluator.gates import CaseJudge, CheckFailed, CourseGate, Gate, PreparedGate
 from evaluator.traces import materialize
 
 log = logging.getLogger(__name__)
@@ -24,9 +27,7 @@ log = logging.getLogger(__name__)
 CASES = ("public", "stress")
 PUBLIC_TOKEN_SEED = 7  # the contract's seed for the public sequence (plus `seed`)
 
-
-class CheckFailed(Exception):
-    """One failed check; the message names the step and op."""
+__all__ = ["CASES", "CheckFailed", "PreparedCheck", "check_engine", "check_prepared"]
 
 
 def _case_trace(case: str, config: dict, seed: int):
@@ -42,15 +43,11 @@ def _same_device(actual: torch.device, wanted: torch.device) -> bool:
 
 
 class _CaseRun:
-    """The state of one case: token histories, kept outputs, and the error statistics."""
+    """The state of one case: the engine's kept outputs, the judge and the step count."""
 
-    def __init__(self, ref: ReferenceModel, vocab: int, device: torch.device, atol, rtol):
-        self.ref, self.vocab, self.device = ref, vocab, device
-        self.atol, self.rtol = atol, rtol
-        self.history: dict[int, torch.Tensor] = {}
+    def __init__(self, judge: CaseJudge, rows: CaseRows, vocab: int, device: torch.device):
+        self.judge, self.rows, self.vocab, self.device = judge, rows, vocab, device
         self.kept: list[tuple[str, torch.Tensor, torch.Tensor]] = []
-        self.max_abs_err = 0.0
-        self.tol_share = 0.0
         self.steps = 0
 
     def check_kept(self, after: str) -> None:
@@ -62,7 +59,7 @@ class _CaseRun:
                     "(output aliases a buffer the engine reuses)"
                 )
 
-    def check_logits(self, where: str, ids: list[int], out) -> None:
+    def check_logits(self, step: int, where: str, ids: list[int], out) -> None:
         if not isinstance(out, torch.Tensor):
             raise CheckFailed(f"{where}: returned {type(out).__name__}, not a tensor")
         if tuple(out.shape) != (len(ids), self.vocab):
@@ -71,47 +68,95 @@ class _CaseRun:
             raise CheckFailed(f"{where}: dtype {out.dtype} != torch.float32")
         if not _same_device(out.device, self.device):
             raise CheckFailed(f"{where}: logits on {out.device}, engine device is {self.device}")
-        got = out.float().cpu()
-        for row, rid in enumerate(ids):
-            ref = self.ref.forward(self.history[rid][None])[0, -1].float().cpu()
-            diff = (got[row] - ref).abs()
-            share = (diff / (self.atol + self.rtol * ref.abs())).nan_to_num(nan=float("inf"))
-            err, worst = diff.nan_to_num(nan=float("inf")).max().item(), share.max().item()
-            self.max_abs_err = max(self.max_abs_err, err)
-            self.tol_share = max(self.tol_share, worst)
-            if not worst <= 1.0:
-                raise CheckFailed(
-                    f"{where}: request {rid} (row {row}, length {len(self.history[rid])}) "
-                    f"max |d| {err:.4g}, {worst:.3g}x the tolerance"
-                )
+        self.judge.check(step, where, self.rows.steps[step], out.float().cpu())
         self.steps += 1
         self.kept.append((where, out, out.detach().clone()))
 
     def run_call(self, engine, step: int, call: tuple) -> None:
         kind, ids = call[0], call[1]
         where = f"step {step} ({kind} ids={_short(ids)})"
-        if kind == "prefill":
-            for rid, tokens in zip(ids, call[2], strict=True):
-                self.history[rid] = tokens.to(self.device).clone()
-        elif kind == "decode":
-            tokens = call[2].to(self.device)
-            for row, rid in enumerate(ids):
-                self.history[rid] = torch.cat([self.history[rid], tokens[row : row + 1]])
-        else:
-            for rid in ids:
-                del self.history[rid]
         try:
             out = getattr(engine, kind)(list(ids), *call[2:])
         except Exception as exc:
             raise CheckFailed(f"{where}: engine raised {type(exc).__name__}: {exc}") from exc
         self.check_kept(after=where)
         if kind != "remove":
-            self.check_logits(where, ids, out)
+            self.check_logits(step, where, ids, out)
 
 
 def _short(ids: list[int], limit: int = 6) -> str:
     text = ",".join(str(i) for i in ids[:limit])
     return f"[{text}{',...' if len(ids) > limit else ''}] ({len(ids)})"
+
+
+@dataclass
+class PreparedCheck:
+    """What a check compares with, built once: reuse it to check several engines."""
+
+    gate: Gate
+    config: dict
+    weight_dir: str
+    device: torch.device
+    calls: dict[str, list]  # case -> materialized calls
+    rows: dict[str, CaseRows]
+    judges: PreparedGate
+
+
+def prepare_check(
+    gate: Gate,
+    config: dict,
+    weight_dir: str | os.PathLike,
+    device: str | torch.device,
+    cases: tuple[str, ...] | list[str] = CASES,
+    seed: int = 0,
+) -> PreparedCheck:
+    """Materialize the cases' calls and let the gate build its references."""
+    device = torch.device(device)
+    calls, rows = {}, {}
+    for case in cases:
+        trace, token_seed = _case_trace(case, config, seed)
+        calls[case] = materialize(trace, int(config["vocab_size"]), device, token_seed)
+        rows[case] = case_rows(calls[case])
+    start = time.perf_counter()
+    judges = gate.prepare(config, str(weight_dir), device, rows)
+    log.info("%s gate prepared in %.1f s", gate.name, time.perf_counter() - start)
+    return PreparedCheck(gate, config, str(weight_dir), device, calls, rows, judges)
+
+
+def check_prepared(create_engine: Callable, prepared: PreparedCheck) -> dict[str, dict]:
+    """Run each case on a fresh engine from `create_engine(config, weight_dir, device)`."""
+    p = prepared
+    vocab = int(p.config["vocab_size"])
+    results: dict[str, dict] = {}
+    for case, calls in p.calls.items():
+        run = _CaseRun(p.judges.judge(case), p.rows[case], vocab, p.device)
+        failure = None
+        start = time.perf_counter()
+        with torch.no_grad():
+            try:
+                engine = create_engine(p.config, p.weight_dir, str(p.device))
+            except Exception as exc:
+                failure = f"create_engine raised {type(exc).__name__}: {exc}"
+            else:
+                try:
+                    for step, call in enumerate(calls):
+                        run.run_call(engine, step, call)
+                except CheckFailed as exc:
+                    failure = str(exc)
+                del engine
+        numbers = run.judge.summary()
+        results[case] = {
+            "passed": failure is None,
+            "max_abs_err": numbers.pop("max_abs_err"),
+            "tol_share": numbers.pop("tol_share"),
+            "steps": run.steps,
+            "failure": failure,
+            "seconds": round(time.perf_counter() - start, 3),
+            "gate": p.gate.name,
+            **numbers,
+        }
+        log.info("case %s: %s", case, "passed" if failure is None else f"FAILED: {failure}")
+    return results
 
 
 def check_engine(
@@ -123,42 +168,24 @@ def check_engine(
     rtol: float = 1e-2,
     cases: tuple[str, ...] | list[str] = CASES,
     seed: int = 0,
+    gate: Gate | None = None,
 ) -> dict[str, dict]:
-    """Per case `{"passed", "max_abs_err", "tol_share", "steps", "failure", "seconds"}`.
+    """Per case `{"passed", "max_abs_err", "tol_share", "steps", "failure", "seconds", "gate",
+    "noise", "noise_share", "greedy_checked", "greedy_agreed"}`.
 
-    `tol_share` is the max over checked elements of |d| / (atol + rtol * |ref|): passing means
-    <= 1. A case stops at its first failure; `failure` names the step and op (None on a pass).
-    Each case gets a fresh engine from `create_engine(config, weight_dir, device)`.
+    `gate`: `CourseGate(atol, rtol)` when None (the grader's check); a given gate carries its own
+    atol/rtol, and `atol`/`rtol` here must then be left as they are or agree with it.
+    `tol_share` is the max over checked elements of |d| / (atol + rtol * |ref|) against the
+    same-dtype reference: the course's rule passes at <= 1. `noise_share` is the max over rows of
+    the error against the precise reference / (multiple x the row's noise): the noise gate passes
+    at <= 1 (None when the gate measured no noise). `max_abs_err` is against the reference the
+    gate judges by. A case stops at its first failure; `failure` names the step and op (None on a
+    pass). Each case gets a fresh engine from `create_engine(config, weight_dir, device)`.
     """
-    device = torch.device(device)
-    ref = ReferenceModel(config, str(weight_dir), device)
-    vocab = int(config["vocab_size"])
-    results: dict[str, dict] = {}
-    for case in cases:
-        trace, token_seed = _case_trace(case, config, seed)
-        calls = materialize(trace, vocab, device, token_seed)
-        run = _CaseRun(ref, vocab, device, atol, rtol)
-        failure = None
-        start = time.perf_counter()
-        with torch.no_grad():
-            try:
-                engine = create_engine(config, str(weight_dir), str(device))
-            except Exception as exc:
-                failure = f"create_engine raised {type(exc).__name__}: {exc}"
-            else:
-                try:
-                    for step, call in enumerate(calls):
-                        run.run_call(engine, step, call)
-                except CheckFailed as exc:
-                    failure = str(exc)
-                del engine
-        results[case] = {
-            "passed": failure is None,
-            "max_abs_err": run.max_abs_err,
-            "tol_share": run.tol_share,
-            "steps": run.steps,
-            "failure": failure,
-            "seconds": round(time.perf_counter() - start, 3),
-        }
-        log.info("case %s: %s", case, "passed" if failure is None else f"FAILED: {failure}")
-    return results
+    if gate is None:
+        gate = CourseGate(atol, rtol)
+    elif (atol, rtol) not in ((1e-2, 1e-2), (gate.atol, gate.rtol)):
+        raise ValueError(f"atol/rtol {atol}/{rtol} disagree with the gate's {gate.to_dict()}")
+    return check_prepared(
+        create_engine, prepare_check(gate, config, weight_dir, device, cases, seed)
+    )

@@ -1,17 +1,22 @@
 """The judge: the course's reference LLaMA-style model, written straight from the contract.
 
 Every request is computed alone over its full history, in float16/bfloat16 on CUDA and float32 on
-CPU. Engines are correct when they match this within the grader's tolerance. Imports only torch.
+CPU, or in the dtype asked for (the noise gate's float32/float64 reference). Weights come from
+`variants.weights.course_state_dict`, the one reader the engines use too; nothing else of ours.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from pathlib import Path
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
+
+from variants.spec import ModelSpec
+from variants.weights import course_state_dict
 
 
 def compute_dtype_for(config: dict, device: str | torch.device) -> torch.dtype:
@@ -51,18 +56,43 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return out.flatten(-2)
 
 
+@contextmanager
+def exact_float32(device: torch.device) -> Iterator[None]:
+    """On CUDA, float32 matmuls in full precision (no TF32) for the duration, whatever an engine
+    in this process chose: the contract's float32 scores, and a float32 reference that is one."""
+    if device.type != "cuda":
+        yield
+        return
+    saved = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(saved)
+
+
 class ReferenceModel:
-    def __init__(self, config: dict, weight_dir: str | os.PathLike, device: str = "cpu"):
+    """`dtype` overrides the contract's compute dtype (`compute_dtype_for`): the noise gate's
+    float32 or float64 reference, or a float16/bfloat16 reference on the CPU."""
+
+    def __init__(
+        self,
+        config: dict,
+        weight_dir: str | os.PathLike,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | None = None,
+    ):
+        spec = ModelSpec.from_config(config)
         self.config = config
         self.device = torch.device(device)
-        self.compute_dtype = compute_dtype_for(config, self.device)
-        self.num_layers = config["num_hidden_layers"]
-        self.num_heads = config["num_attention_heads"]
-        self.num_kv_heads = config["num_key_value_heads"]
-        self.head_dim = config.get("head_dim") or config["hidden_size"] // self.num_heads
-        self.eps = config.get("rms_norm_eps", 1e-5)
-        self.rope_theta = config.get("rope_theta", 10000.0)
-        state = torch.load(Path(weight_dir) / "model.pt", weights_only=True, map_location="cpu")
+        self.compute_dtype = dtype if dtype is not None else compute_dtype_for(config, self.device)
+        self.num_layers = spec.num_layers
+        self.num_heads = spec.num_heads
+        self.num_kv_heads = spec.num_kv_heads
+        self.head_dim = spec.head_dim
+        self.eps = spec.rms_norm_eps
+        self.rope_theta = spec.rope_theta
+        state = course_state_dict(spec, os.fspath(weight_dir))
         self.w = {k: v.to(self.device, self.compute_dtype) for k, v in state.items()}
 
     def _attention(self, x: torch.Tensor, layer: int, cos, sin) -> torch.Tensor:
@@ -91,19 +121,24 @@ class ReferenceModel:
         return F.linear(gate * up, self.w[p + "down_proj.weight"])
 
     @torch.no_grad()
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Logits `[B, T, vocab]` in the compute dtype for token ids `[B, T]`."""
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None):
+        """Logits `[B, T, vocab]` in the compute dtype for token ids `[B, T]`; with `positions`
+        (1-D indices into T) only those, `[B, len(positions), vocab]`: the output head is the
+        largest matmul when the vocabulary is large, and a gate needs few positions."""
         input_ids = input_ids.to(self.device)
-        x = self.w["embed_tokens.weight"][input_ids]
-        cos, sin = rope_cos_sin(
-            input_ids.shape[1], self.head_dim, self.rope_theta, self.compute_dtype, self.device
-        )
-        for i in range(self.num_layers):
-            h = rms_norm(x, self.w[f"layers.{i}.input_layernorm.weight"], self.eps)
-            x = x + self._attention(h, i, cos, sin)
-            h = rms_norm(x, self.w[f"layers.{i}.post_attention_layernorm.weight"], self.eps)
-            x = x + self._mlp(h, i)
-        x = rms_norm(x, self.w["norm.weight"], self.eps)
-        return F.linear(x, self.w["lm_head.weight"])
+        with exact_float32(self.device):
+            x = self.w["embed_tokens.weight"][input_ids]
+            cos, sin = rope_cos_sin(
+                input_ids.shape[1], self.head_dim, self.rope_theta, self.compute_dtype, self.device
+            )
+            for i in range(self.num_layers):
+                h = rms_norm(x, self.w[f"layers.{i}.input_layernorm.weight"], self.eps)
+                x = x + self._attention(h, i, cos, sin)
+                h = rms_norm(x, self.w[f"layers.{i}.post_attention_layernorm.weight"], self.eps)
+                x = x + self._mlp(h, i)
+            if positions is not None:
+                x = x[:, positions.to(self.device)]
+            x = rms_norm(x, self.w["norm.weight"], self.eps)
+            return F.linear(x, self.w["lm_head.weight"])
 
     __call__ = forward

@@ -3,12 +3,15 @@
     python evaluator/test_correctness.py --engine workspace/engine.py --device cuda --stress
 
 Prints JSON per case (max abs error, share of the tolerance used, steps, failure); exits 1 naming
-the first failing case and step, 2 on bad input.
+the first failing case and step, 2 on bad input. `--gate noise` judges in units of the model
+dtype's own rounding noise instead (docs/CORRECTNESS_GATE.md); `--gate auto` picks the course's
+check for the course's target and the noise gate otherwise, and says why.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -28,6 +31,9 @@ from evaluator.engine_loader import (  # noqa: E402
     load_engine_module,
     load_model_config,
 )
+from evaluator.gate_choice import select_gate  # noqa: E402
+from evaluator.gates import CourseGate, NoiseGate  # noqa: E402
+from variants.spec import dtype_from_name  # noqa: E402
 
 log = logging.getLogger("test_correctness")
 
@@ -44,9 +50,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stress", action="store_true", help="add the stress case to public")
     p.add_argument("--cases", help=f"comma-separated cases ({','.join(CASES)}); overrides --stress")
     p.add_argument("--seed", type=int, default=0, help="stress trace and token seed")
+    p.add_argument(
+        "--gate",
+        choices=("course", "noise", "auto"),
+        default="course",
+        help="course: the grader's allclose (default); noise: error in units of the model "
+        "dtype's rounding noise; auto: course for the course's target, else noise",
+    )
+    p.add_argument(
+        "--noise-dtype",
+        help="noise gate: the dtype whose noise is the unit (default: the reference's dtype "
+        "for the device; float16/bfloat16 judge a CPU run in low precision)",
+    )
     p.add_argument("--json", dest="json_path", help="also write the JSON report here")
     p.add_argument("-v", "--verbose", action="store_true")
     return p.parse_args(argv)
+
+
+def choose_gate(args: argparse.Namespace, config: dict):
+    """(gate, one-line reason) from --gate, --atol/--rtol and --noise-dtype."""
+    if args.gate == "auto":
+        gate, reason = select_gate(args.model_config, config)
+    elif args.gate == "course":
+        gate, reason = CourseGate(), "course gate: asked for with --gate course"
+    else:
+        gate, reason = NoiseGate(), "noise gate: asked for with --gate noise"
+    tol = {"atol": args.atol, "rtol": args.rtol}
+    if gate.name == "course":
+        if args.noise_dtype:
+            raise EngineLoadError("--noise-dtype needs the noise gate, the course gate applies")
+        return dataclasses.replace(gate, **tol), reason
+    try:
+        dtype_from_name(args.noise_dtype or "float32")
+    except ValueError as exc:
+        raise EngineLoadError(f"--noise-dtype: {exc}") from exc
+    return dataclasses.replace(gate, **tol, dtype=args.noise_dtype), reason
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,10 +104,12 @@ def main(argv: list[str] | None = None) -> int:
         weight_dir = check_weight_dir(args.weight_dir)
         if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
             raise EngineLoadError(f"device {args.device} requested but CUDA is not available")
+        gate, reason = choose_gate(args, config)
     except (EngineLoadError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
+    log.info("%s", reason)
     results = check_engine(
         module.create_engine,
         config,
@@ -79,8 +119,10 @@ def main(argv: list[str] | None = None) -> int:
         rtol=args.rtol,
         cases=tuple(cases),
         seed=args.seed,
+        gate=gate,
     )
-    report = {"engine": str(Path(args.engine).resolve()), "device": args.device, "cases": results}
+    report = {"engine": str(Path(args.engine).resolve()), "device": args.device}
+    report |= {"gate": gate.to_dict(), "gate_reason": reason, "cases": results}
     text = json.dumps(report, indent=2)
     print(text)
     if args.json_path:

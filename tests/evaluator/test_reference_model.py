@@ -1,5 +1,6 @@
 """The reference model against transformers' LLaMA, and its own invariants."""
 
+import json
 import math
 
 import pytest
@@ -9,6 +10,7 @@ from evaluator.reference_model import (
     ReferenceModel,
     apply_rope,
     compute_dtype_for,
+    exact_float32,
     rms_norm,
     rope_cos_sin,
 )
@@ -93,6 +95,49 @@ def test_matches_transformers_llama(which, tiny_config, sharp_weights, mha_sharp
     assert (ours - unpermuted).abs().max().item() > 1e-1
     # Logits are not flat, so agreement to 1e-4 means something.
     assert ours.std().item() > 0.5
+
+
+def test_reads_a_hugging_face_checkpoint_like_the_engines(tmp_path, tiny_config, sharp_weights):
+    # save_pretrained writes model.safetensors with `model.` keys and rotate-half q/k rows; the
+    # reference reads it through the engines' loader and computes the same logits.
+    weights = torch.load(f"{sharp_weights}/model.pt", weights_only=True)
+    hf_llama(tiny_config, weights).save_pretrained(tmp_path)
+    hf_config = json.loads((tmp_path / "config.json").read_text())
+    assert hf_config["model_type"] == "llama"
+    ids = random_ids(tiny_config["vocab_size"], 1, 30, seed=6)
+    ours = ReferenceModel(tiny_config, sharp_weights).forward(ids)
+    from_hf = ReferenceModel(hf_config, tmp_path).forward(ids)
+    assert (ours - from_hf).abs().max().item() < 1e-5 and ours.std().item() > 0.5
+
+
+def test_dtype_override_and_positions(tiny_config, sharp_weights):
+    ids = random_ids(tiny_config["vocab_size"], 1, 20, seed=7)
+    f32 = ReferenceModel(tiny_config, sharp_weights).forward(ids)
+    for dtype, worst in ((torch.float64, 1e-4), (torch.bfloat16, 0.5), (torch.float16, 0.05)):
+        ref = ReferenceModel(tiny_config, sharp_weights, "cpu", dtype=dtype)
+        assert ref.compute_dtype == dtype and ref.w["norm.weight"].dtype == dtype
+        out = ref.forward(ids)
+        assert out.dtype == dtype
+        err = (out.double() - f32.double()).abs().max().item()
+        assert 0 < err < worst, (dtype, err)
+    # Only the asked positions go through the head; the values are those of the full forward.
+    ref = ReferenceModel(tiny_config, sharp_weights, dtype=torch.float64)
+    some = ref.forward(ids, positions=torch.tensor([3, 19]))
+    assert some.shape == (1, 2, tiny_config["vocab_size"])
+    assert torch.allclose(some[0], ref.forward(ids)[0, [3, 19]], rtol=0, atol=1e-12)
+
+
+def test_exact_float32_turns_tf32_off_on_cuda_only():
+    saved = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")  # TF32 allowed, as an engine may set it
+        with exact_float32(torch.device("cuda")):
+            assert torch.get_float32_matmul_precision() == "highest"
+        assert torch.get_float32_matmul_precision() == "high"
+        with exact_float32(torch.device("cpu")):
+            assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        torch.set_float32_matmul_precision(saved)
 
 
 def test_causal_appending_tokens_keeps_earlier_logits(tiny_config, sharp_weights):

@@ -31,5 +31,5 @@ class AliasedOutputEngine(RecomputingEngine):
         return self.into_buffer(super().decode(request_ids, token_ids))
 
 
-def create_engine(model_config, weight_dir, device="cuda"):
-    return AliasedOutputEngine(model_config, weight_dir, device)
+def create_engine(model_config, weight_dir, device="cuda", dtype=None):
+    return AliasedOutputEngine(model_config, weight_dir, device, dtype)

@@ -23,5 +23,5 @@ class PaddedLastTokenEngine(RecomputingEngine):
         return self.model.forward(padded)[:, -1].float()
 
 
-def create_engine(model_config, weight_dir, device="cuda"):
-    return PaddedLastTokenEngine(model_config, weight_dir, device)
+def create_engine(model_config, weight_dir, device="cuda", dtype=None):
+    return PaddedLastTokenEngine(model_config, weight_dir, device, dtype)

@@ -15,9 +15,9 @@ from evaluator.reference_model import ReferenceModel  # noqa: E402
 
 
 class RecomputingEngine:
-    def __init__(self, model_config: dict, weight_dir: str, device: str = "cuda"):
+    def __init__(self, model_config: dict, weight_dir: str, device: str = "cuda", dtype=None):
         self.device = torch.device(device)
-        self.model = ReferenceModel(model_config, weight_dir, self.device)
+        self.model = ReferenceModel(model_config, weight_dir, self.device, dtype)
         self.history: dict[int, torch.Tensor] = {}
 
     def last_logits(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -45,5 +45,6 @@ class RecomputingEngine:
             del self.history[int(rid)]
 
 
-def create_engine(model_config: dict, weight_dir: str, device: str = "cuda") -> RecomputingEngine:
-    return RecomputingEngine(model_config, weight_dir, device)
+def create_engine(model_config: dict, weight_dir: str, device: str = "cuda", dtype=None):
+    """`dtype` (not the grader's): compute in it instead of the contract's dtype."""
+    return RecomputingEngine(model_config, weight_dir, device, dtype)

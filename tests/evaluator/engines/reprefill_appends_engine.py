@@ -27,5 +27,5 @@ class ReprefillAppendsEngine(RecomputingEngine):
         return super().prefill(ids, input_ids)
 
 
-def create_engine(model_config, weight_dir, device="cuda"):
-    return ReprefillAppendsEngine(model_config, weight_dir, device)
+def create_engine(model_config, weight_dir, device="cuda", dtype=None):
+    return ReprefillAppendsEngine(model_config, weight_dir, device, dtype)

@@ -37,10 +37,10 @@ class ShiftingSlots:
 
 
 class WrongRemoveEngine(RecomputingEngine):
-    def __init__(self, model_config, weight_dir, device="cuda"):
-        super().__init__(model_config, weight_dir, device)
+    def __init__(self, model_config, weight_dir, device="cuda", dtype=None):
+        super().__init__(model_config, weight_dir, device, dtype)
         self.history = ShiftingSlots()
 
 
-def create_engine(model_config, weight_dir, device="cuda"):
-    return WrongRemoveEngine(model_config, weight_dir, device)
+def create_engine(model_config, weight_dir, device="cuda", dtype=None):
+    return WrongRemoveEngine(model_config, weight_dir, device, dtype)
