@@ -30,11 +30,16 @@ PUBLIC_TOKEN_SEED = 7  # the contract's seed for the public sequence (plus `seed
 __all__ = ["CASES", "CheckFailed", "PreparedCheck", "check_engine", "check_prepared"]
 
 
-def _case_trace(case: str, config: dict, seed: int):
+def _case_trace(case: str, config: dict, seed: int, stress_positions: int | None = None):
+    """A case's trace and token seed; `stress_positions` caps where the stress case's longest
+    request ends (default: the config's max_position_embeddings)."""
     if case == "public":
         return public_correctness(), PUBLIC_TOKEN_SEED + seed
     if case == "stress":
-        return stress(config, seed), seed
+        most = config["max_position_embeddings"]
+        if stress_positions is not None:
+            most = min(most, stress_positions)
+        return stress({**config, "max_position_embeddings": most}, seed), seed
     raise ValueError(f"unknown correctness case {case!r}; known: {', '.join(CASES)}")
 
 
@@ -109,12 +114,13 @@ def prepare_check(
     device: str | torch.device,
     cases: tuple[str, ...] | list[str] = CASES,
     seed: int = 0,
+    stress_positions: int | None = None,
 ) -> PreparedCheck:
     """Materialize the cases' calls and let the gate build its references."""
     device = torch.device(device)
     calls, rows = {}, {}
     for case in cases:
-        trace, token_seed = _case_trace(case, config, seed)
+        trace, token_seed = _case_trace(case, config, seed, stress_positions)
         calls[case] = materialize(trace, int(config["vocab_size"]), device, token_seed)
         rows[case] = case_rows(calls[case])
     start = time.perf_counter()
@@ -169,6 +175,7 @@ def check_engine(
     cases: tuple[str, ...] | list[str] = CASES,
     seed: int = 0,
     gate: Gate | None = None,
+    stress_positions: int | None = None,
 ) -> dict[str, dict]:
     """Per case `{"passed", "max_abs_err", "tol_share", "steps", "failure", "seconds", "gate",
     "noise", "noise_share", "greedy_checked", "greedy_agreed"}`.
@@ -186,6 +193,5 @@ def check_engine(
         gate = CourseGate(atol, rtol)
     elif (atol, rtol) not in ((1e-2, 1e-2), (gate.atol, gate.rtol)):
         raise ValueError(f"atol/rtol {atol}/{rtol} disagree with the gate's {gate.to_dict()}")
-    return check_prepared(
-        create_engine, prepare_check(gate, config, weight_dir, device, cases, seed)
-    )
+    prepared = prepare_check(gate, config, weight_dir, device, cases, seed, stress_positions)
+    return check_prepared(create_engine, prepared)

@@ -51,6 +51,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cases", help=f"comma-separated cases ({','.join(CASES)}); overrides --stress")
     p.add_argument("--seed", type=int, default=0, help="stress trace and token seed")
     p.add_argument(
+        "--stress-positions",
+        type=int,
+        help="end the stress case's longest request here instead of at the config's "
+        "max_position_embeddings (a CPU's reference over the whole context takes long)",
+    )
+    p.add_argument(
         "--gate",
         choices=("course", "noise", "auto"),
         default="course",
@@ -120,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         cases=tuple(cases),
         seed=args.seed,
         gate=gate,
+        stress_positions=args.stress_positions,
     )
     report = {"engine": str(Path(args.engine).resolve()), "device": args.device}
     report |= {"gate": gate.to_dict(), "gate_reason": reason, "cases": results}

@@ -84,8 +84,9 @@ def trial_line(r: Record) -> str:
     err = ""
     if a.get("max_abs_err") is not None:
         err = (
-            f" | max err {a['max_abs_err']:.3g} (tol share {_num(a.get('tol_share'), 3)}, "
-            f"atol {a.get('atol')}, rtol {a.get('rtol')})"
+            f" | max err {a['max_abs_err']:.3g} ({a.get('gate', 'course')} gate; tol share "
+            f"{_num(a.get('tol_share'), 3)} of atol {a.get('atol')} rtol {a.get('rtol')}, noise "
+            f"share {_num(a.get('noise_share'), 3)})"
         )
     if a.get("duplicate_of") is not None:
         head += f" (same variant as #{a['duplicate_of']})"

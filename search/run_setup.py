@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 
+from evaluator.gate_choice import select_gate
 from search.environment import describe_environment
 from search.errors import UserError
 from search.space import SearchSpace
@@ -65,7 +66,9 @@ def set_up(job) -> None:
     kind = "cuda" if job.device.startswith("cuda") else "cpu"
     job.target = resolve_target(args.model_config, args.weight_dir)
     check_dtype(job.target, job.device)
-    job.gate = gate_name(job.target)
+    gate, why = select_gate(job.target.config_path, job.target.config)
+    job.gate = gate.name
+    job.notes.append(why)
     job.caps = probe_capabilities(job.device, job.target.config)
     job.space = SearchSpace(job.caps)
     minutes = args.budget_minutes if args.budget_minutes else DEFAULT_BUDGET_MIN[kind]
@@ -88,11 +91,13 @@ def set_up(job) -> None:
         traces=objective_traces(job, kind),
         timeout_s=job.trial_timeout,
         gate_cases=gate_cases(job, kind),
+        gate=gate.to_dict(),
         memory_budget_mib=1024 * job.memory_budget_gib,
         engine_budget_gib=job.memory_budget_gib / ENGINES_ALIVE,
     )
     # Verification runs public and stress in a fresh process: on a CPU with a long context the
     # stress case alone took over 10 minutes (public config, 2 cores).
+    job.stress_positions = stress_positions(job, kind)
     long_cpu = job.runner.gate_cases == ("public",)
     job.verify_timeout = max(600.0, 4 * job.trial_timeout, 2400.0 if long_cpu else 0.0)
     log.info(
@@ -101,11 +106,6 @@ def set_up(job) -> None:
         job.device,
         job.space.size,
     )
-
-
-def gate_name(target) -> str:
-    """`course`: the course's exact check (its target); `noise`: the dtype-noise gate."""
-    return "course" if target.course else "noise"
 
 
 def check_dtype(target, device: str) -> None:
@@ -146,6 +146,20 @@ def memory_budget_gib(args, device: str) -> tuple[float, str]:
     if args.model_config is None:
         return COURSE_GRADER_GIB, "the course's target: its grader is a 24 GB RTX 3090"
     return round(device_memory_gib(device), 1), "this device's memory"
+
+
+def stress_positions(job, kind: str) -> int | None:
+    """On a CPU with a long context the verification's stress case puts its longest request at
+    CPU_STRESS_MAX_POSITIONS: at the config's own limit the reference alone takes many minutes
+    there. None: the config's limit."""
+    most = job.target.config["max_position_embeddings"]
+    if kind == "cpu" and most > CPU_STRESS_MAX_POSITIONS:
+        job.notes.append(
+            f"CPU: the verification's stress case reaches {CPU_STRESS_MAX_POSITIONS} positions "
+            f"(the config allows {most}: its reference alone would take many minutes here)"
+        )
+        return CPU_STRESS_MAX_POSITIONS
+    return None
 
 
 def gate_cases(job, kind: str) -> tuple[str, ...]:

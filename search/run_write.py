@@ -139,6 +139,8 @@ def verify(job, benchmark: bool):
             job.device,
             timeout_s=job.verify_timeout,
             benchmark=benchmark,
+            gate=job.gate,
+            stress_positions=job.stress_positions,
         )
 
     return run

@@ -104,13 +104,24 @@ COMPILE_NOTE = (
 
 
 def verify_engine(
-    engine: Path, config_path, weight_dir, device, timeout_s: float, benchmark: bool = True
+    engine: Path,
+    config_path,
+    weight_dir,
+    device,
+    timeout_s: float,
+    benchmark: bool = True,
+    gate: str = "course",
+    stress_positions: int | None = None,
 ) -> Verification:
-    """The evaluator's correctness CLI (public + stress) and, if asked, one benchmark pass of the
-    public traces, each in a fresh process."""
+    """The evaluator's correctness CLI (public + stress, under `gate`; the stress case's longest
+    request at `stress_positions` when given) and, if asked, one benchmark pass of the public
+    traces, each in a fresh process."""
     common = ["--engine", str(engine), "--model-config", str(config_path)]
     common += ["--weight-dir", str(weight_dir), "--device", device]
-    commands = [("evaluator/test_correctness.py", [*common, "--stress"])]
+    check = [*common, "--stress", "--gate", gate]
+    if stress_positions is not None:
+        check += ["--stress-positions", str(stress_positions)]
+    commands = [("evaluator/test_correctness.py", check)]
     if benchmark:
         once = [*common, "--warmup", "0", "--repeat", "1"]
         commands.append(("evaluator/benchmark_throughput.py", once))
@@ -146,9 +157,12 @@ def _digest(json_path: Path) -> str | None:
     lines = []
     for case, c in report.get("cases", {}).items():
         verdict = "passed" if c["passed"] else f"FAILED: {c['failure']}"
+        noise = c.get("noise_share")
         lines.append(
-            f"  {case}: {verdict}; max |err| {c['max_abs_err']:.3g}, "
-            f"tol share {c['tol_share']:.3f}, {c['steps']} steps, {c.get('seconds', 0):.1f} s"
+            f"  {case}: {verdict} ({c.get('gate', 'course')} gate); max |err| "
+            f"{c['max_abs_err']:.3g}, tol share {c['tol_share']:.3f}, noise share "
+            f"{'-' if noise is None else f'{noise:.3f}'}, {c['steps']} steps, "
+            f"{c.get('seconds', 0):.1f} s"
         )
     for name, t in report.get("traces", {}).items():
         lines.append(

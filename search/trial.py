@@ -104,6 +104,7 @@ class TrialRunner:
     rtol: float = 1e-2
     tol_share_limit: float = TOL_SHARE_LIMIT
     gate_cases: tuple[str, ...] = ("public", "stress")
+    gate: dict | None = None  # the correctness gate as JSON (evaluator.gate_choice); None: course
     ceilings: dict | None = None
     # the peak an assembly may reach in the grader's pattern (None: no bound), and the budget
     # of one engine written into its file (MEMORY_BUDGET_GIB)
@@ -144,6 +145,7 @@ class TrialRunner:
             "rtol": self.rtol,
             "tol_share_limit": self.tol_share_limit,
             "gate_cases": list(self.gate_cases),
+            "gate": self.gate,
             "ceilings": self.ceilings,
             "memory_budget_mib": self.memory_budget_mib,
             "engine_budget_gib": self.engine_budget_gib,
@@ -194,6 +196,8 @@ def outcome_from_result(result: dict, variant, runner: TrialRunner, protocol: st
     if "check" in result:
         attrs["max_abs_err"] = result["max_abs_err"]
         attrs["tol_share"] = result["tol_share"]
+        attrs["noise_share"] = result.get("noise_share")
+        attrs["gate"] = result.get("gate", "course")
         attrs["check"] = {
             case: {k: c[k] for k in ("passed", "max_abs_err", "tol_share", "steps", "failure")}
             for case, c in result["check"].items()
@@ -215,9 +219,14 @@ def outcome_from_result(result: dict, variant, runner: TrialRunner, protocol: st
 
 
 def constraint(result: dict, limit: float) -> float:
-    """Used share of the tolerance minus the allowed share; a wrong answer of another kind
-    (shape, dtype, aliased output) is infeasible whatever its share."""
-    share = result.get("tol_share")
+    """The gate's share minus its limit (<= 0: correct with margin): the share of the tolerance
+    against `limit` under the course's gate, the noise share against 1 under the noise gate
+    (its multiple holds the margin). A wrong answer of another kind (shape, dtype, aliased
+    output) is infeasible whatever its share."""
+    if result.get("gate") == "noise":
+        share, limit = result.get("noise_share"), 1.0
+    else:
+        share = result.get("tol_share")
     value = min(float(share), INFEASIBLE) - limit if share is not None else INFEASIBLE
     if result["status"] != "ok" and value <= 0:
         value = 1.0

@@ -13,13 +13,13 @@ import time
 
 import optuna
 
+from evaluator.gate_choice import select_gate
 from search import study as st
 from search.errors import UserError
 from search.optimize import Budget, enqueue_known_good, optimize
 from search.run_setup import (
     DEFAULT_TRIAL_TIMEOUT_S,
     ENGINES_ALIVE,
-    gate_name,
     measure_ceilings,
     resolve_device,
 )
@@ -47,7 +47,8 @@ def worker(args) -> int:
                         "search run --storage ...`, or pass --model-config")  # fmt: skip
     target = resolve_target(config_path, args.weight_dir or attrs.get("weight_dir"))
     caps = probe_capabilities(device, target.config)
-    gate = attrs.get("gate") or gate_name(target)
+    gate_spec, _ = select_gate(target.config_path, target.config)
+    gate = attrs.get("gate") or gate_spec.name
     study = st.open_study(
         storage, name or st.study_name(target.config, caps, target.fingerprint, gate),
         seed=args.seed,
@@ -88,6 +89,7 @@ def worker(args) -> int:
         traces=tuple(attrs.get("traces") or OBJECTIVE_TRACES),
         timeout_s=timeout,
         ceilings=attrs.get("ceilings") or measure_ceilings(device),
+        gate=gate_spec.to_dict(),
     )
     if attrs.get("memory_budget_gib"):  # the study's, as `run` recorded it
         runner.memory_budget_mib = 1024 * attrs["memory_budget_gib"]
