@@ -41,8 +41,8 @@ def remeasure(job, records: list[Record]) -> None:
 
 def after_remeasure_s(job) -> float:
     """What the steps after the re-measurement need at the least: the verification, about one
-    typical trial (21 s against 19 s on an H200, PERF run 198), and the shape sweep at its least.
-    Without this a 4-minute study on an H200 took 297 s (run 198)."""
+    typical trial (about 20 s on an H200), and the shape sweep at its least. Without this
+    reserve a short study overruns its budget."""
     from search.sweep_leaders import least_sweep_s
 
     typical = 20.0  # no trial yet: Budget's first guess (optimize.py imports Optuna; not here)

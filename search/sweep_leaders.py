@@ -27,7 +27,7 @@ MIN_GPU_LIMIT_S = 20.0
 PIPELINE_COMPILE = {"cpu": False, "cuda": True}
 PIPELINE_TIMEOUT_S = {"cpu": 120.0, "cuda": 400.0}  # engine builds come on top of the limit
 # The least the sweep takes on a GPU: its 20 s of shapes and its engines' builds, 28 s on an H200
-# (PERF run 198: 48 s at the 20 s limit).
+# (48 s in all at the 20 s limit).
 LEAST_GPU_S = MIN_GPU_LIMIT_S + 28.0
 
 

@@ -124,8 +124,8 @@ def measure(create_engine, job: dict) -> dict:
 def time_one(create_engine, job: dict, trace, full: bool) -> dict:
     """Full: the grader's protocol. Quick: one engine, one warm-up, one timed pass, and two more
     passes (on a second engine) only when a pass is short enough for noise to matter: on an H200
-    the continuous trace took 7 s a pass with the first engines and 0.44 s with run 196's, the
-    public ones a few milliseconds; on a CPU a pass takes seconds."""
+    a pass of the continuous trace takes about 0.4 s (seconds with a slow engine), the public
+    ones a few milliseconds; on a CPU a pass takes seconds."""
     from evaluator.benchmark import time_trace
 
     args = (create_engine, job["config"], job["weight_dir"], job["device"], trace)

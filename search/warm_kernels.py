@@ -1,7 +1,7 @@
 """Compiling the queued assemblies' Triton kernels side by side, before the first trial.
 
 An engine's first run compiles its Triton kernels on one CPU core: 46-70 s for the fused-pdl
-preset on an H200 (PERF runs 190 and 194), most of a trial. Triton keeps them on disk, keyed by
+preset on an H200 (scripts/compile_reuse.py), most of a trial. Triton keeps them on disk, keyed by
 source and line, so a child that renders the same file and runs the correctness gate leaves them
 for the trial. Several children run at once and nothing is timed meanwhile; one that fails or
 runs out of time costs only its seconds (its trial compiles what is still missing).
@@ -34,14 +34,14 @@ class Warmed:
     seconds: float
 
 
-# Beyond its weights and cache a child's engine took about 0.9 GiB (graph pools, workspace): a
-# trial's peak was 10,325 MiB with 9,216 MiB of slab and 228 MiB of weights (PERF run 196).
+# Beyond its weights and cache a child's engine takes up to about 0.9 GiB at a trial's peak
+# (graph pools, workspaces; scripts/engine_memory.py).
 CHILD_EXTRA_BYTES = 1 << 30
 
 
 def default_workers() -> int:
-    """Half the CPU cores, at most eight: in PERF run 196 six children on 16 cores took 56 s,
-    as long as the slowest of them."""
+    """Half the CPU cores, at most eight: each child compiles on one core, and six children on
+    16 cores take as long as the slowest of them alone."""
     return max(1, min(8, (os.cpu_count() or 2) // 2))
 
 

@@ -9,15 +9,16 @@ from variants.variant import Variant
 PRESETS: dict[str, Variant] = {
     # Hopper and newer only: the same with each fused kernel launched with programmatic
     # dependent launch, its weights (and the attention's keys and values) prefetched into L2
-    # while the kernel before runs (H200, run 56: decode +8%, mixed +4%, prefill within noise).
+    # while the kernel before runs (on the H200 the decode trace 8% faster, mixed 4%, prefill
+    # within noise; scripts/variant_table.py).
     "slab-triton-pdl-allgraphs": Variant(
         cache="slab", attention="triton", layers="fused-pdl", graphs="pow2", prefill_graphs="pow2"
     ),
     # GPU fast path first (the probe drops them elsewhere): whole-step CUDA graphs (decode, and
     # prefill at token buckets) over our fused Triton kernels, the fastest assemblies measured on
-    # the H200 (docs/PERF.md), then over plain ops. "gemv": the decode step's projections on our
-    # few-row kernels with the norms, RoPE, SiLU and residual adds fused in (runs 13-14: 1.05 to
-    # 1.17x the Triton stack on the decode, mixed, continuous, wide and long traces).
+    # the H200, then over plain ops. "gemv": the decode step's projections on our few-row
+    # kernels with the norms, RoPE, SiLU and residual adds fused in (faster than the Triton
+    # stack on the decode, mixed, continuous, wide and long traces).
     "slab-triton-gemv-allgraphs": Variant(
         cache="slab", attention="triton", layers="fused", graphs="pow2", prefill_graphs="pow2"
     ),

@@ -135,7 +135,7 @@ def render_source(variant, header: str = "", memory_budget_gib: float | None = N
     # No `from __future__ import annotations`: string annotations make dataclasses look the
     # module up in sys.modules, and the grader's spec_from_file_location import never adds it.
     # The header goes last: every line above stays where a trial's render (no header) had it,
-    # and Triton's cache key holds each kernel's line number (docs/PERF.md, run 190), so the
+    # and Triton's cache key holds each kernel's line number (scripts/compile_reuse.py), so the
     # written engine reuses the kernels its trial compiled.
     about = "".join(f"# {line}".rstrip() + "\n" for line in header.rstrip().splitlines())
     return f"{docstring}\n\n{body}\n\n{tail}" + (f"\n\n{about}" if about else "")

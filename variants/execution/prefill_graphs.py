@@ -87,16 +87,16 @@ class PrefillGraphs:
         else:
             self.staging = PinnedRing(self.meta.numel(), device)
         # A call's ints are built here in place, every page touched once now: built by growing
-        # an array instead, the fill took 86 us of the H200 host's time for 4 x 128, 3-13 us an
-        # append (docs/PERF.md, run 171), against 8 in all on the development machine's CPU.
+        # an array instead, the fill costs the H200's host 3-13 us an append, 86 us for 4 x 128
+        # (8 in all on the development machine's CPU; scripts/bench_host_fill.py).
         self.values, self.values_size = array.array("q", bytes(8 * host)), host
         # addresses read once (a tensor call costs the H200's host about a microsecond)
         self.tokens_at = self.tokens.data_ptr()
         self.copy_to = (self.host.data_ptr(), self.values.buffer_info()[0]) if self.gather else None
         # The last token's hidden state of each prompt. The head runs in a graph of its own per
-        # power-of-two prompt count: inside the layers' graph it ran all P rows (6 us more GPU
-        # time a call, docs/PERF.md, run 65); launched eagerly it cost 150-240 us of host time
-        # a call on the H200's host (run 72).
+        # power-of-two prompt count: inside the layers' graph it would run all P rows (6 us
+        # more GPU time a call); launched eagerly it costs 150-240 us of host time a call on
+        # the H200's host.
         self.hidden = torch.zeros(most_prompts, spec.hidden_size, dtype=engine.dtype, device=device)
         self.head_rows = token_buckets(1, most_prompts)
         self.graphs: dict = {}

@@ -4,17 +4,17 @@ projection with the residual add, norm + gate-up + SiLU-mul, the down projection
 residual add) run one after another by one program an SM, with a grid barrier between phases.
 
 At 8 rows a phase reads 1-9 MB of weights, a few microseconds of HBM traffic, yet each was a
-kernel of its own costing 3.5 us or more (docs/PERF.md, runs 40-43). Here a barrier replaces
+kernel of its own costs 3.5 us or more. Here a barrier replaces
 each kernel boundary. Each phase's programs walk the phase's work items (output tiles,
 attention splits) in strides of the grid, and the tile code is the fused kernels' own
 (`qkv_tile`, `attend_split`, `linear_tile`, `swiglu_tile`), so rounding is theirs. After the
 first phase the programs prefetch the later phases' weights and the next kernel's first into L2
 (prefetch.py), where L2 holds a layer.
 
-Measured on the H200 (docs/PERF.md, runs 45-52), it ties with the fused layers' five kernels:
-30.4-31.3 us a layer against 31.6-32.0 in a graph of 12 layers, but 367-372 us a decode step
-against 354-358 in the engine. A barrier costs about what a kernel boundary does (1 us), and one
-program an SM hides less latency than the separate kernels do.
+On the H200 it ties with the fused layers' five kernels in a graph of 12 layers (about 31 us a
+layer; scripts/bench_decode_layer.py) and is a few percent slower in a whole decode step: a
+barrier costs about what a kernel boundary does (1 us), and one program an SM hides less latency
+than the separate kernels do.
 
 The residual goes x -> xb (after the attention) -> x (after the MLP): no phase reads a buffer
 that another program of the same launch rewrote after this program had read it. Under Triton's
@@ -81,7 +81,8 @@ def _decode_layer_kernel(
                 0, 0, tl.arange(0, BLOCK_M),
             )  # fmt: skip
     # The later phases' weights, and the next kernel's first (next_ptr), into L2 while the
-    # attention leaves HBM idle (issued before the QKV loads, they delayed them by 3 us: run 47).
+    # attention leaves HBM idle. After the QKV phase: issued before it, they queue ahead of its
+    # loads and the phase takes 3 us longer.
     if PREFETCH:
         prefetch_l2(o_w_ptr, H * Q_DIM * W_BYTES, pid, grid, 128)
         prefetch_l2(gu_ptr, 2 * INTER * H * W_BYTES, pid, grid, 128)
@@ -169,8 +170,8 @@ class DecodeLayers:
         # the attention: about a program an SM over the (row, kv head) pairs, at most 16 splits
         splits = max(1, min(16, sm_count // (rows * kv_heads), host_cdiv(max_len, SPLIT_TOKENS)))
         splits = attention_splits or splits
-        # The persistent layer was measured with tiles of 32 tokens or more (docs/PERF.md, runs
-        # 45-52), with SPLIT_TOKENS; the attention's 16-token tiles were not tried in it.
+        # The persistent layer keeps tiles of 32 tokens or more, with SPLIT_TOKENS: the
+        # attention's 16-token tiles are untried in it.
         tiles = default_tiles(rows, kv_heads, block_d, sm_count, device_capability(device))
         att_n = max(32, tiles[0])
         items = (

@@ -92,11 +92,10 @@ def _rope_cache_write_kernel(
 
 
 def rope_launch(tokens: int) -> tuple:
-    """(tokens a program, warps). Measured on the H200 in CUDA graphs (docs/PERF.md, run 97), us
-    a launch against the one-token programs of four warps that loaded each pair's halves with a
-    stride of 2: 64 tokens 2.67 -> 1.92, 512 4.94 -> 2.68, 2048 14.9 -> 5.3, 8192 48.7 -> 24.9;
-    one-token programs of four warps (the old grid, the new loads) were 0.1-0.6 us slower than
-    these, eight-token programs up to 1 us slower at 64-512 tokens."""
+    """(tokens a program, warps): one token over two warps up to 128 tokens, two above, the
+    fastest tried in CUDA graphs on the H200 (1.9 us a launch at 64 tokens, 25 at 8192;
+    scripts/bench_kernels.py times it): one-token programs of four warps are 0.1-0.6 us slower,
+    eight-token programs up to 1 us at 64-512 tokens."""
     return (1, 2) if tokens <= 128 else (2, 2)
 
 

@@ -4,9 +4,8 @@ the kernel before it is still running, prefetches its own weights into L2, then 
 Inside a CUDA graph each kernel boundary of a decode step costs about a microsecond, and each
 kernel then waits on HBM round trips for weights that no earlier kernel writes. Launched with
 PDL, a kernel's programs become resident as soon as every program of the kernel before it has
-passed its own wait (`wait_previous`), so only one kernel runs ahead. (Letting the kernel after
-gate-up's short predecessor launch a kernel earlier made the step slower on the H200: its
-prefetch competed with the attention's reads; docs/PERF.md, run 59.) Before its wait a
+passed its own wait (`wait_previous`), so only one kernel runs ahead: a second one's prefetch
+would compete with the attention's reads (a slower step on the H200). Before its wait a
 program may read nothing an earlier kernel writes and write nothing at all: it only asks for
 its weight bytes (`prefetch_l2`, a hint that cannot change a result) or, staged, loads them
 (staged_dot.py: no kernel writes a weight). After the wait everything earlier in the stream is

@@ -146,7 +146,7 @@ def _varlen_prefill_kernel(
     # Key tiles before the block's first row are visible to every row: no mask to build or
     # apply. The rest, up to the block's last row (causal), are masked. A q-block shorter than
     # a key tile keeps one loop: its whole tiles are few, and a second loop's pipeline start
-    # cost more than their masks (4 x 128 at 16 x 64 tiles: 5.3 -> 5.9 us, H200).
+    # costs more than their masks (4 x 128 at 16 x 64 tiles: about 10% slower on the H200).
     end = tl.minimum((m_block + 1) * BLOCK_M, seq_len)
     k_off, v_off = kvh * stride_kh, kvh * stride_vh
     first_masked = 0
@@ -184,15 +184,14 @@ def head_parts(head_dim: int) -> tuple:
 
 
 def prefill_stages(capability: tuple = (0, 0)) -> int:
-    """Software-pipeline stages of the key tiles: three on Hopper, where they won at every
-    call size but the 16-row q-blocks' (a tie; H200, run 124: 4 x 2048 74.7 -> 66.5 us, 1 x
-    2048 39.7 -> 35.4, 1 x 1024 21.7 -> 20.0), two elsewhere (unmeasured there; the RTX
-    3090's 99 KB of shared memory)."""
+    """Software-pipeline stages of the key tiles: three on Hopper, 8-11% faster than two from
+    1024 tokens on the H200 (a tie at the 16-row q-blocks), two elsewhere (unmeasured there;
+    the RTX 3090's 99 KB of shared memory)."""
     return 3 if tuple(capability) >= (9, 0) else 2
 
 
-SHORT_TOKENS = 512  # up to this many packed tokens, 16-row q-blocks (Hopper; runs 60-61)
-WIDE_TOKENS = 4096  # past this many, 128-row q-blocks at head_dim > 128 (Hopper; run 61)
+SHORT_TOKENS = 512  # up to this many packed tokens, 16-row q-blocks (Hopper: `prefill_tiles`)
+WIDE_TOKENS = 4096  # past this many, 128-row q-blocks at head_dim > 128 (Hopper)
 
 
 def prefill_tiles(head_dim: int, capability: tuple = (0, 0), tokens: int | None = None) -> tuple:
@@ -201,11 +200,11 @@ def prefill_tiles(head_dim: int, capability: tuple = (0, 0), tokens: int | None 
     The pre-Hopper tiles compile for sm_86 with Triton 3.0 without register spills (ptxas -v)
     and within the RTX 3090's 99 KB of shared memory (28 KB at d=192); nothing else was
     measured there. Hopper (sm_90 and newer, 228 KB a block) picks by the call's size, from
-    CUDA-graph sweeps on the H200 (docs/PERF.md, runs 60-62): a short call has too few q-blocks
-    to fill the GPU, and 16-row blocks are fastest (4 x 128 at d=192: 5.6 us against 10.2 for
-    128-row blocks); up to 4096 tokens 64 x 64 over 4 warps (1 x 2048: 62 us against 87); past
-    that, at d > 128, 128 x 64 over 8 warps (4 x 2048: 157 us against 186). The prefill graphs
-    build each bucket's q-block schedule with this call for the bucket's token count."""
+    CUDA-graph sweeps on the H200 (scripts/tune_prefill_attention.py --graph): a short call has
+    too few q-blocks to fill the GPU, and 16-row blocks are fastest (about half the time of
+    128-row blocks at 4 x 128); up to 4096 tokens 64 x 64 over 4 warps; past that, at d > 128,
+    128 x 64 over 8 warps. The prefill graphs build each bucket's q-block schedule with this
+    call for the bucket's token count."""
     wide = head_dim > 128
     if tuple(capability) >= (9, 0):
         if tokens is not None and tokens <= SHORT_TOKENS:

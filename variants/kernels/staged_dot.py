@@ -134,12 +134,12 @@ def project(
 
 
 STAGE_BYTES = 384  # the most bytes a thread holds of staged weight (96 registers), and of x
-# Where staging wins, measured on the H200 in whole decode steps (docs/PERF.md, runs 140-146):
+# Where staging wins in the H200's whole decode steps (scripts/step_kernels.py, `@on` / `@off`):
 # the few-row projections of one 16-row tile (from 17 rows the 32-row x costs more than the
-# staging saves: +15 us a step for the down projection, +100-150 for the output projection and
+# staging saves: 15 us a step for the down projection, 100-150 for the output projection and
 # the head); the output projection and the head at 32 x 256 tiles over 8 warps (at their own
-# 16 x 256 over 4 warps the staged build took 254 registers and lost); not the QKV and gate-up
-# pairs at any tile tried.
+# 16 x 256 over 4 warps the staged build takes 254 registers and loses); not the QKV and
+# gate-up pairs at any tile tried.
 STAGE_MAX_ROWS = 16
 STAGED_TILES = (32, 256, 8, 3)  # (BLOCK_N, BLOCK_K, warps, stages)
 

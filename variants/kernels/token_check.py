@@ -2,9 +2,9 @@
 The ids' min and max go straight into pinned host memory (mapped, so no copy node), the ids are
 clamped into the vocabulary in place, and their embedding rows are gathered. Replaces, at the
 head of a decode or prefill graph, the min/max kernel, its device-to-host copy, the clamp
-(deferred_check.py) and the embedding gather: with the first three in one kernel the step's
-first layer kernel started 8 us after the graph did, not 25 (docs/PERF.md, runs 148 and 151);
-with the gather too (and RoPE reading cos / sin at the positions), 3.5 us (run 154).
+(deferred_check.py) and the embedding gather: the step's first layer kernel then starts about
+3.5 us after the graph does on the H200, against 25 with those launches and the copy node
+(scripts/step_timeline.py).
 A component of the Triton layer stacks (the torch stack keeps torch's launches). Needs CUDA
 (or Triton's interpreter)."""
 

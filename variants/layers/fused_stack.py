@@ -1,16 +1,14 @@
 """The decode step on few-row fused kernels: per layer, norm + QKV + RoPE + cache write in one
 kernel, attention, the output projection with the residual add in one, norm + gate-up + SiLU-mul
 in one, and the down projection with the residual add in one (about 6 launches a layer, against
-~10 for the Triton stack and ~35 for torch ops). The head is norm + projection in one kernel.
-On the H200 at batch 8 x 150 a step took 0.61 ms and 83 kernels against 0.68 ms and 152
-(docs/PERF.md, runs 13-14); with the one-launch attention, 0.57-0.62 ms and 69 (run 22); its
-graph alone 372 us of GPU time with the down projection split over K (run 34), 355 us with the
-norm statistics in one round trip and the down projection's own tiles (run 43).
+~10 for the Triton stack and ~35 for torch ops; scripts/decode_step_profile.py counts and
+times a step's kernels). The head is norm + projection in one kernel.
 
 Past one 16-row tile the fused layers lose to cuBLAS, which reuses each weight tile better (at
-64 rows on the H200: 14.2 us against 8.0 for norm + QKV + RoPE, 14.6 against 8.0 for the MLP's
-first half), so those calls and prefill run the Triton stack. With PDL and the L2 prefetch
-(fused-pdl) they still win at 32 rows, so that stack keeps up to two tiles (PDL_MAX_ROWS).
+64 rows on the H200 about 1.8x the time for norm + QKV + RoPE and for the MLP's first half;
+scripts/bench_few_row.py), so those calls and prefill run the Triton stack. With PDL and the
+L2 prefetch (fused-pdl) they still win at 32 rows, so that stack keeps up to two tiles
+(PDL_MAX_ROWS).
 Needs CUDA, Triton >= 3.0, fp16/bf16, a slab or paged pool and the fused QKV and gate-up
 weights."""
 
@@ -23,9 +21,8 @@ from variants.kernels.norm_swiglu import norm_swiglu
 from variants.layers.triton_stack import run_triton_stack
 
 FUSED_MAX_ROWS = 16  # decode steps up to one 16-row tile run the fused layers
-# With PDL and the L2 prefetch the fused layers also win at two 16-row tiles (H200, run 65:
-# 32 x 300 in 676 us against 701 on the Triton stack, 32 x 1000 1161 against 1238), not at 64
-# rows (64 x 256: 993 against 861).
+# With PDL and the L2 prefetch the fused layers also win at two 16-row tiles (3-6% of a step
+# on the H200 against the Triton stack), not at 64 rows (15% slower).
 PDL_MAX_ROWS = 32
 HEAD_MAX_ROWS = 64  # the fused head wins up to 64 rows (11.9 us against 21.6 at 64, H200)
 

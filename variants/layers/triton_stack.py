@@ -6,8 +6,7 @@ pays for. Needs CUDA, Triton >= 3.0, fp16/bf16 and a slab or paged pool.
 With `pdl` (the fused-pdl layers' decode steps past their row limit, Hopper) each of our
 kernels in a decode step launches with programmatic dependent launch: its programs start while
 the kernel before finishes and wait there (kernels/pdl.py); the attention must then be ours too.
-On the H200 that took 64 x 256 from 648 to 637 us of step graph and 48 x 300 from 692 to 665;
-a prefill stays without it, which made 4 x 128 slower (544 -> 565 us; docs/PERF.md, run 120)."""
+On the H200 that takes 2-4% off a wide step; a prefill stays without it (4% slower with it)."""
 
 import torch.nn.functional as F
 
