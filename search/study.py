@@ -119,7 +119,8 @@ def locate_study(storage: str | None, name: str | None, studies_dir="studies"):
     exists = path.is_file() if path is not None else True
     if _is_journal(url):
         exists = Path(journal_path(url)).is_file()
-    names = optuna.get_all_study_names(url) if exists else []
+    opened = open_storage(url) if exists else None  # a missing driver: one line
+    names = optuna.get_all_study_names(opened) if opened is not None else []
     if name is None:
         if len(names) != 1:
             raise UserError(f"which study? {url} holds: {', '.join(names) or 'none'}; pass --study")
@@ -128,7 +129,7 @@ def locate_study(storage: str | None, name: str | None, studies_dir="studies"):
         there = ", ".join(names) if storage else ", ".join(known_studies(studies_dir))
         where = storage or f"{studies_dir}/"
         raise UserError(f"no study {name!r} in {where}; studies there: {there or 'none'}")
-    return optuna.load_study(study_name=name, storage=open_storage(url)), url
+    return optuna.load_study(study_name=name, storage=opened), url
 
 
 def _is_journal(url: str) -> bool:
@@ -139,13 +140,20 @@ def journal_path(url: str) -> str:
     return re.sub(r"^journal:(//)?", "", url)
 
 
+DRIVER_EXTRA = {"postgresql": "postgres"}
+
+
 def open_storage(url: str):
     """An Optuna storage for a database URL or a journal file (`journal:PATH` or a plain path)."""
     if not _is_journal(url):
+        kwargs = {}
         if url.startswith("sqlite:"):
             # Several workers on one SQLite file wait for the lock instead of failing.
-            return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
-        return optuna.storages.RDBStorage(url)
+            kwargs["engine_kwargs"] = {"connect_args": {"timeout": 60}}
+        try:
+            return optuna.storages.RDBStorage(url, **kwargs)
+        except ImportError as exc:
+            raise _missing_driver(url, exc) from exc
     path = journal_path(url)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -155,6 +163,16 @@ def open_storage(url: str):
     except ImportError:  # Optuna < 4.0
         backend = optuna.storages.JournalFileStorage(path)
     return optuna.storages.JournalStorage(backend)
+
+
+def _missing_driver(url: str, exc: ImportError):
+    from search.errors import UserError
+
+    dialect = url.split(":", 1)[0].split("+")[0]
+    cause = exc.__cause__ or exc
+    extra = DRIVER_EXTRA.get(dialect)
+    fix = f'pip install -e ".[{extra}]"' if extra else "install the module it names"
+    return UserError(f"the {dialect} storage's database driver is missing ({cause}): {fix}")
 
 
 def dashboard_command(url: str) -> str:
