@@ -67,7 +67,7 @@ def search_with_optuna(job) -> tuple[list[Record], Record | None]:
     name = args.study or st.study_name(target.config, job.caps, target.fingerprint, job.gate)
     url = args.storage or st.default_storage_url(name, args.studies_dir)
     job.storage_url, job.study_name, job.dashboard = url, name, st.dashboard_command(url)
-    storage = st.open_storage(url)
+    storage = st.open_storage(url, heartbeat_s=args.heartbeat)
     study = job.study = st.open_study(storage, name, fresh=args.fresh, seed=args.seed)
     check_same_model(job, study)
     if args.storage is None:

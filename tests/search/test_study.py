@@ -2,6 +2,7 @@
 
 import dataclasses
 import sys
+import time
 from datetime import datetime, timedelta
 
 import optuna
@@ -158,6 +159,25 @@ def test_stale_running_trials_are_failed(tmp_path):
         module.datetime = original
     frozen = study.get_trials()[trial.number]
     assert frozen.state == TrialState.FAIL and "stale" in frozen.user_attrs["reason"]
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used")
+def test_a_trial_whose_heartbeat_stopped_is_failed(tmp_path):
+    url = f"sqlite:///{tmp_path}/beats.db"
+    study = st.open_study(st.open_storage(url, heartbeat_s=1), "beats")
+    assert st.heartbeat_interval(study) == 1
+    trial = study.ask()
+    with st.heartbeat(study, trial):
+        time.sleep(0.2)  # the first beat is recorded at once
+    # The beats stopped as if the process died; after the grace period (3 beats, by the
+    # database's clock, whole seconds in SQLite) the next process fails the trial.
+    time.sleep(st.GRACE_BEATS + 1.2)
+    other = st.load_study(st.open_storage(url, heartbeat_s=1), "beats")
+    assert st.fail_stale_trials(other, older_than_s=3600) == 1
+    assert st.fail_stale_trials(other, older_than_s=3600) == 0  # once
+    frozen = other.get_trials()[trial.number]
+    assert frozen.state == TrialState.FAIL and frozen.user_attrs["status"] == "failed"
+    assert "stopped beating (no heartbeat for 3 s)" in frozen.user_attrs["reason"]
 
 
 def test_a_missing_database_driver_is_one_line_naming_the_extra(
