@@ -10,7 +10,7 @@ if ! "$PYTHON" -c "import torch" 2>/dev/null; then
     # a multi-GB CUDA build.
     "$PYTHON" -m pip install -q "torch==2.13.0" || "$PYTHON" -m pip install -q "torch>=2.3"
 fi
-DEV_MODULES="optuna, pytest, ruff, transformers, hypothesis, nbclient, gguf, variants"
+DEV_MODULES="optuna, pytest, ruff, transformers, hypothesis, nbclient, gguf, psycopg, variants"
 if ! "$PYTHON" -c "import $DEV_MODULES" 2>/dev/null; then
     "$PYTHON" -m pip install -q -e ".[dev]"
 fi

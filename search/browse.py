@@ -41,7 +41,11 @@ def report(args) -> int:
     if not getattr(args, "no_plots", False):
         from search.summary_md import default_report_dir, write_report
 
-        out = Path(args.out) if args.out else default_report_dir(url, study.study_name)
+        out = (
+            Path(args.out)
+            if args.out
+            else default_report_dir(url, study.study_name, args.studies_dir)
+        )
         paths = write_report(study, out, args.top, getattr(args, "sweep", None))
         print(f"\nwrote {len(paths)} file(s) in {out}: " + ", ".join(p.name for p in paths))
     print(f"\ndashboard: {st.dashboard_command(url)}")

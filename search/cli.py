@@ -74,6 +74,15 @@ def _search_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seed", type=int, help="sampler seed (default random)")
     p.add_argument(
+        "--heartbeat",
+        type=int,
+        default=20,
+        metavar="SECONDS",
+        help="on a database storage a running trial beats this often; one silent for three "
+        "beats is failed by the next process that looks (default 20, the same in every process "
+        "of a study; 0: off)",
+    )
+    p.add_argument(
         "--renderer",
         default=DEFAULT_RENDERER,
         help="module:function or file.py:function that renders a Variant to an engine file "

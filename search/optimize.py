@@ -11,12 +11,19 @@ from __future__ import annotations
 import logging
 import statistics
 import time
+import warnings
 from dataclasses import dataclass
 
 import optuna
 from optuna.trial import TrialState
 
-from search.study import earlier_best_variants, set_constraint, started_trials
+from search.study import (
+    earlier_best_variants,
+    fail_stale_trials,
+    heartbeat,
+    set_constraint,
+    started_trials,
+)
 from variants.presets import PRESETS
 from variants.variant import Variant
 
@@ -143,27 +150,18 @@ def optimize(study, space, runner, budget: Budget, n_trials: int | None = None) 
             if limit is None:
                 log.info("search budget spent after %d trial(s) in this process", done)
                 break
-            trial = study.ask()
-            if _over_target(study, trial, n_trials):
-                trial.set_user_attr("status", "skipped")
-                trial.set_user_attr("reason", "the study reached its trial target meanwhile")
-                study.tell(trial, state=TrialState.FAIL)
-                break
-            variant = space.suggest(trial)
-            earlier = find_duplicate(study, variant)
-            if earlier is not None:
-                status = copy_result(study, trial, earlier)
-                summary = f"same as trial {earlier.number}: {status}"
-            else:
-                try:
-                    outcome = runner.run(variant, timeout_s=limit)
-                except Exception as exc:  # the runner itself broke: record it, stop cleanly
-                    trial.set_user_attr("status", "failed")
-                    trial.set_user_attr("reason", f"trial runner error: {exc!r}")
+            fail_stale_trials(study, older_than_s=2 * budget.trial_timeout_s + 120)
+            with warnings.catch_warnings():
+                # Optuna would beat only inside study.optimize; `heartbeat` does it here.
+                warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used")
+                trial = study.ask()
+            with heartbeat(study, trial):
+                if _over_target(study, trial, n_trials):
+                    trial.set_user_attr("status", "skipped")
+                    trial.set_user_attr("reason", "the study reached its trial target meanwhile")
                     study.tell(trial, state=TrialState.FAIL)
-                    raise
-                tell_outcome(study, trial, outcome)
-                summary = _summary(outcome)
+                    break
+                variant, summary = _run_one(study, space, runner, trial, limit)
             done += 1
             log.info("trial %d %s: %s", trial.number, variant.name, summary)
             if bar is not None:
@@ -173,6 +171,24 @@ def optimize(study, space, runner, budget: Budget, n_trials: int | None = None) 
         if bar is not None:
             bar.close()
     return done
+
+
+def _run_one(study, space, runner, trial, limit: float) -> tuple[Variant, str]:
+    """Run (or copy) the trial's variant and tell the study: the variant, a one-line summary."""
+    variant = space.suggest(trial)
+    earlier = find_duplicate(study, variant)
+    if earlier is not None:
+        status = copy_result(study, trial, earlier)
+        return variant, f"same as trial {earlier.number}: {status}"
+    try:
+        outcome = runner.run(variant, timeout_s=limit)
+    except Exception as exc:  # the runner itself broke: record it, stop cleanly
+        trial.set_user_attr("status", "failed")
+        trial.set_user_attr("reason", f"trial runner error: {exc!r}")
+        study.tell(trial, state=TrialState.FAIL)
+        raise
+    tell_outcome(study, trial, outcome)
+    return variant, _summary(outcome)
 
 
 def _summary(outcome) -> str:

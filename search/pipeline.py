@@ -119,7 +119,7 @@ class RunJob:
         try:
             from search.summary_md import default_report_dir, write_report
 
-            out = default_report_dir(self.storage_url, self.study_name)
+            out = default_report_dir(self.storage_url, self.study_name, self.args.studies_dir)
             paths = write_report(self.study, out)
             self.notes.append(f"figures and summary in {out}: " + ", ".join(p.name for p in paths))
         except Exception as exc:  # a diagram is not worth the engine

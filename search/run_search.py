@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from search.errors import UserError
 from search.records import Record
 from search.run_setup import measure_ceilings
 from variants.presets import ranked_defaults
@@ -42,6 +43,8 @@ def search_trials(job) -> tuple[list[Record], Record | None]:
             log.warning("%s: evaluating the ranked default candidates only", why)
             return search_defaults(job), None
         return search_with_optuna(job)
+    except UserError:  # the storage, the study or the model is wrong: say so, write nothing
+        raise
     except Exception as exc:
         log.exception("the search failed; writing the best verified candidate found so far")
         job.notes.append(f"the search failed ({exc!r}); candidates: the trials so far")
@@ -64,7 +67,7 @@ def search_with_optuna(job) -> tuple[list[Record], Record | None]:
     name = args.study or st.study_name(target.config, job.caps, target.fingerprint, job.gate)
     url = args.storage or st.default_storage_url(name, args.studies_dir)
     job.storage_url, job.study_name, job.dashboard = url, name, st.dashboard_command(url)
-    storage = st.open_storage(url)
+    storage = st.open_storage(url, heartbeat_s=args.heartbeat)
     study = job.study = st.open_study(storage, name, fresh=args.fresh, seed=args.seed)
     check_same_model(job, study)
     if args.storage is None:

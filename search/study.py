@@ -12,11 +12,15 @@ import hashlib
 import json
 import logging
 import re
+import threading
 import warnings
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
 import optuna
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.trial import TrialState
 
 from search.records import Record
@@ -119,7 +123,8 @@ def locate_study(storage: str | None, name: str | None, studies_dir="studies"):
     exists = path.is_file() if path is not None else True
     if _is_journal(url):
         exists = Path(journal_path(url)).is_file()
-    names = optuna.get_all_study_names(url) if exists else []
+    opened = open_storage(url) if exists else None  # a missing driver: one line
+    names = optuna.get_all_study_names(opened) if opened is not None else []
     if name is None:
         if len(names) != 1:
             raise UserError(f"which study? {url} holds: {', '.join(names) or 'none'}; pass --study")
@@ -128,7 +133,7 @@ def locate_study(storage: str | None, name: str | None, studies_dir="studies"):
         there = ", ".join(names) if storage else ", ".join(known_studies(studies_dir))
         where = storage or f"{studies_dir}/"
         raise UserError(f"no study {name!r} in {where}; studies there: {there or 'none'}")
-    return optuna.load_study(study_name=name, storage=open_storage(url)), url
+    return optuna.load_study(study_name=name, storage=opened), url
 
 
 def _is_journal(url: str) -> bool:
@@ -139,13 +144,32 @@ def journal_path(url: str) -> str:
     return re.sub(r"^journal:(//)?", "", url)
 
 
-def open_storage(url: str):
-    """An Optuna storage for a database URL or a journal file (`journal:PATH` or a plain path)."""
+# A database storage's running trials beat every `heartbeat_s` (`heartbeat`); one silent for
+# this many beats is failed by the next process that looks (`fail_stale_trials`).
+GRACE_BEATS = 3
+DRIVER_EXTRA = {"postgresql": "postgres"}
+
+
+def open_storage(url: str, heartbeat_s: int | None = None):
+    """An Optuna storage for a database URL or a journal file (`journal:PATH` or a plain path).
+    With `heartbeat_s`, a database records the heartbeats of the trials this process runs."""
+    if heartbeat_s is not None and heartbeat_s < 0:
+        from search.errors import UserError
+
+        raise UserError(f"--heartbeat must be 0 (off) or more seconds, got {heartbeat_s}")
     if not _is_journal(url):
+        kwargs = {}
         if url.startswith("sqlite:"):
             # Several workers on one SQLite file wait for the lock instead of failing.
-            return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
-        return optuna.storages.RDBStorage(url)
+            kwargs["engine_kwargs"] = {"connect_args": {"timeout": 60}}
+        if heartbeat_s:
+            kwargs.update(heartbeat_interval=heartbeat_s, grace_period=GRACE_BEATS * heartbeat_s)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(url, **kwargs)
+        except ImportError as exc:
+            raise _missing_driver(url, exc) from exc
     path = journal_path(url)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -155,6 +179,16 @@ def open_storage(url: str):
     except ImportError:  # Optuna < 4.0
         backend = optuna.storages.JournalFileStorage(path)
     return optuna.storages.JournalStorage(backend)
+
+
+def _missing_driver(url: str, exc: ImportError):
+    from search.errors import UserError
+
+    dialect = url.split(":", 1)[0].split("+")[0]
+    cause = exc.__cause__ or exc
+    extra = DRIVER_EXTRA.get(dialect)
+    fix = f'pip install -e ".[{extra}]"' if extra else "install the module it names"
+    return UserError(f"the {dialect} storage's database driver is missing ({cause}): {fix}")
 
 
 def dashboard_command(url: str) -> str:
@@ -236,18 +270,72 @@ def started_trials(study: optuna.Study) -> list:
     return [t for t in trials if t.user_attrs.get("status") != "skipped"]
 
 
+def heartbeat_interval(study: optuna.Study) -> int | None:
+    """Seconds between a running trial's heartbeats, or None: a journal file, or a database
+    opened without `heartbeat_s`."""
+    storage = study._storage  # Optuna's cache in front of an RDBStorage, or a journal
+    return storage.get_heartbeat_interval() if isinstance(storage, BaseHeartbeat) else None
+
+
+@contextmanager
+def heartbeat(study: optuna.Study, trial):
+    """While the block runs, a thread records the trial's heartbeat every interval (the
+    database's clock), so that when this process dies the others see the beats stop."""
+    interval = heartbeat_interval(study)
+    if interval is None:
+        yield
+        return
+    stop = threading.Event()
+
+    def beat():
+        while True:
+            try:
+                study._storage.record_heartbeat(trial._trial_id)
+            except Exception as exc:  # a lost beat: the next may get through within the grace
+                log.warning("heartbeat of trial %d not recorded: %r", trial.number, exc)
+            if stop.wait(interval):
+                return
+
+    thread = threading.Thread(target=beat, name=f"heartbeat-{trial.number}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 def fail_stale_trials(study: optuna.Study, older_than_s: float) -> int:
-    """Mark RUNNING trials whose process must be dead (older than any trial limit) as failed."""
+    """Mark RUNNING trials whose process died as failed. On a database with heartbeats: those
+    silent for the grace period (GRACE_BEATS). Elsewhere (a journal file): those older than any
+    trial limit (`older_than_s`), by this machine's clock against the starting one's."""
+    storage, interval = study._storage, heartbeat_interval(study)
+    if interval is not None:
+        silent = set(storage._get_stale_trial_ids(study._study_id))  # by the database's clock
+        why = f"stale: its process stopped beating (no heartbeat for {GRACE_BEATS * interval} s)"
+    else:
+        why = "stale: its process died before it finished"
     now = datetime.now()
+
+    def is_stale(trial) -> bool:
+        if interval is not None:
+            return trial._trial_id in silent
+        return (
+            bool(trial.datetime_start)
+            and (now - trial.datetime_start).total_seconds() > older_than_s
+        )
+
     count = 0
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if trial.datetime_start and (now - trial.datetime_start).total_seconds() > older_than_s:
-            study._storage.set_trial_user_attr(trial._trial_id, "status", "failed")
-            study._storage.set_trial_user_attr(
-                trial._trial_id, "reason", "stale: its process died before it finished"
-            )
-            study.tell(trial.number, state=TrialState.FAIL)
-            count += 1
+        if not is_stale(trial):
+            continue
+        try:
+            storage.set_trial_user_attr(trial._trial_id, "status", "failed")
+            storage.set_trial_user_attr(trial._trial_id, "reason", why)
+            count += storage.set_trial_state_values(trial._trial_id, state=TrialState.FAIL)
+        except UpdateFinishedTrialError:  # another process failed it first
+            continue
+        log.warning("trial %d failed: %s", trial.number, why)
     return count
 
 

@@ -25,14 +25,15 @@ log = logging.getLogger(__name__)
 MIN_TRIALS_FOR_IMPORTANCE = 4
 
 
-def default_report_dir(url: str, study_name: str) -> Path:
-    """`<dir of the SQLite file or journal>/<study>/`, else `studies/<study>/`."""
+def default_report_dir(url: str, study_name: str, studies_dir: str | Path = "studies") -> Path:
+    """`<dir of the SQLite file or journal>/<study>/`, else (a database server)
+    `<studies_dir>/<study>/`."""
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", study_name)
     if url.startswith("sqlite:///"):
         return Path(url[len("sqlite:///") :]).parent / safe
     if url.startswith("journal:") or "://" not in url:
         return Path(re.sub(r"^journal:(//)?", "", url)).parent / safe
-    return Path("studies") / safe
+    return Path(studies_dir) / safe
 
 
 def param_importances(study: optuna.Study) -> tuple[dict[str, float], str]:

@@ -98,7 +98,7 @@ def _study_and_out(args):
     study, url = st.locate_study(args.storage, args.study, args.studies_dir)
     config = args.model_config or study.user_attrs.get("model_config_path")
     weights = args.weight_dir or study.user_attrs.get("weight_dir")
-    out = default_report_dir(url, study.study_name) / SWEEP_FILE
+    out = default_report_dir(url, study.study_name, args.studies_dir) / SWEEP_FILE
     return study_variants(study, args.top, not args.no_compile), out, config, weights
 
 

@@ -40,7 +40,7 @@ def sweep_leaders(job, reuse: bool) -> list[str]:
     from search.summary_md import default_report_dir
     from search.trial import run_child, tail
 
-    out = default_report_dir(job.storage_url, job.study_name) / SWEEP_FILE
+    out = default_report_dir(job.storage_url, job.study_name, job.args.studies_dir) / SWEEP_FILE
     try:
         kind = "cuda" if job.device.startswith("cuda") else "cpu"
         chosen = study_variants(job.study, PIPELINE_TOP, PIPELINE_COMPILE[kind])

@@ -13,8 +13,10 @@ import importlib.util
 import json
 import logging
 import os
+import signal
 import statistics
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -220,6 +222,22 @@ def run_job(job: dict, phases: Phases) -> dict:
     return result
 
 
+def stop_with_parent(poll_s: float = 1.0) -> None:
+    """When the process that started this trial dies (a killed worker), stop too, with the
+    engine's own processes: nobody would read the result, and on a GPU an orphaned trial would
+    run beside the next one measured there."""
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        if os.getpgid(0) == os.getpid():  # the group `run_child` started: take it all down
+            os.killpg(0, signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="stop-with-parent", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     argv = sys.argv[1:] if argv is None else argv
@@ -242,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    stop_with_parent()
     code = main()
     # The result is on disk: skip interpreter teardown (seconds with torch and an engine loaded).
     sys.stdout.flush()

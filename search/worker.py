@@ -3,7 +3,9 @@
 Run one per GPU, or one per machine on a shared database; they share the study's trial target.
 The model comes from the study (recorded by `run`) unless `--model-config`/`--weight-dir` say
 otherwise (weights at another path on another machine). Workers never write `engine.py`: the next
-`run` on the storage chooses, verifies and writes it.
+`run` on the storage chooses, verifies and writes it. A worker that dies leaves its trial
+RUNNING until the next process fails it: on a database when its heartbeat stops, on a journal
+file when it is older than any trial limit (`search.study.fail_stale_trials`).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def worker(args) -> int:
     device = resolve_device(args.device)
     if args.study is None and not args.model_config:
         raise UserError("name the study to add trials to with --study (or give --model-config)")
-    storage = st.open_storage(args.storage)
+    storage = st.open_storage(args.storage, heartbeat_s=args.heartbeat)
     name = args.study
     known = name is not None and name in optuna.get_all_study_names(storage)
     attrs = st.load_study(storage, name).user_attrs if known else {}
@@ -81,6 +83,7 @@ def worker(args) -> int:
     enqueue_known_good(study, space, caps, storage, study.study_name, st.hardware_key(caps), None)
     kind = "cuda" if device.startswith("cuda") else "cpu"
     timeout = args.trial_timeout or DEFAULT_TRIAL_TIMEOUT_S[kind]
+    st.fail_stale_trials(study, older_than_s=2 * timeout + 120)  # a dead worker's trials
     runner = TrialRunner(
         config,
         str(weight_dir),

@@ -2,8 +2,13 @@
 
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -61,6 +66,42 @@ def search_cli(child_env):
         )
 
     return run
+
+
+@pytest.fixture
+def dashboard_server():
+    """`start(storage_url)`: the base URL of an optuna-dashboard serving that storage once it
+    answers; stopped after the test. Skips when optuna-dashboard is not installed."""
+    if shutil.which("optuna-dashboard") is None:
+        pytest.skip("optuna-dashboard is not installed")
+    servers = []
+
+    def start(url: str) -> str:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        cmd = ["optuna-dashboard", url, "--host", "127.0.0.1", "--port", str(port)]
+        server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        servers.append(server)
+        base, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 25
+        while time.monotonic() < deadline:
+            if server.poll() is not None:
+                pytest.fail(f"optuna-dashboard exited: {server.stderr.read().decode()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"{base}/api/studies", timeout=5):
+                    return base
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                time.sleep(0.3)
+        pytest.fail("optuna-dashboard did not answer within 25 s")
+
+    yield start
+    for server in servers:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
 
 
 @pytest.fixture(scope="session")

@@ -1,11 +1,6 @@
 """optuna-dashboard serves a study as the search writes it: trials, values, user attributes."""
 
 import json
-import shutil
-import socket
-import subprocess
-import time
-import urllib.error
 import urllib.request
 
 import optuna
@@ -17,16 +12,6 @@ from search.trial import TrialRunner, outcome_from_result
 from variants.variant import Variant
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-
-pytestmark = pytest.mark.skipif(
-    shutil.which("optuna-dashboard") is None, reason="optuna-dashboard is not installed"
-)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url: str):
@@ -65,43 +50,24 @@ def _write_study(url: str, tiny_config: dict) -> optuna.Study:
     return study
 
 
-def test_dashboard_serves_the_study_trials_and_user_attrs(tmp_path, tiny_config):
+def test_dashboard_serves_the_study_trials_and_user_attrs(tmp_path, tiny_config, dashboard_server):
     url = f"sqlite:///{tmp_path}/dash.db"
     _write_study(url, tiny_config)
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
-    cmd = ["optuna-dashboard", url, "--host", "127.0.0.1", "--port", str(port)]
-    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        studies, deadline = None, time.monotonic() + 25
-        while studies is None and time.monotonic() < deadline:
-            if server.poll() is not None:
-                pytest.fail(f"optuna-dashboard exited: {server.stderr.read().decode()[-2000:]}")
-            try:
-                studies = _get(f"{base}/api/studies")["study_summaries"]
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                time.sleep(0.3)
-        assert studies is not None, "optuna-dashboard did not answer within 25 s"
-        assert [s["study_name"] for s in studies] == ["dash"]
-        summary = studies[0]
-        assert {"key": "hardware", "value": "cpu-test"} in summary["user_attrs"]
+    base = dashboard_server(url)
+    studies = _get(f"{base}/api/studies")["study_summaries"]
+    assert [s["study_name"] for s in studies] == ["dash"]
+    summary = studies[0]
+    assert {"key": "hardware", "value": "cpu-test"} in summary["user_attrs"]
 
-        detail = _get(f"{base}/api/studies/{summary['study_id']}")
-        assert detail.get("objective_names") == ["tokens_per_s", "peak_mib"]  # set_metric_names
-        trials = detail["trials"]
-        assert [t["state"] for t in trials] == ["Complete", "Complete"]
-        values = [v for t in trials for v in t["values"]]
-        assert values == pytest.approx([120.0, 40.0, 100.0, 30.0])
-        attrs = {a["key"]: a["value"] for a in trials[0]["user_attrs"]}
-        assert attrs["variant_name"] == Variant(cache="slab").name
-        assert attrs["status"] == "ok" and float(attrs["tps_short"]) == 120.0
-        assert json.loads(attrs["variant"])["cache"] == "slab"
-        assert [p["name"] for p in trials[1]["params"]] == ["cache"]
-        assert len(detail["best_trials"]) == 2  # neither dominates the other
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+    detail = _get(f"{base}/api/studies/{summary['study_id']}")
+    assert detail.get("objective_names") == ["tokens_per_s", "peak_mib"]  # set_metric_names
+    trials = detail["trials"]
+    assert [t["state"] for t in trials] == ["Complete", "Complete"]
+    values = [v for t in trials for v in t["values"]]
+    assert values == pytest.approx([120.0, 40.0, 100.0, 30.0])
+    attrs = {a["key"]: a["value"] for a in trials[0]["user_attrs"]}
+    assert attrs["variant_name"] == Variant(cache="slab").name
+    assert attrs["status"] == "ok" and float(attrs["tps_short"]) == 120.0
+    assert json.loads(attrs["variant"])["cache"] == "slab"
+    assert [p["name"] for p in trials[1]["params"]] == ["cache"]
+    assert len(detail["best_trials"]) == 2  # neither dominates the other

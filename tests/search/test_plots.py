@@ -49,6 +49,7 @@ def test_default_report_dir_sits_next_to_the_study():
     assert str(default_report_dir("sqlite:///studies/x.db", "x")) == "studies/x"
     assert str(default_report_dir("journal:/tmp/j/s.log", "a b")) == "/tmp/j/a_b"
     assert str(default_report_dir("postgresql://h/db", "x")) == "studies/x"
+    assert str(default_report_dir("postgresql://h/db", "x", "/tmp/s")) == "/tmp/s/x"
 
 
 def test_pareto_front_keeps_only_undominated_trials():

@@ -1,6 +1,8 @@
 """Study naming, storages, constraints and the outcome of a trial as Optuna sees it."""
 
 import dataclasses
+import sys
+import time
 from datetime import datetime, timedelta
 
 import optuna
@@ -157,6 +159,49 @@ def test_stale_running_trials_are_failed(tmp_path):
         module.datetime = original
     frozen = study.get_trials()[trial.number]
     assert frozen.state == TrialState.FAIL and "stale" in frozen.user_attrs["reason"]
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used")
+def test_a_trial_whose_heartbeat_stopped_is_failed(tmp_path):
+    url = f"sqlite:///{tmp_path}/beats.db"
+    study = st.open_study(st.open_storage(url, heartbeat_s=1), "beats")
+    assert st.heartbeat_interval(study) == 1
+    trial = study.ask()
+    with st.heartbeat(study, trial):
+        time.sleep(0.2)  # the first beat is recorded at once
+    # The beats stopped as if the process died; after the grace period (3 beats, by the
+    # database's clock, whole seconds in SQLite) the next process fails the trial.
+    time.sleep(st.GRACE_BEATS + 1.2)
+    other = st.load_study(st.open_storage(url, heartbeat_s=1), "beats")
+    assert st.fail_stale_trials(other, older_than_s=3600) == 1
+    assert st.fail_stale_trials(other, older_than_s=3600) == 0  # once
+    frozen = other.get_trials()[trial.number]
+    assert frozen.state == TrialState.FAIL and frozen.user_attrs["status"] == "failed"
+    assert "stopped beating (no heartbeat for 3 s)" in frozen.user_attrs["reason"]
+
+
+def test_a_missing_database_driver_is_one_line_naming_the_extra(
+    monkeypatch, capsys, tmp_path, micro_config_path, tiny_weights
+):
+    from search.cli import main
+    from search.errors import UserError
+
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # `import psycopg` raises ImportError
+    url = "postgresql://someone:secret@127.0.0.1:1/optuna"
+    with pytest.raises(UserError) as err:
+        st.open_storage(url)
+    message = str(err.value)
+    assert message.startswith("the postgresql storage's database driver is missing (")
+    assert message.endswith('pip install -e ".[postgres]"')
+    assert "\n" not in message and "secret" not in message
+    # Every command that opens a storage says it in one line and exits 2.
+    assert main(["report", "--storage", url, "--study", "x", "--no-plots"]) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
+    run = ["run", "--model-config", str(micro_config_path), "--weight-dir", tiny_weights]
+    run += ["--device", "cpu", "--storage", url, "--workspace", str(tmp_path / "ws")]
+    assert main(run) == 2  # not "the search failed", and nothing written
+    assert capsys.readouterr().err.endswith(f"error: {message}\n")
+    assert not (tmp_path / "ws").exists()
 
 
 def test_the_verified_best_of_an_earlier_study_on_this_hardware_is_enqueued_first(tmp_path, caps):
