@@ -95,7 +95,8 @@ class RunJob:
             remember(self, done.record)
             log.info("wrote %s: %s", self.workspace / "engine.py", done.record.name)
         else:
-            self.notes.append(set_aside(self))
+            aside = set_aside(self)
+            self.notes.append(aside)
         if done is not None and self.study is not None:
             from search.sweep_leaders import sweep_leaders
 
@@ -108,7 +109,7 @@ class RunJob:
             log.error(
                 "no engine written: no candidate passed verification (most often: %s); %s",
                 common_failure(records, attempts),
-                self.notes[-1] if self.notes else "",
+                aside,
             )
         return 0 if done is not None else 1
 
