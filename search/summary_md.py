@@ -170,9 +170,10 @@ def _markdown(study, records: list[Record], ranked, best: dict, figs, missing, t
         parts += ["**No correct trial.**"]
     front = trial_plots.pareto_front(plots.feasible(records))
     if front:
-        parts += ["", "Pareto front (least memory first):", ""]
+        parts += ["", "Pareto front of the screening numbers (least memory first):", ""]
         parts += [
-            f"- trial {r.number} `{r.name}`: {r.tokens_per_s:,.1f} tokens/s, {r.peak_mib:,.0f} MiB"
+            f"- trial {r.number} `{r.name}`: {r.screening_tokens_per_s:,.1f} tokens/s, "
+            f"{float(r.attrs.get('peak_mib') or 0):,.0f} MiB"
             for r in front
         ]
     parts += ["", f"## Top {top}", "", "```", top_table(ranked, top), "```", "", "## Figures", ""]

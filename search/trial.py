@@ -214,7 +214,9 @@ def outcome_from_result(result: dict, variant, runner: TrialRunner, protocol: st
             attrs[f"{prefix}peak_mib"] = attrs[f"{prefix}grader_peak_mib"]
         values = (attrs[f"{prefix}tokens_per_s"], attrs[f"{prefix}peak_mib"])
     elif result["status"] == "infeasible":
-        values = (0.0, 0.0)
+        # the worst on both objectives: no Pareto front (the dashboard's ignores constraints)
+        # lists a wrong engine as a best trial
+        values = (0.0, float("inf"))
     return TrialOutcome(result["status"], finite(attrs), values, result.get("reason"))
 
 

@@ -150,3 +150,50 @@ def test_a_written_engine_is_readable_by_all(tmp_path):
     path = render_engine(Variant(), tmp_path / "engine.py", f"{FINGERPRINT}abc")
     assert os.stat(path).st_mode & 0o777 == 0o644
     assert engine_fingerprint(path) == "abc"
+
+
+def _record(number, screening, full=None, **extra):
+    from search.records import Record
+
+    attrs = {"variant_name": f"v{number}", "tokens_per_s": screening, "peak_mib": 100.0}
+    attrs |= {"constraint": [-0.1], "max_abs_err": 0.001, "tol_share": 0.1, **extra}
+    if full is not None:
+        attrs |= {"full_tokens_per_s": full, "full_peak_mib": 120.0}
+    return Record(number, "ok", {"block_size": number}, attrs, (screening, 100.0))
+
+
+def test_the_log_compares_the_chosen_and_the_runner_up_on_one_protocol():
+    """A chosen engine with full-protocol numbers against a runner-up without: both by their
+    screening numbers, never 6,991 (full) against 59,000 (screening)."""
+    from search.results_log import RANKING, _why
+    from search.select import rank
+
+    chosen, runner_up = _record(1, 80_033.0, full=6_991.0), _record(2, 59_000.0)
+    ranked = rank([chosen, runner_up])
+    assert [r.number for r in ranked] == [1, 2]  # re-measured leaders first
+    text = _why(chosen, ranked)
+    assert "59000.0 against 80033.0 tokens/s (screening, both)" in text
+    assert "1.356x its throughput" in text and RANKING in text
+    both = _why(chosen, rank([chosen, _record(3, 50_000.0, full=7_500.0)]))
+    assert "against 6991.0 tokens/s (full protocol, both)" in both
+
+
+def test_the_top_table_keeps_screening_and_full_numbers_apart():
+    from search.report import top_table
+
+    header, _, first = top_table([_record(1, 80_033.0, full=6_991.0)]).splitlines()[:3]
+    assert "screening tok/s" in header and "full tok/s" in header
+    assert "80,033" in first and "6991.0" in first
+
+
+def test_a_wrong_engine_is_on_no_pareto_front(tiny_config):
+    """Infeasible trials are told (0 tokens/s, infinite memory): the dashboard's front, which
+    ignores constraints, does not list them."""
+    from search.trial import TrialRunner, outcome_from_result
+
+    runner = TrialRunner(tiny_config, "/nowhere", "cpu")
+    from variants.variant import Variant
+
+    wrong = {"status": "infeasible", "reason": "wrong", "tol_share": 3.0, "max_abs_err": 0.1}
+    outcome = outcome_from_result(wrong, Variant(), runner, "quick")
+    assert outcome.values == (0.0, float("inf")) and outcome.constraint > 0
