@@ -117,6 +117,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _search_args(run)
     run.add_argument(
+        "--gate",
+        choices=("auto", "course", "noise"),
+        default="auto",
+        help="the correctness gate: course (the grader's allclose against the same-dtype "
+        "reference), noise (the error in units of the model dtype's rounding noise), auto "
+        "(default: course for the course's float16 target, noise for any other model)",
+    )
+    run.add_argument(
         "--memory-budget-gib",
         type=float,
         help="the most GPU memory (host memory on a CPU) the grader's pattern may take: a "

@@ -15,13 +15,13 @@ import time
 
 import optuna
 
-from evaluator.gate_choice import select_gate
 from search import study as st
 from search.errors import UserError
 from search.optimize import Budget, enqueue_known_good, optimize
 from search.run_setup import (
     DEFAULT_TRIAL_TIMEOUT_S,
     ENGINES_ALIVE,
+    choose_gate,
     measure_ceilings,
     resolve_device,
 )
@@ -49,8 +49,8 @@ def worker(args) -> int:
                         "search run --storage ...`, or pass --model-config")  # fmt: skip
     target = resolve_target(config_path, args.weight_dir or attrs.get("weight_dir"))
     caps = probe_capabilities(device, target.config)
-    gate_spec, _ = select_gate(target.config_path, target.config)
-    gate = attrs.get("gate") or gate_spec.name
+    gate_spec, _ = choose_gate(attrs.get("gate") or "auto", target)  # the study's gate
+    gate = gate_spec.name
     study = st.open_study(
         storage, name or st.study_name(target.config, caps, target.fingerprint, gate),
         seed=args.seed,

@@ -48,7 +48,7 @@ def planted(
         "--device", "cpu", "--storage", storage, "--study", "planted", "--trials", "6",
         "--trial-timeout", TRIAL_TIMEOUT, "--budget-minutes", "8", "--remeasure", "1",
         "--traces", "decode", "--renderer", fake_renderer, "--workspace", str(tmp / "ws"),
-        "--seed", "0",
+        "--seed", "0", "--gate", "course",
     ]  # fmt: skip
     start = time.monotonic()
     proc = search_cli(args)
