@@ -150,3 +150,14 @@ def import_gguf_command(args) -> int:
         f"{config['hidden_size']}, vocab {config['vocab_size']}, from {path}"
     )
     return 0
+
+
+def smollm2_folder(folder: str | os.PathLike | None = None) -> Path:
+    """SmolLM2-135M-Instruct as a Hugging Face folder, converted once into `folder` (default:
+    the project's workspace/smollm2, which is ours to write) and reused: the notebooks' model."""
+    folder = (
+        Path(folder) if folder else Path(__file__).resolve().parents[1] / "workspace" / "smollm2"
+    )
+    if not (folder / "config.json").is_file() or not (folder / "tokenizer.json").is_file():
+        write_model_folder(default_gguf(), folder, force=True)
+    return folder
