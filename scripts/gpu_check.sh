@@ -2,7 +2,7 @@
 # The GPU check, run on the device machine (H200) over a copy of the tree:
 #   bash scripts/gpu_check.sh [STAGE...]   stages: env tests kernels fewrow decodelayer tune tuneprefill
 #   profile timeline ncu anatomy hostprofile graphlaunch sweep flex table compilereuse study grader
-#   soak
+#   realmodels soak
 # (default: all). Writes logs and JSON under $OUT (or workspace/gpu_check) and a summary.txt.
 # Optuna is not installed there: wheels in .whl/ (carried) are installed into /tmp/site first.
 set -uo pipefail
@@ -140,6 +140,27 @@ PY
     timed engine_memory "${MEMORY_LIMIT:-240}" "$PY" scripts/engine_memory.py \
         --preset slab-triton-pdl-allgraphs --preset paged64-triton-gemv-allgraphs \
         --json "$OUT/engine_memory.json"
+fi
+# real models (issue #39): the 16-layer LLaMA shape in bfloat16 and float16 (toy weights made
+# here) and SmolLM2 trimmed to carry (`python scripts/trim_model.py ~/smollm2 .models/smollm2-4l
+# --layers 4 --vocab 8192`, .models carried): run.sh writes a verified engine under the noise
+# gate; REAL_MODELS picks (default all three), REAL_MINUTES the budget each. One summary file.
+if stage realmodels; then
+    for name in ${REAL_MODELS:-llama16-bf16 llama16-fp16 smollm2-4l}; do
+        dir=/tmp/gpu_models/$name
+        if [ "$name" = smollm2-4l ]; then
+            dir=.models/smollm2-4l
+        elif [ ! -f "$dir/model.pt" ]; then
+            mkdir -p "$dir" && cp "scripts/gpu_models/$name.json" "$dir/config.json"
+            "$PY" scripts/generate_toy_weights.py --config "$dir/config.json" \
+                --output "$dir/model.pt" > /dev/null
+        fi
+        timed "run_$name" "${REAL_LIMIT:-400}" bash run.sh --model-config "$dir/config.json" \
+            --device cuda --budget-minutes "${REAL_MINUTES:-4}" --fresh \
+            --workspace "/tmp/ws_$name" --studies-dir "/tmp/studies_$name"
+        { echo "== $name"; grep -E "gate|^#[0-9]|PASSED|FAILED|passed|chosen|total" \
+            "/tmp/ws_$name/results.log"; } >> "$OUT/realmodels.txt" 2>&1
+    done
 fi
 stage soak && timed soak 300 "$PY" -m pytest -s -m gpu -p no:cacheprovider \
     tests/variants/test_soak.py
