@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from search.errors import UserError
+from search.run_setup import resolve_device
 from variants.serving.sampling import SamplingParams, TokenSampler
 
 log = logging.getLogger(__name__)
@@ -25,7 +27,7 @@ MODELS_EXTRA = 'pip install -e ".[models]"'
 CONFIG_NAMES = ("config.json", "model_config.json")
 
 
-class GenerateError(ValueError):
+class GenerateError(UserError):
     """Bad input to the command; the message is one line naming the problem and the fix."""
 
 
@@ -100,20 +102,6 @@ def generate_tokens(engine, prompts, sample, max_new: int, eos_ids, max_position
         _sync(device)
         out.decode_s += time.perf_counter() - start
         out.decode_tokens += len(live)
-
-
-def resolve_device(text: str) -> str:
-    if text == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        kind = torch.device(text).type
-    except RuntimeError as exc:
-        raise GenerateError(f"--device must be auto, cpu or cuda[:N], got {text!r}") from exc
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise GenerateError(f"--device {text}, but torch sees no CUDA device: use --device cpu")
-    if kind not in ("cuda", "cpu"):
-        raise GenerateError(f"--device must be auto, cpu or cuda[:N], got {text!r}")
-    return text
 
 
 def sampling_params(args) -> SamplingParams:

@@ -139,7 +139,7 @@ def test_sampling_is_replayed_by_its_seed(tiny_dir, slab_engine_file, capsys):
         (["--temperature", "-1"], "--temperature must be >= 0, got -1.0"),
         (["--top-k", "-2"], "--top-k must be >= 0, got -2"),
         (["--top-p", "0"], "--top-p must be in (0, 1], got 0.0"),
-        (["--device", "tpu"], "--device must be auto, cpu or cuda[:N], got 'tpu'"),
+        (["--device", "tpu"], "--device must be auto, cpu, cuda or cuda:N, got 'tpu'"),
         (["--model", "{missing}"], "--model {missing} is not a folder: give the model folder"),
         (["--engine", "{missing}"], "engine file not found: {missing}: pass the engine file "),
         (["--prompt", ""], "prompt '' has no tokens: give a non-empty --prompt"),

@@ -299,7 +299,7 @@ def test_start_up_errors_are_one_line(smollm2_short_dir, slab_engine_file, tmp_p
         (["--model", str(no_tokenizer)], "no tokenizer.json in "),
         (["--port", str(taken.getsockname()[1])], "cannot listen on 127.0.0.1:"),
         (["--max-live", "0"], "--max-live and --max-prefill-tokens must be >= 1"),
-        (["--device", "tpu"], "--device must be auto, cpu or cuda[:N], got 'tpu'"),
+        (["--device", "tpu"], "--device must be auto, cpu, cuda or cuda:N, got 'tpu'"),
     ]
     with taken:
         for change, message in cases:
