@@ -37,7 +37,16 @@ def kernel_name():
 
 def test_there_are_notebooks():
     names = {p.stem for p in NOTEBOOKS}
-    assert {"01_prefill_and_logits", "04_scheduling", "tradeoffs"} <= names
+    assert {
+        "01_tokenization",
+        "02_prefill",
+        "03_decode",
+        "04_kv_cache",
+        "05_sampling",
+        "06_request_state",
+        "04_scheduling",
+        "tradeoffs",
+    } <= names
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
