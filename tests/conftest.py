@@ -69,7 +69,7 @@ def smollm2_dir(smollm2_gguf, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def smollm2_short_dir(smollm2_dir, tmp_path_factory) -> Path:
     """The converted folder with a 512-token context (links to its files, config.json changed):
-    on a CPU the slab engine zeroes an 8192-position slot per request, 8 s of create_engine."""
+    stress and benchmark traces scale with the context, and the reference's cost with them."""
     out = tmp_path_factory.mktemp("smollm2_short")
     for path in smollm2_dir.iterdir():
         if path.name != "config.json":
