@@ -253,3 +253,23 @@ def test_a_slab_keeps_what_live_requests_hold_when_its_slots_shorten(tiny_spec):
     cache.reserve([3, 4], [20, 30], live={1: 10})  # a third slot: the pool changes anyway
     assert (cache.slots, cache.max_len) == (4, 512)
     assert torch.equal(cache.k[:, cache.token_slots(1, 0, 10)], torch.full((2, 10, 2, 24), 7.0))
+
+
+def test_a_slab_under_its_limit_takes_fewer_slots_for_a_long_request(tiny_spec):
+    """4 slots of 512 tokens; a request of 1500 tokens under a limit that holds 2 slots of 2048
+    (and scratch) but not 4: the slab shrinks to the slots its live requests need, moving them
+    first."""
+    from variants.cache.pool import pool_bytes
+    from variants.cache.slab import SlabKVCache
+
+    spec = dataclasses.replace(tiny_spec, max_positions=2048)
+    limit = pool_bytes(spec, torch.float32, 7000)
+    cache = SlabKVCache(spec, torch.device("cpu"), torch.float32, 4 * 512, limit_bytes=limit)
+    cache.allocate(7, 10)
+    cache.k[:, cache.token_slots(7, 0, 10)] = 5.0
+    cache.allocate(8, 1500)
+    assert (cache.slots, cache.max_len, cache.slot_of) == (2, 2048, {7: 0, 8: 1})
+    assert torch.equal(cache.k[:, cache.token_slots(7, 0, 10)], torch.full((2, 10, 2, 24), 5.0))
+    with pytest.raises(CacheFullError):
+        cache.allocate(9, 5)  # a third slot of 2048 tokens is over the limit
+    assert cache.slot_of == {7: 0, 8: 1}

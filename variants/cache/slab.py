@@ -33,20 +33,26 @@ class SlabKVCache:
         )
 
     def _resize(self, slots: int, slot_len: int, why: str) -> None:
-        """A pool of `slots` slots of `slot_len` tokens (plus scratch), holding every slot's
-        first `slot_len` tokens where they were (a shorter slot holds all its request has)."""
+        """A pool of `slots` slots of `slot_len` tokens (plus scratch). The live requests move to
+        the first slots, in their old order, with their first `slot_len` tokens (a shorter slot
+        holds all its request has), so the pool can also hold fewer slots than before."""
         k, v = new_pools(
             self.spec, self.device, self.dtype, (slots + 1) * slot_len, self.limit_bytes, why
         )
-        if self.k is not None:
+        live = sorted(self.slot_of, key=self.slot_of.get)
+        if self.k is not None and live:
             rest = (self.spec.num_kv_heads, self.spec.head_dim)
-            layers, old, n = self.spec.num_layers, self.slots, min(self.max_len, slot_len)
+            layers, n = self.spec.num_layers, min(self.max_len, slot_len)
+            old_slots = torch.tensor([self.slot_of[r] for r in live], device=self.device)
             for new_pool, old_pool in ((k, self.k), (v, self.v)):
-                into = new_pool.view(layers, slots + 1, slot_len, *rest)[:, :old, :n]
-                into.copy_(old_pool.view(layers, old + 1, self.max_len, *rest)[:, :old, :n])
+                into = new_pool.view(layers, slots + 1, slot_len, *rest)[:, : len(live), :n]
+                old = old_pool.view(layers, self.slots + 1, self.max_len, *rest)
+                into.copy_(old.index_select(1, old_slots)[:, :, :n])
+        if self.k is not None:
             self.generation += 1
         self.k, self.v = k, v
-        self.free_slots = sorted(self.free_slots + list(range(self.slots, slots)), reverse=True)
+        self.slot_of = {rid: i for i, rid in enumerate(live)}
+        self.free_slots = list(range(slots - 1, len(live) - 1, -1))
         self.slots, self.max_len = slots, slot_len
 
     def memory_bytes(self) -> int:
@@ -62,8 +68,8 @@ class SlabKVCache:
         keeps its own. When the pool must change, its slots become as long as the longest of
         these and of the `live` ones (request id -> tokens held; None: as long as they are),
         which can shorten them again after a long request left, and their number doubles (or,
-        where the limit forbids, grows to what is needed). Raises CacheFullError, before any
-        request changes, when even that does not fit."""
+        where the limit forbids, becomes what is needed, fewer than before if need be). Raises
+        CacheFullError, before any request changes, when even that does not fit."""
         longest = max(lengths)
         if len(rids) <= len(self.free_slots) and longest <= self.max_len:
             return  # (the call's usual case, on the hot path: nothing to count)
@@ -81,7 +87,7 @@ class SlabKVCache:
             slots *= 2
         if self.limit_bytes is not None:
             if pool_bytes(self.spec, self.dtype, (slots + 1) * slot_len) > self.limit_bytes:
-                slots = max(needed, self.slots)  # the least that holds them
+                slots = needed  # the least that holds them (the live ones move to the front)
         if (slots, slot_len) != (self.slots, self.max_len):
             why = f"{needed} live requests of up to {max(longest, held)} tokens"
             self._resize(slots, slot_len, why)
