@@ -10,7 +10,7 @@ from serving.text_stream import TextStream  # noqa: E402
 
 @pytest.fixture(scope="module")
 def bytes_tokenizer():
-    """One id per byte (the byte-level alphabet, no merges), like tests/search/test_generate."""
+    """One id per byte (the byte-level alphabet, no merges), like tests/serving/test_generate."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
