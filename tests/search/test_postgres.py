@@ -121,7 +121,10 @@ def test_run_and_two_workers_share_the_study(
     counted = st.started_trials(optuna.load_study(study_name="shared", storage=database))
     assert len(counted) == TRIALS  # the target met, not overshot
     assert not [t for t in trials if t.state == TrialState.RUNNING]
-    assert all(t.user_attrs.get("status") != "failed" for t in counted), "a live trial was failed"
+    # A sampled assembly may hit a planted fault (fake_render) and fail on its own; what must not
+    # happen is another process failing a live trial as stale.
+    stale = [(t.number, t.user_attrs) for t in counted if "stale" in t.user_attrs.get("reason", "")]
+    assert not stale, f"a live trial was failed as stale: {stale}"
     # Every trial run by exactly one process: their logs name disjoint trial numbers, which
     # together are the study's trials (a skipped one is told, not run).
     ran = [ran_here(log) for log in logs]
