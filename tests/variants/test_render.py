@@ -304,3 +304,50 @@ def test_a_kernel_sits_on_the_same_line_whatever_the_cache_and_layers():
     assert len(plain) > 20 and len(fused) > len(plain)
     assert paged == fused
     assert all(fused[name] == line for name, line in plain.items())
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        Variant(cache="slab", attention="sdpa"),
+        Variant(
+            cache="paged", block_size=64, attention="triton", layers="fused-pdl", graphs="pow2"
+        ),
+    ],
+    ids=lambda v: v.name,
+)
+def test_the_engine_holds_only_what_its_assembly_reaches(variant):
+    """Outside the kernel modules (kept whole for their lines), every top-level definition and
+    method of the written engine is used by some other part of it: a library helper that this
+    assembly never calls (the pinned ring of the graph runners in an eager engine) is left out."""
+    text = render_source(variant)
+    tree = ast.parse(text)
+    headers = [
+        (n, line) for n, line in enumerate(text.splitlines(), 1) if line.startswith("# ----")
+    ]
+    kernels = [n for n, line in headers if "variants/kernels/" in line]
+    # the first module after the kernels and what they import (staging, for the Triton stacks)
+    first_core = min(
+        n for n, line in headers if "variants/spec.py" in line or "variants/variant.py" in line
+    )
+    first_core = max(first_core, *kernels) if kernels else first_core
+    mentioned: dict = {}
+    for node in ast.walk(tree):
+        name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            name = node.value
+        if name:
+            mentioned[name] = mentioned.get(name, 0) + 1
+    defined = []
+    for node in tree.body:
+        if node.lineno <= first_core or not isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            continue
+        defined.append(node.name)
+        if isinstance(node, ast.ClassDef):
+            defined += [m.name for m in node.body if isinstance(m, ast.FunctionDef)]
+    unused = [
+        n for n in defined if not n.startswith("__") and n != "create_engine" and n not in mentioned
+    ]
+    assert defined and not unused
+    if not kernels:
+        assert "PinnedRing" not in defined  # the graph runners' pinned buffers
