@@ -20,7 +20,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -37,7 +36,6 @@ from variants.kernels.decode_attention_rules import (  # noqa: E402
     default_tiles,
     long_split_programs,
 )
-from variants.kernels.decode_layer import DecodeLayers, _decode_layer_kernel  # noqa: E402
 from variants.kernels.few_row_linear import _few_row_linear_kernel  # noqa: E402
 from variants.kernels.fused_rope import _rope_cache_write_kernel, rope_launch  # noqa: E402
 from variants.kernels.norm_qkv_rope import _norm_qkv_rope_kernel  # noqa: E402
@@ -58,7 +56,6 @@ from variants.kernels.split_k import (  # noqa: E402
 )
 from variants.kernels.staged_dot import default_stage, short_staged_tiles, stage_chunks  # noqa: E402
 from variants.kernels.token_check import CHECK_BLOCK, EMBED_BLOCK, _check_embed_kernel  # noqa: E402
-from variants.spec import ModelSpec  # noqa: E402
 
 F16, F32, I32, I64 = "*fp16", "*fp32", "*i32", "*i64"
 
@@ -273,16 +270,6 @@ def cases(sms: int, pdl: bool = False, arch: int = 86) -> list:
                       LONG_SPLITS=block_b > 1, BLOCK_B=block_b)  # fmt: skip
         found.append(("decode_attention", _decode_split_kernel, attention, consts, warps, stages,
                       regs))  # fmt: skip
-    spec = ModelSpec.from_config(json.loads(Path("target/model_config.json").read_text()))
-    runner = DecodeLayers(spec, 8, spec.max_positions, "cpu", torch.float16, sms)
-    layer = {n: strides for n in _decode_layer_kernel.arg_names if n.startswith("stride_")}
-    layer.update({n: F16 for n in _decode_layer_kernel.arg_names if n.endswith("_ptr")})
-    layer.update(index_ptr=I64, table_ptr=I32, lens_ptr=I32, m_ptr=F32, l_ptr=F32, acc_ptr=F32,
-                 ws_ptr=F32, arrivals_ptr=I32, counters_ptr=I32, barrier_ptr=I32,
-                 next_bytes="i64", M="i32", down_split_len="i32", block_size="i32",
-                 split_tokens="i32", qk_scale_log2="fp32", eps="fp32")  # fmt: skip
-    consts = dict(runner.meta, FIRST=1, LAST=5, PREFETCH=True)
-    found.append(("decode_layer", _decode_layer_kernel, layer, consts, 4, 3))
     return found
 
 

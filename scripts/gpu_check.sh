@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check, run on the device machine (H200) over a copy of the tree:
-#   bash scripts/gpu_check.sh [STAGE...]   stages: env tests kernels fewrow decodelayer tune tuneprefill
-#   profile timeline ncu anatomy hostprofile graphlaunch sweep flex table compilereuse study grader
+#   bash scripts/gpu_check.sh [STAGE...]   stages: env tests kernels fewrow tune tuneprefill
+#   profile timeline anatomy hostprofile sweep table compilereuse study grader
 #   realmodels soak
 # (default: all). Writes logs and JSON under $OUT (or workspace/gpu_check) and a summary.txt.
 # Optuna is not installed there: wheels in .whl/ (carried) are installed into /tmp/site first.
@@ -11,7 +11,7 @@ OUT=${OUT:-workspace/gpu_check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PYTHON:-python3}
-STAGES=${*:-env tests kernels fewrow decodelayer tune tuneprefill profile timeline ncu anatomy hostprofile graphlaunch sweep flex table compilereuse study soak}
+STAGES=${*:-env tests kernels fewrow tune tuneprefill profile timeline anatomy hostprofile sweep table compilereuse study soak}
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 note() { echo "$*" | tee -a "$SUMMARY"; }
@@ -57,8 +57,6 @@ stage kernels && timed bench_kernels "${KERNELS_LIMIT:-240}" "$PY" scripts/bench
 stage fewrow && timed bench_few_row "${FEWROW_LIMIT:-300}" "$PY" scripts/bench_few_row.py \
     --json "$OUT/few_row.json" ${FEWROW_ARGS:-}
 # TUNE_ARGS, e.g. "--graph --shape 64x2048:paged64 --tiles 32,4,2 --split-tokens 64,128"
-stage decodelayer && timed bench_decode_layer "${DECODELAYER_LIMIT:-200}" "$PY" \
-    scripts/bench_decode_layer.py --json "$OUT/decode_layer.json" ${DECODELAYER_ARGS:-}
 stage tune && timed tune "${TUNE_LIMIT:-200}" "$PY" scripts/tune_decode_attention.py \
     --json "$OUT/tune.json" ${TUNE_ARGS:-}
 stage tuneprefill && timed tune_prefill "${TUNE_PREFILL_LIMIT:-150}" "$PY" \
@@ -76,13 +74,6 @@ fi
 # one decode step's kernels in time order (TIMELINE_SHAPES, e.g. "4x2048,8x150")
 stage timeline && timed timeline "${TIMELINE_LIMIT:-120}" "$PY" scripts/step_timeline.py \
     --shapes "${TIMELINE_SHAPES:-4x2048,4x150}" --json "$OUT/timeline.json"
-# Nsight Compute on the decode attention alone, the GPU's clocks left alone (NCU_ARGS, e.g.
-# "--shape 4x2048 --splits 49 --tiles 16,2,2")
-stage ncu && ! command -v ncu > /dev/null && note "[ncu] skipped: Nsight Compute not installed"
-stage ncu && command -v ncu > /dev/null && timed ncu "${NCU_LIMIT:-120}" ncu --clock-control none \
-    --kernel-name regex:_decode_split --launch-skip 2 --launch-count 1 --section SpeedOfLight \
-    --section Occupancy --section LaunchStats --section WarpStateStats \
-    --section MemoryWorkloadAnalysis "$PY" scripts/ncu_decode_attention.py ${NCU_ARGS:-}
 ANATOMY_VARIANT=${ANATOMY_VARIANT:-'{"cache":"slab","attention":"triton","layers":"fused-pdl","graphs":"pow2","prefill_graphs":"pow2"}'}  # the study's choice on the H200
 stage anatomy && timed anatomy "${ANATOMY_LIMIT:-180}" "$PY" scripts/trace_anatomy.py \
     --variant "$ANATOMY_VARIANT" --json "$OUT/anatomy.json"  # host or GPU, call by call
@@ -92,8 +83,6 @@ if stage hostprofile; then  # the host time of a call, function by function
             --variant "$ANATOMY_VARIANT" --trace decode --kind $kind --json "$OUT/host_$kind.json"
     done
 fi
-stage graphlaunch && timed graph_launch "${GRAPHLAUNCH_LIMIT:-120}" "$PY" scripts/graph_launch.py \
-    --variant "$ANATOMY_VARIANT" --json "$OUT/graph_launch.json"  # host time of a replay
 if stage sweep; then  # shards in parallel: each check is mostly host-bound
     SHARDS=${SWEEP_SHARDS:-6}
     for k in $(seq 0 $((SHARDS - 1))); do
@@ -104,7 +93,6 @@ if stage sweep; then  # shards in parallel: each check is mostly host-bound
     note "sweep: $(grep -c '"passed": true' "$OUT/sweep.jsonl") passed," \
         "$(grep -c '"passed": false' "$OUT/sweep.jsonl") failed"
 fi
-stage flex && timed bench_flex "${FLEX_LIMIT:-240}" "$PY" scripts/bench_flex.py --json "$OUT/flex.json"
 if stage table; then
     timed variant_table "${TABLE_LIMIT:-560}" "$PY" scripts/variant_table.py --out "$OUT/table" \
         --timeout 150 \

@@ -21,14 +21,14 @@ CORE_MODULES = (
 # The Triton kernel modules lead a rendered engine, in this order (each after what it imports):
 # Triton's cache key holds a kernel's line number, so where two variants render the same kernel
 # modules ahead of a kernel, it compiles once for both (scripts/compile_reuse.py). Those that every
-# Triton stack uses come first, the fused and persistent layers' own last.
+# Triton stack uses come first, the fused layers' own last.
 KERNEL_ORDER = tuple(
     f"variants.kernels.{name}"
     for name in (
         "device", "pdl", "split_k", "fused_norm", "fused_rope", "fused_silu", "token_check",
         "prompt_gather", "prefill_attention", "decode_attention_rules", "prefetch",
         "decode_attention", "row_dot", "staged_dot", "few_row_linear", "norm_qkv_rope",
-        "norm_swiglu", "grid_barrier", "decode_layer",
+        "norm_swiglu",
     )
 )  # fmt: skip
 
@@ -52,17 +52,15 @@ STACKS = {
     "triton": "variants.layers.triton_stack:run_triton_stack",
     "fused": "variants.layers.fused_stack:run_fused_stack",
     "fused-pdl": "variants.layers.fused_stack:run_fused_pdl_stack",
-    "persistent": "variants.layers.persistent_stack:run_persistent_stack",
 }
 HEADS = {
     "fused": "variants.layers.fused_stack:fused_head",
     "fused-pdl": "variants.layers.fused_stack:fused_pdl_head",
-    "persistent": "variants.layers.fused_stack:fused_head",
 }
 # the Triton stacks' graphs check, clamp and embed their ids in one kernel (no copy node)
 CHECKS = {
     layers: "variants.kernels.token_check:checked_embedding"
-    for layers in ("triton", "fused", "fused-pdl", "persistent")
+    for layers in ("triton", "fused", "fused-pdl")
 }
 # and their decode graphs read the call's ids in place, their metadata from pinned memory
 GATHERS = dict.fromkeys(CHECKS, "variants.kernels.prompt_gather:gathered_embedding")

@@ -93,9 +93,6 @@ def _layers_on_triton_attention(why: str) -> Requirement:
     return requires
 
 
-_persistent_layers = _layers_on_triton_attention(
-    "the persistent layer runs our Triton decode attention as one of its phases"
-)
 _fused_layers_on_triton = _layers_on_triton_attention(
     "the PDL layers launch our Triton decode attention between their projections"
 )
@@ -110,7 +107,7 @@ def _pdl_layers(caps, partial) -> str | None:
 
 def _not_with_fused_layers(axis: str) -> Requirement:
     def requires(caps, partial) -> str | None:
-        if partial.get("layers") in ("fused", "fused-pdl", "persistent"):
+        if partial.get("layers") in ("fused", "fused-pdl"):
             return f"the {partial['layers']} layers read the fused {axis} weight"
         return None
 
@@ -202,7 +199,6 @@ AXES: tuple[Axis, ...] = (
             Choice("triton", _triton_layers),
             Choice("fused", _triton_layers),
             Choice("fused-pdl", _pdl_layers),
-            Choice("persistent", _persistent_layers),
         ),
     ),
     Axis("graphs", (Choice("off"), Choice("pow2", _graphs), Choice("every8", _graphs))),

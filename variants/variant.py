@@ -18,7 +18,7 @@ class Variant:
     compile_mode: str = "default"  # compile only
     graphs: str = "off"  # CUDA-graph decode buckets: off | pow2 | every8
     prefill_graphs: str = "off"  # CUDA-graph prefill at token buckets: off | pow2
-    layers: str = "torch"  # torch | triton | fused (+ GEMVs) | fused-pdl | persistent
+    layers: str = "torch"  # torch | triton | fused (+ GEMVs) | fused-pdl
     fuse_qkv: bool = True
     fuse_gate_up: bool = True
     dtype: str = "config"  # config | float16 | bfloat16 | float32

@@ -26,7 +26,7 @@ def test_decode_kernels_compile_for_sm86_without_spills(tmp_path):
     assert out.exists(), run.stderr[-2000:]
     rows = json.loads(out.read_text())["results"]
     assert {r["kernel"] for r in rows} == {
-        "few_row_linear", "norm_swiglu", "norm_qkv_rope", "decode_attention", "decode_layer",
+        "few_row_linear", "norm_swiglu", "norm_qkv_rope", "decode_attention",
         "prefill_attention", "rope_cache_write", "token_check", "prompt_gather",
     }  # fmt: skip
     # before Hopper one prefill tile, whatever the call's size: 32 x 32 over 8 warps
@@ -57,7 +57,7 @@ def test_the_pdl_build_waits_before_it_reads_an_earlier_kernel(tmp_path):
     )  # fmt: skip
     assert out.exists(), run.stderr[-2000:]
     results = json.loads(out.read_text())["results"]
-    no_pdl = ("decode_layer", "prefill_attention", "rope_cache_write", "token_check",
+    no_pdl = ("prefill_attention", "rope_cache_write", "token_check",
               "prompt_gather")  # fmt: skip
     rows = [r for r in results if r["kernel"] not in no_pdl]
     assert len(rows) == 15 and all(r["pdl_wait"] and r["stores_before_wait"] == 0 for r in rows)

@@ -66,8 +66,7 @@ def test_every_choice_the_probe_can_offer_has_a_component(fake_cuda_caps):
         assert execution in EXECUTION
     partial = {"cache": "slab", "attention": "triton", "execution": "eager"}
     assert set(caps.choices("layers", partial)) == set(STACKS)
-    assert set(STACKS) == {"torch", "triton", "fused", "fused-pdl", "persistent"}
-    assert "persistent" not in caps.choices("layers", {**partial, "attention": "sdpa"})
+    assert set(STACKS) == {"torch", "triton", "fused", "fused-pdl"}
     assert "fused-pdl" not in caps.choices("layers", {**partial, "attention": "sdpa"})
 
 

@@ -1,6 +1,5 @@
 """The L2 prefetch's host rule: only on CUDA, and only where L2 holds the bytes twice over. The
-prefetch itself is inline PTX, run on the GPU by the persistent layer's tests
-(test_decode_layer.py)."""
+prefetch itself is inline PTX, run on the GPU by the decode attention's tests."""
 
 import pytest
 import torch
