@@ -75,7 +75,7 @@ class Engine:
         # engine frees it, its cache and its graphs without the cyclic collector.
         self.decode_graphs = None
         self.prefill_graphs = None
-        self.in_place = getattr(attention, "reads_cache_in_place", False)
+        self.in_place = attention.reads_cache_in_place
 
     # ----------------------------------------------------------------- the course interface
     @without_grad

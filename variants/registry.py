@@ -1,7 +1,7 @@
 """The registry: every axis of the Variant, its choices, and what each choice needs.
 
 One table. The search space, the capability check and the renderer all read it; a new component
-joins the product by adding a Choice here (and its module to `MODULES`).
+joins the product by adding a Choice here (and its module to a table in `components.py`).
 """
 
 from __future__ import annotations

@@ -108,16 +108,16 @@ def _defined_names(node) -> set:
 
 
 def _used_names(node) -> set:
-    """Names and attribute names `node` mentions, and its string constants (a `getattr` by
-    name)."""
+    """The names `node` mentions, its attribute names as ".attr", and its string constants as
+    both (a `getattr` by name)."""
     used = set()
     for n in ast.walk(node):
         if isinstance(n, ast.Name):
             used.add(n.id)
         elif isinstance(n, ast.Attribute):
-            used.add(n.attr)
+            used.add(f".{n.attr}")
         elif isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.isidentifier():
-            used.add(n.value)
+            used.update((n.value, f".{n.value}"))
     return used
 
 
@@ -163,14 +163,73 @@ def _reachable_only(source: str, context: str) -> str:
                     dead_method = (
                         isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
                         and not item.name.startswith("__")
-                        and item.name not in live
+                        and f".{item.name}" not in live
                     )
                     if dead_method:
-                        drop.update(_span(item, lines))
+                        span = _span(item, lines)
+                        blank_above = span.start > 0 and not lines[span.start - 1].strip()
+                        drop.update(range(span.start - blank_above, span.stop))
         if not drop:
             return source
         kept = [line for i, line in enumerate(lines) if i not in drop]
         source = re.sub(r"\n{4,}", "\n\n\n", "\n".join(kept) + "\n")
+
+
+def _import_time_names(tree: ast.Module) -> set:
+    """Names a module's top level evaluates when it runs: bases, decorators, defaults, class
+    bodies and (no `from __future__ import annotations` here) annotations. Function bodies look
+    their names up only when called, so their definitions may come later in the file."""
+    needed: set = set()
+
+    def signature(fn) -> list:
+        a = fn.args
+        annotated = [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]
+        nodes = [*fn.decorator_list, *a.defaults, *[d for d in a.kw_defaults if d is not None]]
+        nodes += [x.annotation for x in annotated if x is not None and x.annotation is not None]
+        return nodes + ([fn.returns] if fn.returns is not None else [])
+
+    def visit(nodes) -> None:
+        for node in nodes:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                parts = signature(node)
+            elif isinstance(node, ast.ClassDef):
+                parts = [*node.bases, *node.keywords, *node.decorator_list]
+                visit(node.body)
+            else:
+                parts = [node]
+            needed.update(n.id for p in parts for n in ast.walk(p) if isinstance(n, ast.Name))
+
+    visit(tree.body)
+    return needed
+
+
+def _top_down(modules: list, first: list, sources: dict) -> list:
+    """`modules` with `first` leading, then each module before those it uses (the reverse of
+    the dependency order), except that one whose top level needs a name runs after the module
+    defining it."""
+    owner = {}
+    for m in modules:
+        for node in ast.parse(sources[m]).body:
+            for name in _defined_names(node):
+                owner.setdefault(name, m)
+    needs = {
+        m: {owner[n] for n in _import_time_names(ast.parse(sources[m])) if n in owner} - {m}
+        for m in modules
+    }
+    wanted = [m for m in dict.fromkeys(first) if m in modules]
+    wanted += [m for m in reversed(modules) if m not in wanted]
+    order: list = []
+
+    def place(m: str, seen: tuple = ()) -> None:
+        if m in order or m in seen:  # (a cycle of top-level needs would not import at all)
+            return
+        for dep in [d for d in wanted if d in needs[m]]:  # what it needs, just above it
+            place(dep, (*seen, m))
+        order.append(m)
+
+    for m in wanted:
+        place(m)
+    return order
 
 
 def render_source(variant, header: str = "", memory_budget_gib: float | None = None) -> str:
@@ -187,15 +246,16 @@ def render_source(variant, header: str = "", memory_budget_gib: float | None = N
         "",
         "Rendered by variants/render.py from the component library; it imports only",
         "torch (and triton where a chosen component needs it). Where it came from, when a",
-        "study wrote it: the comment at the end.",
-        "",
+        "study wrote it: the comment at the end. It reads top-down: the choices and",
+        "create_engine, the engine, its components, then what they use.",
     ]
-    lines += ["Variant:"] + [f"    {k} = {v!r}" for k, v in variant.to_dict().items()]
     docstring = '"""' + "\n".join(lines).replace('"""', "'''").rstrip() + '\n"""'
+    choices = "".join(f"    {k}={v!r},\n" for k, v in variant.to_dict().items())
     wiring = "".join(f"        {key}={name},\n" for key, (_, name) in parts.items())
     budget = None if memory_budget_gib is None else round(float(memory_budget_gib), 2)
     tail = (
-        f"VARIANT = Variant.from_dict({variant.to_dict()!r})\n"
+        "# The choices this engine was assembled from (variants/registry.py lists the others).\n"
+        f"VARIANT = Variant(\n{choices})\n"
         "# The most memory (GiB) one engine holds: weights, KV cache, CUDA graphs. Its KV cache\n"
         "# grows with the live requests up to what is left of it; a call that needs more raises\n"
         "# CacheFullError and changes nothing. None: the device's memory is the only bound.\n"
@@ -209,19 +269,24 @@ def render_source(variant, header: str = "", memory_budget_gib: float | None = N
         "    )\n"
     )
     # The kernel modules (and what they import) lead, kept whole: a kernel's line is in
-    # Triton's cache key and must not depend on what the rest of the file needs.
+    # Triton's cache key and must not depend on what the rest of the file needs. The rest reads
+    # top-down: the choices and create_engine, the engine, the chosen components, then what
+    # they use; of it, only what the assembly reaches from create_engine.
     lead = _ordered_modules([m for m in modules if m.startswith(f"{PACKAGE}.kernels.")])
     kernels = "\n\n".join(sources[m] for m in lead)
-    rest = "\n\n".join(sources[m] for m in modules if m not in lead)
-    # Of the rest, only what the assembly reaches from create_engine.
-    body = kernels + ("\n\n" if kernels else "") + _reachable_only(rest, kernels + tail)
+    first = [f"{PACKAGE}.variant", f"{PACKAGE}.engine"] + [m for m, _ in parts.values()]
+    order = _top_down([m for m in modules if m not in lead], first, sources)
+    sources["entry"] = tail
+    order.insert(order.index(f"{PACKAGE}.variant") + 1, "entry")
+    rest = _reachable_only("\n\n".join(sources[m] for m in order), kernels + "\ncreate_engine")
+    body = kernels + ("\n\n" if kernels else "") + rest
     # No `from __future__ import annotations`: string annotations make dataclasses look the
     # module up in sys.modules, and the grader's spec_from_file_location import never adds it.
     # The header goes last: every line above stays where a trial's render (no header) had it,
     # and Triton's cache key holds each kernel's line number (scripts/compile_reuse.py), so the
     # written engine reuses the kernels its trial compiled.
     about = "".join(f"# {line}".rstrip() + "\n" for line in header.rstrip().splitlines())
-    return f"{docstring}\n\n{body}\n\n{tail}" + (f"\n\n{about}" if about else "")
+    return f"{docstring}\n\n{body}" + (f"\n\n{about}" if about else "")
 
 
 def render_engine(variant, path, header: str = "", memory_budget_gib: float | None = None) -> Path:

@@ -220,8 +220,10 @@ def test_rendered_source_is_standalone(rendered, index):
     tree = ast.parse(text)
     doc = ast.get_docstring(tree)
     assert doc.splitlines()[0] == f"Standalone inference engine, variant {variant.name}"
-    for key, value in variant.to_dict().items():
-        assert f"{key} = {value!r}" in doc
+    for key, value in variant.to_dict().items():  # the choices, right above create_engine
+        assert (
+            f"\n    {key}={value!r},\n" in text.split("def create_engine")[0].split("VARIANT =")[1]
+        )
     assert not re.search(r"^\s*(from|import)\s+(variants|evaluator|search)\b", text, re.M)
     allowed = {"torch"} | set(sys.stdlib_module_names)
     top, nested = imported_roots(tree)
@@ -230,6 +232,11 @@ def test_rendered_source_is_standalone(rendered, index):
     assert nested <= allowed | LAZY_OPTIONAL, nested - allowed
     names = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
     assert {"create_engine", "assemble_engine", "Engine"} <= names
+    # top-down: the entry point, then the engine, then its cache, then the config it reads
+    line = {n.name: n.lineno for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    cache = {"contiguous": "ContiguousKVCache", "slab": "SlabKVCache"}.get(variant.cache)
+    cache = cache or "PagedKVCache"
+    assert line["create_engine"] < line["Engine"] < line[cache] < line["ModelSpec"]
     # Only the chosen components are in the file.
     classes = {"contiguous": "ContiguousKVCache", "slab": "SlabKVCache", "paged": "PagedKVCache"}
     for cache, cls in classes.items():

@@ -26,6 +26,8 @@ def _backends(names: list) -> list:
 
 
 class SdpaAttention:
+    reads_cache_in_place = False  # decode reads a gathered copy (cache.read)
+
     def __init__(self, spec, dtype, variant):
         self.group = spec.num_heads // spec.num_kv_heads
         name = variant.sdpa_backend

@@ -122,11 +122,9 @@ class DecodeGraphs:
         them); one that reads a gathered context needs a bucket per length it reads, up to
         what the cache holds now."""
         attention, most = engine.attention, engine.spec.max_positions
-        if not getattr(attention, "reads_cache_in_place", False):
+        if not attention.reads_cache_in_place:
             return context_buckets(self.cache.max_context)
-        if hasattr(attention, "graph_contexts"):
-            return attention.graph_contexts(most, self.device)
-        return [most]
+        return attention.graph_contexts(most, self.device)
 
     def capture(self, engine) -> None:
         """Capture every (batch, context) bucket; largest first so the shared pool is sized

@@ -1,0 +1,56 @@
+"""Every registered component implements its interface (variants/interfaces.py)."""
+
+import pytest
+import torch
+
+from variants.build import resolve
+from variants.components import ATTENTION, CACHES, EXECUTION, STACKS
+from variants.interfaces import Attention, InPlaceAttention, InPlaceKVCache, KVCache
+from variants.spec import ModelSpec
+from variants.variant import Variant
+
+IN_PLACE_CACHES = {"slab", "paged"}
+
+
+def _load(path: str):
+    if "triton" in path:
+        pytest.importorskip("triton")
+    return resolve(path)
+
+
+@pytest.mark.parametrize("name", sorted(CACHES))
+def test_every_cache_is_a_kv_cache(name, tiny_config):
+    spec = ModelSpec.from_config(tiny_config)
+    cls = _load(CACHES[name])
+    extra = {"block_size": 16} if name == "paged" else {}
+    cache = cls(spec, torch.device("cpu"), torch.float32, 64, **extra)
+    assert isinstance(cache, KVCache)
+    assert isinstance(cache, InPlaceKVCache) == (name in IN_PLACE_CACHES)
+
+
+@pytest.mark.parametrize("name", sorted(ATTENTION))
+def test_every_attention_is_an_attention(name, tiny_config):
+    spec = ModelSpec.from_config(tiny_config)
+    attention = _load(ATTENTION[name])(spec, torch.float32, Variant(attention=name))
+    assert isinstance(attention, Attention)
+    # one that reads the cache in place says at which contexts its graphs are captured
+    assert isinstance(attention, InPlaceAttention) == attention.reads_cache_in_place
+
+
+def test_stacks_and_execution_modes_are_callables():
+    for path in [*STACKS.values(), *EXECUTION.values()]:
+        assert callable(_load(path)), path
+
+
+def test_a_cache_without_release_is_not_a_kv_cache(tiny_config):
+    """The check can fail: a cache that cannot give a request's slots back is refused."""
+    spec = ModelSpec.from_config(tiny_config)
+    full = resolve(CACHES["slab"])(spec, torch.device("cpu"), torch.float32, 64)
+
+    class Leaky:
+        pass
+
+    for name in dir(full):
+        if not name.startswith("__") and name != "release":
+            setattr(Leaky, name, getattr(full, name))
+    assert not isinstance(Leaky(), KVCache)
