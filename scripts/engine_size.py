@@ -1,0 +1,106 @@
+"""How big a written engine is, and how much of it a correctness pass runs: lines of code (not
+comments or docstrings) in the kernel modules and in the rest, per preset or variant, and with
+`--coverage` (CPU, needs the `coverage` package) the share of statements that a prefill,
+decodes, a removal and a re-prefill execute.
+
+    python scripts/engine_size.py                       # every preset
+    python scripts/engine_size.py --variant '{"cache": "slab", "attention": "sdpa"}' --coverage
+"""
+
+import argparse
+import ast
+import importlib.util
+import json
+import logging
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from evaluator.toy_weights import save_toy_weights  # noqa: E402
+from variants.presets import PRESETS  # noqa: E402
+from variants.render import render_engine, render_source  # noqa: E402
+from variants.variant import Variant  # noqa: E402
+
+log = logging.getLogger("engine_size")
+CONFIG = Path(__file__).resolve().parents[1] / "tests" / "data" / "tiny_config.json"
+
+
+def code_lines(text: str) -> dict:
+    """{'kernels': n, 'rest': n}: non-blank lines that are neither comments nor docstrings."""
+    tree = ast.parse(text)
+    docs: set = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+            value = body[0].value
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                docs.update(range(body[0].lineno, body[0].end_lineno + 1))
+    counts, section = {"kernels": 0, "rest": 0}, "rest"
+    for n, line in enumerate(text.splitlines(), 1):
+        header = re.match(r"# -{20} (\S+) -{20}", line)
+        if header:
+            section = "kernels" if header.group(1).startswith("variants/kernels/") else "rest"
+        stripped = line.strip()
+        if stripped and not stripped.startswith("#") and n not in docs:
+            counts[section] += 1
+    return counts
+
+
+def statement_share(variant: Variant) -> float:
+    """The share of the engine's statements that a short correctness pass runs on the CPU."""
+    try:
+        import coverage
+    except ImportError:
+        raise SystemExit("--coverage needs the coverage package: pip install coverage") from None
+    config = json.loads(CONFIG.read_text())
+    folder = Path(tempfile.mkdtemp())
+    save_toy_weights(config, folder / "model.pt", seed=1)
+    path = render_engine(variant, folder / "engine.py")
+    cov = coverage.Coverage(include=[str(path)], data_file=None)
+    cov.start()
+    spec = importlib.util.spec_from_file_location("engine_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    engine = module.create_engine(config, str(folder), "cpu")
+    prompts = torch.randint(
+        0, config["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(0)
+    )
+    engine.prefill(torch.tensor([1, 2]), prompts)
+    for _ in range(3):
+        engine.decode(torch.tensor([1, 2]), torch.tensor([5, 6]))
+    engine.remove(torch.tensor([1]))
+    engine.prefill(torch.tensor([3]), prompts[:1])
+    engine.decode(torch.tensor([2, 3]), torch.tensor([5, 6]))
+    cov.stop()
+    _, statements, _, missing, _ = cov.analysis2(str(path))
+    return 1 - len(missing) / len(statements)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variant", help="a Variant as JSON (default: every preset)")
+    parser.add_argument("--coverage", action="store_true", help="also the statements run (CPU)")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        chosen = (
+            {"variant": Variant.from_dict(json.loads(args.variant))} if args.variant else PRESETS
+        )
+    except (ValueError, TypeError) as exc:
+        raise SystemExit(f"--variant: {exc}") from None
+    for name, variant in chosen.items():
+        text = render_source(variant)
+        counts = code_lines(text)
+        row = f"{name:34s} lines {len(text.splitlines()):5d}  code: kernels {counts['kernels']:5d}"
+        row += f"  rest {counts['rest']:5d}"
+        if args.coverage:
+            row += f"  statements run {statement_share(variant):.0%}"
+        log.info(row)
+
+
+if __name__ == "__main__":
+    main()
