@@ -37,15 +37,15 @@ class FlexAttention:
 
     def prefill(self, q, k, v, batch):
         q, k, v = to_padded(q, batch), to_padded(k, batch), to_padded(v, batch)
-        b, t = q.shape[0], q.shape[2]
+        rows, t = q.shape[0], q.shape[2]
 
         def build():
             lengths = torch.tensor(batch.lengths, device=q.device)
 
-            def causal(b, h, q_idx, kv_idx):  # right padding: keys past a prompt stay out
-                return (kv_idx <= q_idx) & (kv_idx < lengths[b])
+            def causal(row, head, q_idx, kv_idx):  # right padding: keys past a prompt stay out
+                return (kv_idx <= q_idx) & (kv_idx < lengths[row])
 
-            return create_block_mask(causal, b, None, t, t, device=q.device)
+            return create_block_mask(causal, rows, None, t, t, device=q.device)
 
         return from_padded(self._flex(q, k, v, self._mask(batch, build)), batch)
 
@@ -55,13 +55,13 @@ class FlexAttention:
 
     def decode(self, q, k, v, plan):
         """q [B, heads, d]; k, v [B, kv_heads, S, d]: one query row over each row's kv_lens."""
-        b, s = k.shape[0], k.shape[2]
+        rows, s = k.shape[0], k.shape[2]
 
         def build():
-            def live(b, h, q_idx, kv_idx):
-                return kv_idx < plan.kv_lens[b]
+            def live(row, head, q_idx, kv_idx):
+                return kv_idx < plan.kv_lens[row]
 
-            return create_block_mask(live, b, None, 1, s, device=q.device)
+            return create_block_mask(live, rows, None, 1, s, device=q.device)
 
         mask = None if plan.uniform else self._mask(plan, build)
-        return self._flex(q[:, :, None], k, v, mask).reshape(b, -1)
+        return self._flex(q[:, :, None], k, v, mask).reshape(rows, -1)
