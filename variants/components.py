@@ -40,6 +40,7 @@ CACHES = {
 ATTENTION = {
     "manual": "variants.attention.manual:ManualAttention",
     "sdpa": "variants.attention.sdpa:SdpaAttention",
+    "flex": "variants.attention.flex:FlexAttention",
     "triton": "variants.attention.triton_attention:TritonAttention",
 }
 EXECUTION = {

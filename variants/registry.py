@@ -53,12 +53,14 @@ def _sdpa_backend(name: str) -> Requirement:
 
 
 def _flex(caps, partial) -> str | None:
+    """Any cache (it reads the gathered context, like SDPA) and either execution (compile wraps
+    the layer math; flex runs eagerly outside it). The Triton layers and CUDA graphs turn it
+    away (`_triton_layers`, `_graphs`): neither is checked with it."""
     if not caps.has_flex:
         return "FlexAttention needs torch >= 2.5"
     if not caps.cuda:
-        return "FlexAttention is offered on CUDA only (on CPU it needs torch.compile per shape)"
-    if partial.get("cache") == "contiguous":
-        return "FlexAttention reads the slab or paged cache"
+        # eager flex on CPU is the manual backend's arithmetic plus a dynamo trace per shape
+        return "FlexAttention is offered on CUDA only (on CPU it adds nothing to manual)"
     return None
 
 
@@ -75,6 +77,8 @@ def _triton(caps, partial) -> str | None:
 
 
 def _triton_layers(caps, partial) -> str | None:
+    if partial.get("attention") == "flex":
+        return "FlexAttention is checked with the torch layers only"
     if partial.get("execution") == "compile":
         return "the fused Triton stack replaces the compiled layer math"
     reason = _triton(caps, partial)
@@ -119,6 +123,8 @@ def _graphs(caps, partial) -> str | None:
         return "CUDA graphs need a CUDA device"
     if partial.get("cache") not in ("slab", "paged"):
         return "CUDA graphs need a static pool (slab or paged cache)"
+    if partial.get("attention") == "flex":
+        return "FlexAttention builds its block mask on each call, not in a captured graph"
     return None
 
 
@@ -180,7 +186,10 @@ AXES: tuple[Axis, ...] = (
         tuple(Choice(n) for n in (16, 32, 64, 128, 256)),
         applies=lambda p: p.get("cache") == "paged",
     ),
-    Axis("attention", (Choice("manual"), Choice("sdpa"), Choice("triton", _triton))),
+    Axis(
+        "attention",
+        (Choice("manual"), Choice("sdpa"), Choice("flex", _flex), Choice("triton", _triton)),
+    ),
     Axis(
         "sdpa_backend",
         tuple(Choice(n, _sdpa_backend(n)) for n in ("auto", "flash", "efficient", "math", "cudnn")),

@@ -139,3 +139,17 @@ def test_fused_layers_need_the_fused_weights(fake_cuda_caps, axis):
     caps = fake_cuda_caps()
     assert caps.choices(axis, partial) == [True]
     assert caps.choices(axis, {**partial, "layers": "triton"}) == [True, False]
+
+
+def test_flex_is_offered_on_cuda_with_any_cache_and_the_torch_layers(fake_cuda_caps, cpu_caps):
+    caps = fake_cuda_caps()
+    for cache in ("contiguous", "slab", "paged"):
+        assert "flex" in caps.choices("attention", {"cache": cache}), cache
+    partial = {"cache": "slab", "attention": "flex"}
+    assert caps.choices("execution", partial) == ["eager", "compile"]
+    assert caps.choices("layers", {**partial, "execution": "eager"}) == ["torch"]
+    assert caps.choices("graphs", partial) == ["off"]
+    assert caps.choices("prefill_graphs", partial) == ["off"]
+    assert "flex" not in fake_cuda_caps(has_flex=False).choices("attention", {"cache": "slab"})
+    # on CPU it is turned away: eager flex there is the manual arithmetic, traced per shape
+    assert cpu_caps.why_invalid(Variant(attention="flex")) is not None
