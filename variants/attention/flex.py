@@ -16,6 +16,8 @@ from variants.attention.padding import from_padded, to_padded
 
 
 class FlexAttention:
+    reads_cache_in_place = False  # decode reads a gathered copy (cache.read)
+
     def __init__(self, spec, dtype, variant):
         self.group = spec.num_heads // spec.num_kv_heads
         gqa = "enable_gqa" in inspect.signature(flex_attention).parameters
