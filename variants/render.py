@@ -14,7 +14,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from variants.components import CORE_MODULES, KERNEL_ORDER, component_paths
+from variants.components import CORE_MODULES, KERNEL_ORDER, assembly_path, component_paths
 
 PACKAGE = "variants"
 
@@ -100,7 +100,8 @@ def render_source(variant, header: str = "", memory_budget_gib: float | None = N
     """The engine's source; `memory_budget_gib` becomes its MEMORY_BUDGET_GIB (None: the
     device's memory is its only bound)."""
     parts = {key: path.split(":") for key, path in component_paths(variant).items()}
-    roots = list(CORE_MODULES) + [module for module, _ in parts.values()]
+    assembly_module, assemble = assembly_path(variant).split(":")
+    roots = list(CORE_MODULES) + [module for module, _ in parts.values()] + [assembly_module]
     modules = _kernels_first(_ordered_modules(roots))
     sources = {m: _module_body(m) for m in modules}
     _check_unique_names(sources)
@@ -125,7 +126,7 @@ def render_source(variant, header: str = "", memory_budget_gib: float | None = N
         f"MEMORY_BUDGET_GIB = {budget!r}\n\n\n"
         'def create_engine(model_config: dict, weight_dir: str, device: str = "cuda"):\n'
         '    """The course entry point: build, load and warm up (nothing lazy is left)."""\n'
-        "    return assemble_engine(\n"
+        f"    return {assemble}(\n"
         "        model_config, weight_dir, device, VARIANT,\n"
         f"{wiring}"
         "        memory_budget_gib=MEMORY_BUDGET_GIB,\n"
