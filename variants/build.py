@@ -2,8 +2,7 @@
 
 import importlib
 
-from variants.components import component_paths
-from variants.engine import assemble_engine
+from variants.components import assembly_path, component_paths
 
 
 def resolve(path: str):
@@ -13,6 +12,6 @@ def resolve(path: str):
 
 def build_engine(config: dict, weight_dir: str, device: str, variant, memory_budget_gib=None):
     parts = {key: resolve(path) for key, path in component_paths(variant).items()}
-    return assemble_engine(
+    return resolve(assembly_path(variant))(
         config, weight_dir, device, variant, **parts, memory_budget_gib=memory_budget_gib
     )

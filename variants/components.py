@@ -72,10 +72,21 @@ GRAPHS = {
 
 PREFILL_GRAPHS = {"pow2": "variants.execution.prefill_graphs:use_prefill_graphs"}
 
+# With prefix caching on (registry: paged, eager, torch layers), its cache and the assembly that
+# builds the engine subclass whose prefill computes only each prompt's uncached suffix.
+PREFIX_CACHE = "variants.cache.prefix:PrefixCachedPagedKVCache"
+ASSEMBLE = "variants.engine:assemble_engine"
+ASSEMBLE_PREFIX_CACHING = "variants.prefix_engine:assemble_prefix_caching_engine"
+
+
+def assembly_path(variant) -> str:
+    """The function that builds the variant's engine from `component_paths`."""
+    return ASSEMBLE_PREFIX_CACHING if variant.prefix_cache else ASSEMBLE
+
 
 def component_paths(variant) -> dict:
     paths = {
-        "cache_cls": CACHES[variant.cache],
+        "cache_cls": PREFIX_CACHE if variant.prefix_cache else CACHES[variant.cache],
         "attention_cls": ATTENTION[variant.attention],
         "wrap": EXECUTION[variant.execution],
         "stack": STACKS[variant.layers],

@@ -99,11 +99,11 @@ class Capabilities:
         return [c.value for c in axis.choices if c.requires(self, partial) is None]
 
     def why_invalid(self, variant) -> str | None:
-        from variants.registry import AXES
+        from variants.registry import AXES, OPT_IN_AXES
 
-        values = variant.to_dict()
+        values = dataclasses.asdict(variant)
         partial: dict = {}
-        for axis in AXES:
+        for axis in AXES + OPT_IN_AXES:
             if not axis.applies(partial):
                 continue
             value = values[axis.name]

@@ -15,7 +15,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from variants.components import CORE_MODULES, KERNEL_ORDER, component_paths
+from variants.components import CORE_MODULES, KERNEL_ORDER, assembly_path, component_paths
 
 PACKAGE = "variants"
 
@@ -236,7 +236,8 @@ def render_source(variant, header: str = "", memory_budget_gib: float | None = N
     """The engine's source; `memory_budget_gib` becomes its MEMORY_BUDGET_GIB (None: the
     device's memory is its only bound)."""
     parts = {key: path.split(":") for key, path in component_paths(variant).items()}
-    roots = list(CORE_MODULES) + [module for module, _ in parts.values()]
+    assembly_module, assemble = assembly_path(variant).split(":")
+    roots = list(CORE_MODULES) + [module for module, _ in parts.values()] + [assembly_module]
     modules = _kernels_first(_ordered_modules(roots))
     sources = {m: _module_body(m) for m in modules}
     _check_unique_names(sources)
@@ -262,7 +263,7 @@ def render_source(variant, header: str = "", memory_budget_gib: float | None = N
         f"MEMORY_BUDGET_GIB = {budget!r}\n\n\n"
         'def create_engine(model_config: dict, weight_dir: str, device: str = "cuda"):\n'
         '    """The course entry point: build, load and warm up (nothing lazy is left)."""\n'
-        "    return assemble_engine(\n"
+        f"    return {assemble}(\n"
         "        model_config, weight_dir, device, VARIANT,\n"
         f"{wiring}"
         "        memory_budget_gib=MEMORY_BUDGET_GIB,\n"
@@ -274,7 +275,8 @@ def render_source(variant, header: str = "", memory_budget_gib: float | None = N
     # they use; of it, only what the assembly reaches from create_engine.
     lead = _ordered_modules([m for m in modules if m.startswith(f"{PACKAGE}.kernels.")])
     kernels = "\n\n".join(sources[m] for m in lead)
-    first = [f"{PACKAGE}.variant", f"{PACKAGE}.engine"] + [m for m, _ in parts.values()]
+    first = [f"{PACKAGE}.variant", f"{PACKAGE}.engine", assembly_module]
+    first += [m for m, _ in parts.values()]
     order = _top_down([m for m in modules if m not in lead], first, sources)
     sources["entry"] = tail
     order.insert(order.index(f"{PACKAGE}.variant") + 1, "entry")

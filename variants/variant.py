@@ -12,6 +12,7 @@ from dataclasses import dataclass
 class Variant:
     cache: str = "slab"  # contiguous | slab | paged
     block_size: int = 16  # paged only
+    prefix_cache: bool = False  # paged, eager, torch layers only; set by hand, never searched
     attention: str = "sdpa"  # manual | sdpa | flex | triton
     sdpa_backend: str = "auto"  # sdpa only: auto | flash | efficient | math | cudnn
     execution: str = "eager"  # eager | compile
@@ -24,7 +25,12 @@ class Variant:
     dtype: str = "config"  # config | float16 | bfloat16 | float32
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """Every field, less `prefix_cache` when off (the search never sets it): the dict of a
+        searched variant (study records, rendered engines) names only the axes it walks."""
+        values = dataclasses.asdict(self)
+        if not self.prefix_cache:
+            del values["prefix_cache"]
+        return values
 
     @classmethod
     def from_dict(cls, values: dict) -> "Variant":
@@ -37,6 +43,8 @@ class Variant:
     @property
     def name(self) -> str:
         parts = [self.cache + (f"{self.block_size}" if self.cache == "paged" else "")]
+        if self.prefix_cache:
+            parts.append("prefix")
         parts.append(f"sdpa-{self.sdpa_backend}" if self.attention == "sdpa" else self.attention)
         parts.append(
             f"compile-{self.compile_mode}" if self.execution == "compile" else self.execution

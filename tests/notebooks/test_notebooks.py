@@ -39,7 +39,7 @@ def test_there_are_notebooks():
     names = {p.stem for p in NOTEBOOKS}
     chapters = {"01_tokenization", "02_prefill", "03_decode", "04_kv_cache", "05_sampling"}
     chapters |= {"06_request_state", "07_scheduling", "08_continuous_batching", "09_memory"}
-    chapters |= {"10_paged_kv_cache", "12_benchmarking", "13_serving"}
+    chapters |= {"10_paged_kv_cache", "11_prefix_caching", "12_benchmarking", "13_serving"}
     assert chapters | {"tradeoffs"} <= names
     superseded = {"01_prefill_and_logits", "02_kv_cache", "03_sampling", "04_scheduling"}
     assert not (superseded | {"05_memory", "06_benchmarking"}) & names

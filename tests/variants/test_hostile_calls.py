@@ -28,6 +28,7 @@ VARIANTS = {
         Variant(cache="contiguous", attention="sdpa", fuse_qkv=False, fuse_gate_up=False),
         Variant(cache="paged", block_size=16, attention="sdpa"),
         Variant(cache="slab", attention="manual"),
+        Variant(cache="paged", block_size=16, prefix_cache=True),
     )
 }
 SETTINGS = dict(

@@ -9,7 +9,9 @@ from variants.interfaces import Attention, InPlaceAttention, InPlaceKVCache, KVC
 from variants.spec import ModelSpec
 from variants.variant import Variant
 
-IN_PLACE_CACHES = {"slab", "paged"}
+IN_PLACE_CACHES = {"slab", "paged", "prefix"}
+# the prefix-caching assembly's cache (an opt-in, not a searched choice)
+ALL_CACHES = {**CACHES, "prefix": "variants.cache.prefix:PrefixCachedPagedKVCache"}
 
 
 def _load(path: str):
@@ -18,11 +20,11 @@ def _load(path: str):
     return resolve(path)
 
 
-@pytest.mark.parametrize("name", sorted(CACHES))
+@pytest.mark.parametrize("name", sorted(ALL_CACHES))
 def test_every_cache_is_a_kv_cache(name, tiny_config):
     spec = ModelSpec.from_config(tiny_config)
-    cls = _load(CACHES[name])
-    extra = {"block_size": 16} if name == "paged" else {}
+    cls = _load(ALL_CACHES[name])
+    extra = {"block_size": 16} if name in ("paged", "prefix") else {}
     cache = cls(spec, torch.device("cpu"), torch.float32, 64, **extra)
     assert isinstance(cache, KVCache)
     assert isinstance(cache, InPlaceKVCache) == (name in IN_PLACE_CACHES)

@@ -1,5 +1,7 @@
 """The registry table: axes in dependency order, conditional axes, every choice has a component."""
 
+import dataclasses
+
 import pytest
 
 from variants.components import (
@@ -10,19 +12,22 @@ from variants.components import (
     HEADS,
     PREFILL_GRAPHS,
     STACKS,
+    assembly_path,
     component_paths,
 )
-from variants.registry import AXES, AXES_BY_NAME
+from variants.registry import AXES, AXES_BY_NAME, OPT_IN_AXES
 from variants.variant import Variant
 
 
 def test_one_axis_per_variant_field():
-    assert set(AXES_BY_NAME) == set(Variant().to_dict())
-    assert len(AXES) == len(AXES_BY_NAME)
+    assert set(AXES_BY_NAME) == {f.name for f in dataclasses.fields(Variant)}
+    assert len(AXES) + len(OPT_IN_AXES) == len(AXES_BY_NAME)
+    # the searched fields are what a default Variant's dict names (study records, renders)
+    assert {a.name for a in AXES} == set(Variant().to_dict())
 
 
 def test_defaults_are_choices():
-    for name, value in Variant().to_dict().items():
+    for name, value in dataclasses.asdict(Variant()).items():
         assert value in AXES_BY_NAME[name].values, name
 
 
@@ -153,3 +158,40 @@ def test_flex_is_offered_on_cuda_with_any_cache_and_the_torch_layers(fake_cuda_c
     assert "flex" not in fake_cuda_caps(has_flex=False).choices("attention", {"cache": "slab"})
     # on CPU it is turned away: eager flex there is the manual arithmetic, traced per shape
     assert cpu_caps.why_invalid(Variant(attention="flex")) is not None
+
+
+PREFIX = {"cache": "paged", "prefix_cache": True}
+
+
+@pytest.mark.parametrize(
+    "changes, reason",
+    [
+        ({"attention": "sdpa"}, None),
+        ({"attention": "manual", "block_size": 64, "fuse_qkv": False}, None),
+        ({"cache": "slab"}, "paged cache"),
+        ({"cache": "contiguous"}, "paged cache"),
+        ({"attention": "triton"}, "sdpa or manual"),
+        ({"execution": "compile"}, "eager torch layers"),
+        ({"attention": "triton", "layers": "triton"}, "sdpa or manual"),
+        ({"graphs": "pow2"}, "without CUDA graphs"),
+    ],
+)
+def test_prefix_cache_only_with_the_paged_eager_torch_assembly(fake_cuda_caps, changes, reason):
+    got = fake_cuda_caps().why_invalid(Variant(**{**PREFIX, **changes}))
+    assert got is None if reason is None else reason in got, got
+
+
+def test_prefix_cache_is_opt_in_and_picks_its_cache_and_assembly(cpu_caps):
+    """The search walks AXES only: prefix caching is never offered, every searched variant
+    keeps it off; a hand-written one is valid and builds its own cache and engine."""
+    assert "prefix_cache" not in {a.name for a in AXES}
+    variant = Variant(**PREFIX, attention="manual")
+    assert cpu_caps.why_invalid(variant) is None
+    assert variant.to_dict()["prefix_cache"] is True and "prefix_cache" not in Variant().to_dict()
+    assert Variant.from_dict(variant.to_dict()) == variant
+    assert variant.name == "paged16/prefix/manual/eager/fused-qkv+gateup/config"
+    paths = component_paths(variant)
+    assert paths["cache_cls"] == "variants.cache.prefix:PrefixCachedPagedKVCache"
+    assert assembly_path(variant) == "variants.prefix_engine:assemble_prefix_caching_engine"
+    assert assembly_path(Variant(cache="paged")) == "variants.engine:assemble_engine"
+    assert component_paths(Variant(cache="paged"))["cache_cls"] == CACHES["paged"]

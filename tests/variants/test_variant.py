@@ -21,9 +21,12 @@ def test_defaults_are_the_safe_assembly():
 
 
 def test_round_trip_through_dict_and_json(all_cpu_variants):
-    for v in all_cpu_variants:
+    prefix = Variant(cache="paged", prefix_cache=True)
+    for v in [*all_cpu_variants, prefix]:
         d = v.to_dict()
-        assert set(d) == {f.name for f in dataclasses.fields(Variant)}
+        fields = {f.name for f in dataclasses.fields(Variant)}
+        # prefix caching is named only when on: a searched variant's dict is what it was
+        assert set(d) == (fields if v.prefix_cache else fields - {"prefix_cache"})
         assert Variant.from_dict(d) == v
         assert Variant.from_dict(json.loads(json.dumps(d))) == v
 
@@ -67,6 +70,10 @@ def test_names_are_unique_across_cpu_variants(all_cpu_variants):
         (
             Variant(graphs="pow2", dtype="bfloat16", fuse_qkv=False, fuse_gate_up=False),
             "slab/sdpa-auto/eager/graphs-pow2/unfused/bfloat16",
+        ),
+        (
+            Variant(cache="paged", prefix_cache=True, attention="manual"),
+            "paged16/prefix/manual/eager/fused-qkv+gateup/config",
         ),
     ],
 )
