@@ -81,28 +81,7 @@ class Engine:
     @without_grad
     def prefill(self, request_ids, input_ids) -> torch.Tensor:
         rids = as_id_list(request_ids)
-        if not isinstance(input_ids, (list, tuple)):
-            input_ids = list(input_ids)
-        if len(input_ids) != len(rids):
-            raise ValueError(f"{len(rids)} request ids but {len(input_ids)} prompts")
-        if not rids:
-            raise ValueError("prefill called with no requests")
-        prompts, lengths = [], []
-        for rid, t in zip(rids, input_ids):
-            t = check_token_tensor(t, f"request {rid}", self.device)
-            shape = t.shape  # (one tensor call, not dim() and numel(): the host's time is the cost)
-            if len(shape) != 1:
-                raise ValueError(f"request {rid}: prompt must be 1-D, got shape {list(shape)}")
-            n = shape[0]
-            if n == 0:
-                raise ValueError(f"request {rid}: empty prompt")
-            if n > self.spec.max_positions:
-                raise ValueError(
-                    f"request {rid}: prompt of {n} tokens exceeds "
-                    f"max_position_embeddings {self.spec.max_positions}"
-                )
-            prompts.append(t)
-            lengths.append(n)
+        prompts, lengths = self.checked_prompts(rids, input_ids)
         vocab, graphs = self.spec.vocab_size, self.prefill_graphs
         # A re-prefill replaces state that an undo could not bring back: checked first.
         deferred = not self.check_device_tokens and not any(r in self.lengths for r in rids)
@@ -143,6 +122,33 @@ class Engine:
                 del self.lengths[rid]
             raise ValueError(message)
         return out
+
+    def checked_prompts(self, rids: list, input_ids) -> tuple:
+        """(prompts, their lengths): one 1-D, non-empty prompt within max_position_embeddings
+        per request id, on the engine's device, or ValueError naming the first that is not."""
+        if not isinstance(input_ids, (list, tuple)):
+            input_ids = list(input_ids)
+        if len(input_ids) != len(rids):
+            raise ValueError(f"{len(rids)} request ids but {len(input_ids)} prompts")
+        if not rids:
+            raise ValueError("prefill called with no requests")
+        prompts, lengths = [], []
+        for rid, t in zip(rids, input_ids):
+            t = check_token_tensor(t, f"request {rid}", self.device)
+            shape = t.shape  # (one tensor call, not dim() and numel(): the host's time is the cost)
+            if len(shape) != 1:
+                raise ValueError(f"request {rid}: prompt must be 1-D, got shape {list(shape)}")
+            n = shape[0]
+            if n == 0:
+                raise ValueError(f"request {rid}: empty prompt")
+            if n > self.spec.max_positions:
+                raise ValueError(
+                    f"request {rid}: prompt of {n} tokens exceeds "
+                    f"max_position_embeddings {self.spec.max_positions}"
+                )
+            prompts.append(t)
+            lengths.append(n)
+        return prompts, lengths
 
     def eager_prefill_step(self, rids: list, lengths: list, tokens) -> torch.Tensor:
         """The prompts' forward pass once the cache holds their slots: index tensors built for

@@ -12,7 +12,7 @@ import torch
 from variants.attention.suffix import suffix_attention
 from variants.cache.plans import CachePlan
 from variants.engine import Engine, assemble_engine, without_grad
-from variants.requests import as_id_list, check_token_range, check_token_tensor
+from variants.requests import as_id_list, check_token_range
 
 
 class PrefixCachingEngine(Engine):
@@ -25,7 +25,7 @@ class PrefixCachingEngine(Engine):
     @without_grad
     def prefill(self, request_ids, input_ids) -> torch.Tensor:
         rids = as_id_list(request_ids)
-        prompts = self._checked_prompts(rids, input_ids)
+        prompts, _ = self.checked_prompts(rids, input_ids)
         # The index is keyed by the ids on the host: read them there, and check them before any
         # state changes (the base engine's deferred check would save that read, not this one).
         tokens = torch.cat(prompts)
@@ -74,31 +74,6 @@ class PrefixCachingEngine(Engine):
             x = self.attention_outputs(x, o, w.o, w.post_norm, w.gate_up, w.down)
         last = self._index([end - 1 for end in itertools.accumulate(counts)])
         return self._logits(x.index_select(0, last))
-
-    def _checked_prompts(self, rids: list, input_ids) -> list:
-        """The base engine's checks of a prefill's prompts, with its messages: 1-D, non-empty,
-        within max_position_embeddings, one per id."""
-        if not isinstance(input_ids, (list, tuple)):
-            input_ids = list(input_ids)
-        if len(input_ids) != len(rids):
-            raise ValueError(f"{len(rids)} request ids but {len(input_ids)} prompts")
-        if not rids:
-            raise ValueError("prefill called with no requests")
-        prompts = []
-        for rid, t in zip(rids, input_ids):
-            t = check_token_tensor(t, f"request {rid}", self.device)
-            if t.dim() != 1:
-                raise ValueError(f"request {rid}: prompt must be 1-D, got shape {list(t.shape)}")
-            n = t.shape[0]
-            if n == 0:
-                raise ValueError(f"request {rid}: empty prompt")
-            if n > self.spec.max_positions:
-                raise ValueError(
-                    f"request {rid}: prompt of {n} tokens exceeds "
-                    f"max_position_embeddings {self.spec.max_positions}"
-                )
-            prompts.append(t)
-        return prompts
 
 
 def assemble_prefix_caching_engine(
