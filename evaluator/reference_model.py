@@ -31,8 +31,9 @@ def compute_dtype_for(config: dict, device: str | torch.device) -> torch.dtype:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Normalise in float32, cast back, then scale by the weight in the compute dtype."""
-    xf = x.float()
+    """Normalise in float32 (float64 for a float64 reference), cast back, then scale by the
+    weight in the compute dtype."""
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))
     normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return normed.to(x.dtype) * weight
 
@@ -107,7 +108,8 @@ class ReferenceModel:
         group = self.num_heads // self.num_kv_heads
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
-        scores = q.float() @ k.float().transpose(-1, -2) / math.sqrt(self.head_dim)
+        wide = torch.promote_types(self.compute_dtype, torch.float32)  # float32 scores, or float64
+        scores = q.to(wide) @ k.to(wide).transpose(-1, -2) / math.sqrt(self.head_dim)
         mask = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
         scores = scores.masked_fill(mask, float("-inf"))
         probs = torch.softmax(scores, dim=-1).to(self.compute_dtype)
