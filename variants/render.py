@@ -8,6 +8,7 @@ torch (and triton where a chosen component does)."""
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import inspect
 import os
@@ -18,6 +19,18 @@ from pathlib import Path
 from variants.components import CORE_MODULES, KERNEL_ORDER, assembly_path, component_paths
 
 PACKAGE = "variants"
+
+
+# A module's source is read and parsed once a process (the library does not change under a
+# running search); a trial renders one engine, a test suite hundreds.
+@functools.cache
+def _parse(text: str) -> ast.Module:
+    return ast.parse(text)
+
+
+@functools.cache
+def _module_source(name: str) -> str:
+    return inspect.getsource(importlib.import_module(name))
 
 
 def _our_imports(tree: ast.Module) -> list:
@@ -40,8 +53,7 @@ def _ordered_modules(roots: list) -> list:
         if name in seen:
             return
         seen.add(name)
-        tree = ast.parse(inspect.getsource(importlib.import_module(name)))
-        for dep in _our_imports(tree):
+        for dep in _our_imports(_parse(_module_source(name))):
             visit(dep)
         order.append(name)
 
@@ -50,11 +62,12 @@ def _ordered_modules(roots: list) -> list:
     return order
 
 
+@functools.cache
 def _module_body(name: str) -> str:
     """The module's source without its docstring, `__future__` and our own imports; the
     docstring becomes a comment under a header naming the file."""
-    source = inspect.getsource(importlib.import_module(name))
-    tree = ast.parse(source)
+    source = _module_source(name)
+    tree = _parse(source)
     lines = source.splitlines()
     drop: set = set()
     doc = ""
@@ -76,7 +89,7 @@ def _module_body(name: str) -> str:
 def _check_unique_names(sources: dict) -> None:
     owner: dict = {}
     for module, text in sources.items():
-        for node in ast.parse(text).body:
+        for node in _parse(text).body:
             names = []
             if isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)):
                 names = [node.name]
@@ -135,44 +148,72 @@ def _reachable_only(source: str, context: str) -> str:
     """`source` without the top-level definitions, and the methods, that nothing reachable
     from `context` (the wiring, the kernels) uses: a library module brings what every assembly
     needs; one engine keeps what its own assembly does. Dunder methods always stay."""
-    while True:
-        tree = ast.parse(source)
-        lines = source.splitlines()
-        nodes = [(node, _defined_names(node)) for node in tree.body]
-        live: set = set()
-        pending = _used_names(ast.parse(context))
-        reached = {id(node) for node, names in nodes if not names}  # imports, statements
-        for node, names in nodes:
-            if not names:
-                pending |= _used_names(node)
-        while pending:
-            name = pending.pop()
-            if name in live:
-                continue
-            live.add(name)
-            for node, names in nodes:
-                if name in names and id(node) not in reached:
-                    reached.add(id(node))
-                    pending |= _used_names(node)
-        drop: set = set()
-        for node, names in nodes:
-            if names and id(node) not in reached:
-                drop.update(_span(node, lines))
-            elif isinstance(node, ast.ClassDef):
-                for item in node.body:
-                    dead_method = (
-                        isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
-                        and not item.name.startswith("__")
-                        and f".{item.name}" not in live
-                    )
-                    if dead_method:
-                        span = _span(item, lines)
-                        blank_above = span.start > 0 and not lines[span.start - 1].strip()
-                        drop.update(range(span.start - blank_above, span.stop))
-        if not drop:
-            return source
-        kept = [line for i, line in enumerate(lines) if i not in drop]
-        source = re.sub(r"\n{4,}", "\n\n\n", "\n".join(kept) + "\n")
+    tree = ast.parse(source)
+    lines = source.splitlines()
+    nodes = [(node, _defined_names(node)) for node in tree.body]
+    definers: dict = {}  # name -> the top-level nodes defining it
+    for node, names in nodes:
+        for name in names:
+            definers.setdefault(name, []).append(node)
+
+    def methods(node) -> list:
+        kinds = (ast.FunctionDef, ast.AsyncFunctionDef)
+        return (
+            [m for m in node.body if isinstance(m, kinds)] if isinstance(node, ast.ClassDef) else []
+        )
+
+    def uses(node) -> set:  # a class's own statements (not its methods' bodies)
+        if not isinstance(node, ast.ClassDef):
+            return _used_names(node)
+        own = [*node.bases, *node.keywords, *node.decorator_list]
+        own += [m for m in node.body if m not in methods(node)]
+        own += [d for m in methods(node) for d in m.decorator_list]
+        return set().union(*map(_used_names, own)) if own else set()
+
+    live, reached, kept = set(), set(), set()  # names; top-level nodes; methods
+    pending = set(_used_names(_parse(context)))
+
+    def reach(node) -> None:
+        if id(node) not in reached:
+            reached.add(id(node))
+            pending.update(uses(node))
+            for m in methods(node):
+                if m.name.startswith("__") or f".{m.name}" in live:
+                    keep(m)
+
+    def keep(method) -> None:
+        if id(method) not in kept:
+            kept.add(id(method))
+            pending.update(_used_names(method))
+
+    for node, names in nodes:
+        if not names:  # imports and statements run when the file is imported
+            reach(node)
+    while pending:
+        name = pending.pop()
+        if name in live:
+            continue
+        live.add(name)
+        for node in definers.get(name, []):
+            reach(node)
+        if name.startswith("."):
+            for node, _ in nodes:
+                if id(node) in reached:
+                    for m in methods(node):
+                        if f".{m.name}" == name:
+                            keep(m)
+    drop: set = set()
+    for node, _ in nodes:
+        if id(node) not in reached:
+            drop.update(_span(node, lines))
+            continue
+        for m in methods(node):
+            if id(m) not in kept:
+                span = _span(m, lines)
+                blank_above = span.start > 0 and not lines[span.start - 1].strip()
+                drop.update(range(span.start - blank_above, span.stop))
+    kept_lines = [line for i, line in enumerate(lines) if i not in drop]
+    return re.sub(r"\n{4,}", "\n\n\n", "\n".join(kept_lines) + "\n")
 
 
 def _import_time_names(tree: ast.Module) -> set:
@@ -207,14 +248,14 @@ def _top_down(modules: list, first: list, sources: dict) -> list:
     """`modules` with `first` leading, then each module before those it uses (the reverse of
     the dependency order), except that one whose top level needs a name runs after the module
     defining it."""
+    trees = {m: _parse(sources[m]) for m in modules}
     owner = {}
     for m in modules:
-        for node in ast.parse(sources[m]).body:
+        for node in trees[m].body:
             for name in _defined_names(node):
                 owner.setdefault(name, m)
     needs = {
-        m: {owner[n] for n in _import_time_names(ast.parse(sources[m])) if n in owner} - {m}
-        for m in modules
+        m: {owner[n] for n in _import_time_names(trees[m]) if n in owner} - {m} for m in modules
     }
     wanted = [m for m in dict.fromkeys(first) if m in modules]
     wanted += [m for m in reversed(modules) if m not in wanted]
