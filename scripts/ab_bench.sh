@@ -4,13 +4,15 @@
 #
 #   bash scripts/ab_bench.sh prepare BASE    # here: BASE's tree into .ab/base (ignored by git)
 #   bash scripts/ab_bench.sh run [ROUNDS]    # on the GPU (carry .ab): both engines of PRESET,
-#                                            # each timed by its own tree's benchmark, alternately
+#                                            # each timed by its own tree's benchmark, alternately,
+#                                            # on the traces of SUITE (public, hidden, serving)
 #
 # Writes one JSON line per round, tree and trace to ${OUT:-.ab}/ab.jsonl and prints the medians.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 PRESET=${PRESET:-slab-triton-pdl-allgraphs}
+SUITE=${SUITE:-public}
 case "${1:-}" in
 prepare)
     base=${2:?usage: ab_bench.sh prepare BASE}
@@ -34,12 +36,12 @@ render_engine(PRESETS['$PRESET'], '$root/.ab/engine_${tree//[.\/]/}.py')")
             name=${tree//[.\/]/}
             (cd "$tree" && PYTHONPATH=$PWD "$PY" evaluator/benchmark_throughput.py \
                 --engine "$root/.ab/engine_$name.py" --model-config "$root/target/model_config.json" \
-                --weight-dir "$root/target/weights" --device cuda --suite public \
+                --weight-dir "$root/target/weights" --device cuda --suite "$SUITE" \
                 --json "$root/.ab/last.json" > "$out/ab_${round}_${name:-head}.log" 2>&1)
             "$PY" -c "
 import json; d = json.load(open('.ab/last.json'))
 for k, t in d['traces'].items():
-    print(json.dumps({'round': $round, 'tree': '${name:-head}', 'trace': k, 'ms': 1e3 * t['seconds']}))
+    print(json.dumps({'round': $round, 'tree': '${name:-head}', 'trace': k, 'ms': 1e3 * t['seconds'], 'peak_mib': t.get('peak_mib')}))
 " >> "$out/ab.jsonl"
         done
     done

@@ -112,19 +112,25 @@ if stage study; then
         workspace/engine.py cuda
 fi
 # the course's own evaluator (a stage3 skeleton checkout in COURSE_SKELETON, default .course/stage3)
-# on the fastest preset, the process capped at the grader's 24 GiB; what an engine holds and the
-# peak of the grader's pattern per trace
+# on the engine the study stage just wrote (else the fastest preset), the process capped at the
+# grader's 24 GiB; what an engine holds and the peak of the grader's pattern per trace
 if stage grader; then
-    "$PY" - <<'PY'
+    GRADED=workspace/grader_engine.py
+    if stage study && [ -f workspace/engine.py ]; then
+        GRADED=workspace/engine.py
+    else
+        "$PY" - <<'PY'
 from variants.presets import PRESETS
 from variants.render import render_engine
 render_engine(PRESETS["slab-triton-pdl-allgraphs"], "workspace/grader_engine.py", "", 8.0)
 PY
+    fi
+    note "grader: $GRADED"
     timed course_grader "${GRADER_LIMIT:-300}" "$PY" scripts/course_grader.py \
-        --skeleton "${COURSE_SKELETON:-.course/stage3}" --engine workspace/grader_engine.py \
+        --skeleton "${COURSE_SKELETON:-.course/stage3}" --engine "$GRADED" \
         --memory-cap-gib 24 --json "$OUT/course_grader.json"
     timed public_bench 200 "$PY" evaluator/benchmark_throughput.py \
-        --engine workspace/grader_engine.py --device cuda --suite public --json "$OUT/public.json"
+        --engine "$GRADED" --device cuda --suite public --json "$OUT/public.json"
     timed engine_memory "${MEMORY_LIMIT:-240}" "$PY" scripts/engine_memory.py \
         --preset slab-triton-pdl-allgraphs --preset paged64-triton-gemv-allgraphs \
         --json "$OUT/engine_memory.json"
@@ -133,22 +139,28 @@ fi
 # here) and SmolLM2 trimmed to carry (`python scripts/trim_model.py ~/smollm2 .models/smollm2-4l
 # --layers 4 --vocab 8192`, .models carried): run.sh writes a verified engine under the noise
 # gate; REAL_MODELS picks (default all three), REAL_MINUTES the budget each. One summary file.
+real_model() {  # run.sh on one model, its results.log summed up into realmodels.txt
+    local name=$1 dir=/tmp/gpu_models/$1
+    if [ "$name" = smollm2-4l ]; then
+        dir=.models/smollm2-4l
+    elif [ ! -f "$dir/model.pt" ]; then
+        mkdir -p "$dir" && cp "scripts/gpu_models/$name.json" "$dir/config.json"
+        "$PY" scripts/generate_toy_weights.py --config "$dir/config.json" \
+            --output "$dir/model.pt" > /dev/null
+    fi
+    timed "run_$name" "${REAL_LIMIT:-400}" bash run.sh --model-config "$dir/config.json" \
+        --device cuda --budget-minutes "${REAL_MINUTES:-4}" --fresh \
+        --workspace "/tmp/ws_$name" --studies-dir "/tmp/studies_$name"
+    cp "/tmp/ws_$name/results.log" "$OUT/results_$name.log" 2>/dev/null
+    { echo "== $name"; grep -E "gate|^#[0-9]|PASSED|FAILED|passed|chosen|total" \
+        "/tmp/ws_$name/results.log"; } >> "$OUT/realmodels.txt" 2>&1
+}
+# REAL_PARALLEL=1 runs the models side by side (their timings then share one GPU)
 if stage realmodels; then
     for name in ${REAL_MODELS:-llama16-bf16 llama16-fp16 smollm2-4l}; do
-        dir=/tmp/gpu_models/$name
-        if [ "$name" = smollm2-4l ]; then
-            dir=.models/smollm2-4l
-        elif [ ! -f "$dir/model.pt" ]; then
-            mkdir -p "$dir" && cp "scripts/gpu_models/$name.json" "$dir/config.json"
-            "$PY" scripts/generate_toy_weights.py --config "$dir/config.json" \
-                --output "$dir/model.pt" > /dev/null
-        fi
-        timed "run_$name" "${REAL_LIMIT:-400}" bash run.sh --model-config "$dir/config.json" \
-            --device cuda --budget-minutes "${REAL_MINUTES:-4}" --fresh \
-            --workspace "/tmp/ws_$name" --studies-dir "/tmp/studies_$name"
-        { echo "== $name"; grep -E "gate|^#[0-9]|PASSED|FAILED|passed|chosen|total" \
-            "/tmp/ws_$name/results.log"; } >> "$OUT/realmodels.txt" 2>&1
+        if [ -n "${REAL_PARALLEL:-}" ]; then real_model "$name" & else real_model "$name"; fi
     done
+    wait
 fi
 stage soak && timed soak 300 "$PY" -m pytest -s -m gpu -p no:cacheprovider \
     tests/variants/test_soak.py
