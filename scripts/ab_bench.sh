@@ -5,7 +5,9 @@
 #   bash scripts/ab_bench.sh prepare BASE    # here: BASE's tree into .ab/base (ignored by git)
 #   bash scripts/ab_bench.sh run [ROUNDS]    # on the GPU (carry .ab): both engines of PRESET,
 #                                            # each timed by its own tree's benchmark, alternately,
-#                                            # on the traces of SUITE (public, hidden, serving)
+#                                            # on the traces of SUITE (public, hidden, serving);
+#                                            # HARNESS=base or head times both engines with that
+#                                            # tree's benchmark instead (engine vs harness)
 #
 # Writes one JSON line per round, tree and trace to ${OUT:-.ab}/ab.jsonl and prints the medians.
 set -euo pipefail
@@ -13,6 +15,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 PRESET=${PRESET:-slab-triton-pdl-allgraphs}
 SUITE=${SUITE:-public}
+HARNESS=${HARNESS:-own}
 case "${1:-}" in
 prepare)
     base=${2:?usage: ab_bench.sh prepare BASE}
@@ -34,14 +37,15 @@ render_engine(PRESETS['$PRESET'], '$root/.ab/engine_${tree//[.\/]/}.py')")
     for round in $(seq 1 "${2:-3}"); do
         for tree in .ab/base .; do
             name=${tree//[.\/]/}
-            (cd "$tree" && PYTHONPATH=$PWD "$PY" evaluator/benchmark_throughput.py \
+            case $HARNESS in base) bench=.ab/base ;; head) bench=. ;; *) bench=$tree ;; esac
+            (cd "$bench" && PYTHONPATH=$PWD "$PY" evaluator/benchmark_throughput.py \
                 --engine "$root/.ab/engine_$name.py" --model-config "$root/target/model_config.json" \
                 --weight-dir "$root/target/weights" --device cuda --suite "$SUITE" \
-                --json "$root/.ab/last.json" > "$out/ab_${round}_${name:-head}.log" 2>&1)
+                --json "$root/.ab/last.json" > "$out/ab_${SUITE}_${HARNESS}_${round}_${name:-head}.log" 2>&1)
             "$PY" -c "
 import json; d = json.load(open('.ab/last.json'))
 for k, t in d['traces'].items():
-    print(json.dumps({'round': $round, 'tree': '${name:-head}', 'trace': k, 'ms': 1e3 * t['seconds'], 'peak_mib': t.get('peak_mib')}))
+    print(json.dumps({'round': $round, 'tree': '${name:-head}', 'trace': k, 'harness': '$HARNESS', 'ms': 1e3 * t['seconds'], 'peak_mib': t.get('peak_mib')}))
 " >> "$out/ab.jsonl"
         done
     done
@@ -49,9 +53,10 @@ for k, t in d['traces'].items():
 import json, statistics, collections
 rows = collections.defaultdict(list)
 for line in open('$out/ab.jsonl'):
-    r = json.loads(line); rows[r['trace'], r['tree']].append(r['ms'])
-for (trace, tree), ms in sorted(rows.items()):
-    print(f'{trace:8s} {tree:8s} median {statistics.median(ms):.4f} ms of', [round(m, 4) for m in ms])
+    r = json.loads(line); rows[r['trace'], r.get('harness', 'own'), r['tree']].append(r['ms'])
+for (trace, harness, tree), ms in sorted(rows.items()):
+    print(f'{trace:12s} harness {harness:4s} {tree:8s} median {statistics.median(ms):.4f} ms of',
+          [round(m, 4) for m in ms])
 "
     ;;
 *)

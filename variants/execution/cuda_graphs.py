@@ -50,13 +50,16 @@ def capture_stream(device: torch.device) -> torch.cuda.Stream:
 
 
 @contextlib.contextmanager
-def no_collection():
-    """Collect dead reference cycles now, and none until the block ends. A dead engine (its
-    graphs point back at it) freed during a capture destroys graphs and events mid-capture,
-    which invalidates the capture ("operation not permitted when stream is capturing"; seen on
-    the H200 when a test built engines back to back). torch.cuda.graph no longer collects
-    before a capture in recent PyTorch."""
-    gc.collect()
+def no_collection(collect: bool = True):
+    """No cyclic collection until the block ends (and, with `collect`, dead cycles collected
+    first). A dead object that holds CUDA graphs or events, freed by the collector during a
+    capture, destroys them mid-capture, which invalidates it ("operation not permitted when
+    stream is capturing"; seen on the H200 when a test built engines back to back).
+    torch.cuda.graph no longer collects before a capture in recent PyTorch. A capture inside
+    an engine call (after the cache's pool moved) passes collect=False: a collection costs
+    100-300 ms with torch and Triton loaded, which the call would pay."""
+    if collect:
+        gc.collect()
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -226,7 +229,7 @@ class DecodeGraphs:
                 self.token_check.start(tokens)
             return engine.eager_decode_step(rids, tokens, positions)
         if (bucket, ctx) not in self.graphs:
-            with no_collection():
+            with no_collection(collect=False):
                 self._capture_one(engine, bucket, ctx)
         if self.gather:  # the ids read where they are: int64 (check_token_tensor), contiguous
             tokens = tokens if tokens.is_contiguous() else tokens.contiguous()  # held to replay

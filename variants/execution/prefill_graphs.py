@@ -245,7 +245,7 @@ class PrefillGraphs:
             prompts = tokens if isinstance(tokens, list) else [tokens]
             prompts = [p if p.is_contiguous() else p.contiguous() for p in prompts]  # held
             if t not in self.graphs:
-                with no_collection():
+                with no_collection(collect=False):
                     self._capture_bucket(engine, t)
             self._fill(rids, lengths, t, prompts)  # after a capture: it fills the buffer too
         else:
@@ -253,7 +253,7 @@ class PrefillGraphs:
                 # The capture's runs clamp the token buffer, which may hold this call's
                 # unchecked ids (concatenated into place): kept aside for the replay's check.
                 held = self.tokens[:n].clone()
-                with no_collection():
+                with no_collection(collect=False):
                     self._capture_bucket(engine, t)
                 self.tokens[:n].copy_(held)
             self._fill(rids, lengths, t)

@@ -1,4 +1,4 @@
-"""Captures run with the cyclic garbage collector collected first and then off."""
+"""Captures run with the cyclic collector off (and, at creation, dead cycles collected first)."""
 
 import gc
 
@@ -35,3 +35,13 @@ def test_the_collector_stays_off_if_it_was_off():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_a_capture_inside_a_call_collects_nothing_first():
+    freed: list = []
+    _Cycle(freed)
+    with no_collection(collect=False):
+        assert freed == [] and not gc.isenabled()
+    assert gc.isenabled()
+    gc.collect()
+    assert freed == [True]
