@@ -2,7 +2,7 @@
 
 Every request is computed alone over its full history, in float16/bfloat16 on CUDA and float32 on
 CPU, or in the dtype asked for (the noise gate's float32/float64 reference). Weights come from
-`variants.weights.course_state_dict`, the one reader the engines use too; nothing else of ours.
+`variants.checkpoint.reader.course_state_dict`, the engines' reader too; nothing else of ours.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
+from variants.checkpoint.reader import course_state_dict
 from variants.spec import ModelSpec
-from variants.weights import course_state_dict
 
 
 def compute_dtype_for(config: dict, device: str | torch.device) -> torch.dtype:

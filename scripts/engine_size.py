@@ -5,6 +5,9 @@ decodes, a removal and a re-prefill execute.
 
     python scripts/engine_size.py                       # every preset
     python scripts/engine_size.py --variant '{"cache": "slab", "attention": "sdpa"}' --coverage
+
+`--weights course` (the default) measures the engine run.sh writes for the course's model (its
+weights a course-layout model.pt), `--weights any` one that reads every weight format.
 """
 
 import argparse
@@ -50,7 +53,7 @@ def code_lines(text: str) -> dict:
     return counts
 
 
-def statement_share(variant: Variant) -> float:
+def statement_share(variant: Variant, weights: str) -> float:
     """The share of the engine's statements that a short correctness pass runs on the CPU."""
     try:
         import coverage
@@ -59,7 +62,7 @@ def statement_share(variant: Variant) -> float:
     config = json.loads(CONFIG.read_text())
     folder = Path(tempfile.mkdtemp())
     save_toy_weights(config, folder / "model.pt", seed=1)
-    path = render_engine(variant, folder / "engine.py")
+    path = render_engine(variant, folder / "engine.py", weights=weights)
     cov = coverage.Coverage(include=[str(path)], data_file=None)
     cov.start()
     spec = importlib.util.spec_from_file_location("engine_under_test", path)
@@ -84,6 +87,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variant", help="a Variant as JSON (default: every preset)")
     parser.add_argument("--coverage", action="store_true", help="also the statements run (CPU)")
+    parser.add_argument(
+        "--weights",
+        choices=["course", "any"],
+        default="course",
+        help="the weight reader the engine carries (default: course)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
@@ -93,12 +102,12 @@ def main() -> None:
     except (ValueError, TypeError) as exc:
         raise SystemExit(f"--variant: {exc}") from None
     for name, variant in chosen.items():
-        text = render_source(variant)
+        text = render_source(variant, weights=args.weights)
         counts = code_lines(text)
         row = f"{name:34s} lines {len(text.splitlines()):5d}  code: kernels {counts['kernels']:5d}"
         row += f"  rest {counts['rest']:5d}"
         if args.coverage:
-            row += f"  statements run {statement_share(variant):.0%}"
+            row += f"  statements run {statement_share(variant, args.weights):.0%}"
         log.info(row)
 
 

@@ -82,10 +82,10 @@ class RunJob:
                 if r.number not in {f.number for f in first}
             ]
             render = load_renderer(self.args.renderer)
-            budget = self.runner.engine_budget_gib
+            budget, weights = self.runner.engine_budget_gib, self.target.weights_format
             attempts = write_verified(
                 first + rest,
-                lambda variant, path, text: render(variant, path, text, budget),
+                lambda variant, path, text: render(variant, path, text, budget, weights=weights),
                 self.workspace,
                 verify(self, benchmark=standing is None),
                 lambda record: header(self, record),

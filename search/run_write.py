@@ -69,7 +69,8 @@ def header(job, record: Record) -> str:
     lines = [
         "Written by `bash run.sh` (python -m search run), " + time.strftime("%Y-%m-%d %H:%M:%S"),
         f"model: {target.config_path}",
-        f"weights: {target.weights_file}",
+        f"weights: {target.weights_file}, read as {target.weights_format} "
+        "(course: a course-layout model.pt only; any: every format)",
         f"{FINGERPRINT}{target.fingerprint}",
         f"variant: {record.name}",
     ]

@@ -38,6 +38,13 @@ class TargetError(UserError):
     """A model the job cannot use; the message is one line: the cause and the fix."""
 
 
+# What the written engine's weight reader takes, by `Target.weights_format`.
+READERS = {
+    "course": "a course-layout model.pt only (its one reader: variants/checkpoint/course_file.py)",
+    "any": "any weight format (variants/checkpoint/reader.py)",
+}
+
+
 @dataclass
 class Target:
     config_path: Path
@@ -47,6 +54,7 @@ class Target:
     embedded: bool = False  # the project's own target/ (toy weights), not a user's folder
     course: bool = False  # the course's model: /target or target/
     weights_file: str = ""
+    weights_format: str = "any"  # "course": a course-layout model.pt (the engine's reader)
     fingerprint: str = ""  # of the weight files' contents (sampled), see `weights_fingerprint`
 
     def describe(self) -> dict:
@@ -54,6 +62,7 @@ class Target:
             "model_config": str(self.config_path),
             "weight_dir": str(self.weight_dir),
             "weights": f"{self.weights_file} (fingerprint {self.fingerprint})",
+            "engine reads": READERS[self.weights_format],
             "notes": "; ".join(self.notes) or "-",
             "config": self.config,
         }
@@ -113,8 +122,8 @@ def _has_weights(folder: Path) -> bool:
 
 def check_weights(target: Target) -> None:
     """The weights found and their names and shapes checked against the config, from the files'
-    headers; fills in `target.weights_file`."""
-    from variants.weights import course_layout
+    headers; fills in `target.weights_file` and `target.weights_format`."""
+    from variants.checkpoint.reader import course_layout, weights_format
 
     folder = target.weight_dir
     try:
@@ -124,8 +133,10 @@ def check_weights(target: Target) -> None:
         raise TargetError(f"{exc}; {fix}") from None
     target.weights_file = path
     spec = ModelSpec.from_config(target.config)
+    shapes = stored_shapes(path)
+    target.weights_format = weights_format(spec, path, shapes)
     try:
-        course_layout(spec, Checkpoint(stored_shapes(path), path))
+        course_layout(spec, Checkpoint(dict(shapes), path))
     except (KeyError, ValueError) as exc:
         reason = exc.args[0] if exc.args else str(exc)
         raise TargetError(

@@ -4,8 +4,6 @@ renderer copies exactly these modules (and what they import from us) into engine
 CORE_MODULES = (
     "variants.spec",
     "variants.variant",
-    "variants.checkpoint.formats",
-    "variants.checkpoint.hf_llama",
     "variants.weights",
     "variants.staging",
     "variants.requests",
@@ -31,6 +29,14 @@ KERNEL_ORDER = tuple(
         "norm_swiglu",
     )
 )  # fmt: skip
+
+# How the engine reads its weights: a module defining course_state_dict(spec, weight_dir). The
+# library (and any engine rendered without a target) reads every format; an engine rendered for
+# a target whose weights are a course-layout `model.pt` carries only that reader.
+WEIGHT_READERS = {
+    "any": "variants.checkpoint.reader",
+    "course": "variants.checkpoint.course_file",
+}
 
 CACHES = {
     "contiguous": "variants.cache.contiguous:ContiguousKVCache",

@@ -16,7 +16,13 @@ import re
 import tempfile
 from pathlib import Path
 
-from variants.components import CORE_MODULES, KERNEL_ORDER, assembly_path, component_paths
+from variants.components import (
+    CORE_MODULES,
+    KERNEL_ORDER,
+    WEIGHT_READERS,
+    assembly_path,
+    component_paths,
+)
 
 PACKAGE = "variants"
 
@@ -45,11 +51,13 @@ def _our_imports(tree: ast.Module) -> list:
     return found
 
 
-def _ordered_modules(roots: list) -> list:
-    """Depth-first: every module comes after the modules it imports from us."""
+def _ordered_modules(roots: list, swap: dict | None = None) -> list:
+    """Depth-first: every module comes after the modules it imports from us; a module named in
+    `swap` is replaced by the one it maps to (a choice made at render time)."""
     order, seen = [], set()
 
     def visit(name: str) -> None:
+        name = (swap or {}).get(name, name)
         if name in seen:
             return
         seen.add(name)
@@ -273,13 +281,21 @@ def _top_down(modules: list, first: list, sources: dict) -> list:
     return order
 
 
-def render_source(variant, header: str = "", memory_budget_gib: float | None = None) -> str:
+def render_source(
+    variant, header: str = "", memory_budget_gib: float | None = None, weights: str = "any"
+) -> str:
     """The engine's source; `memory_budget_gib` becomes its MEMORY_BUDGET_GIB (None: the
-    device's memory is its only bound)."""
+    device's memory is its only bound); `weights` picks its weight reader (WEIGHT_READERS:
+    "course" for a target whose weights are a course-layout model.pt, else "any")."""
+    if weights not in WEIGHT_READERS:
+        raise ValueError(
+            f"unknown weights format {weights!r}; expected one of {list(WEIGHT_READERS)}"
+        )
     parts = {key: path.split(":") for key, path in component_paths(variant).items()}
     assembly_module, assemble = assembly_path(variant).split(":")
     roots = list(CORE_MODULES) + [module for module, _ in parts.values()] + [assembly_module]
-    modules = _kernels_first(_ordered_modules(roots))
+    swap = {WEIGHT_READERS["any"]: WEIGHT_READERS[weights]}
+    modules = _kernels_first(_ordered_modules(roots, swap))
     sources = {m: _module_body(m) for m in modules}
     _check_unique_names(sources)
     title = f"Standalone inference engine, variant {variant.name}"
@@ -332,11 +348,13 @@ def render_source(variant, header: str = "", memory_budget_gib: float | None = N
     return f"{docstring}\n\n{body}" + (f"\n\n{about}" if about else "")
 
 
-def render_engine(variant, path, header: str = "", memory_budget_gib: float | None = None) -> Path:
+def render_engine(
+    variant, path, header: str = "", memory_budget_gib: float | None = None, weights: str = "any"
+) -> Path:
     """Write the standalone engine atomically (a temp file in the same folder, then rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = render_source(variant, header, memory_budget_gib)
+    text = render_source(variant, header, memory_budget_gib, weights)
     compile(text, str(path), "exec")  # a syntax error must never reach disk
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     with os.fdopen(fd, "w") as f:

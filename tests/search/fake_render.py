@@ -87,7 +87,7 @@ def delay_of(variant) -> float:
     return delay
 
 
-def render_engine(variant, path, header: str = "", memory_budget_gib=None) -> Path:
+def render_engine(variant, path, header: str = "", memory_budget_gib=None, weights="any") -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     comment = "".join(f"# {line}\n" for line in header.splitlines())
@@ -96,7 +96,7 @@ def render_engine(variant, path, header: str = "", memory_budget_gib=None) -> Pa
     return path
 
 
-def render_marked(variant, path, header: str = "", memory_budget_gib=None) -> Path:
+def render_marked(variant, path, header: str = "", memory_budget_gib=None, weights="any") -> Path:
     """The fake engine, marked as one with Triton kernels for slab variants (the warm-up's
     tests: it warms only engines with kernels)."""
     path = render_engine(variant, path, header)

@@ -37,6 +37,8 @@ def test_run_sh_writes_a_verified_engine(tmp_path, tiny_weights, child_env, fres
     assert "memory budget" in log and "grader's pattern" in log
     engine = workspace / "engine.py"
     assert "MEMORY_BUDGET_GIB = " in engine.read_text()
+    # its weights are a course-layout model.pt: it carries that reader alone
+    assert "def read_checkpoint" not in engine.read_text()
     check = fresh_check(engine, TINY_CONFIG, tiny_weights)
     assert check.returncode == 0, check.stdout + check.stderr
     assert '"passed": true' in check.stdout and '"stress"' in check.stdout

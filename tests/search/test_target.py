@@ -36,6 +36,7 @@ def test_a_hugging_face_folder_is_read_and_left_as_it_is(tiny_config, tmp_path, 
     assert _tree_digest(folder) == before
     assert target.weight_dir == folder.resolve() and not target.embedded and not target.course
     assert target.weights_file.endswith("model.safetensors") and len(target.fingerprint) == 16
+    assert target.weights_format == "any"  # the written engine carries every format's reader
 
 
 def test_the_fingerprint_tells_other_weights_of_one_shape_apart(tiny_config, tmp_path):
@@ -46,6 +47,8 @@ def test_the_fingerprint_tells_other_weights_of_one_shape_apart(tiny_config, tmp
         torch.save(make_toy_weights(tiny_config, seed=seed), folder / "model.pt")
     fa, fb = (resolve_target(str(f / "config.json"), None).fingerprint for f in (a, b))
     assert fa != fb and fa == resolve_target(str(a / "config.json"), str(a)).fingerprint
+    # a course-layout model.pt: the written engine carries that reader alone
+    assert resolve_target(str(a / "config.json"), None).weights_format == "course"
 
 
 def test_only_the_embedded_default_gets_toy_weights(tiny_config, tmp_path, monkeypatch):

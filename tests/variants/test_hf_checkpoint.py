@@ -16,9 +16,9 @@ from evaluator.toy_weights import save_toy_weights
 from variants import Variant, build_engine
 from variants.checkpoint.formats import find_weight_file, read_safetensors_weights
 from variants.checkpoint.hf_llama import rotate_half_to_interleaved
+from variants.checkpoint.reader import course_state_dict
 from variants.render import render_engine
 from variants.spec import ModelSpec
-from variants.weights import course_state_dict
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")

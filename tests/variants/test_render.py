@@ -30,6 +30,7 @@ RENDERED = [
     Variant(cache="contiguous", attention="sdpa", fuse_qkv=False, fuse_gate_up=False),
 ]
 IDS = [v.name for v in RENDERED]
+COURSE_READER = 1  # RENDERED[1] is also rendered with weights="course"
 BIG = 10**10 + 3
 SCRIPT = (  # (op, ids, prompt lengths): re-prefill of a live id, ragged decode, removal
     ("prefill", [BIG, 4], [9, 21]),
@@ -137,11 +138,14 @@ def rendered(tmp_path_factory, tiny_config, sharp_weights):
     (folder / "driver.py").write_text(DRIVER)
     (folder / "config.json").write_text(json.dumps(tiny_config))
     engines = [render_engine(v, folder / f"v{i}" / "engine.py") for i, v in enumerate(RENDERED)]
+    # and one rendered for a target whose weights are a course-layout model.pt (its own reader)
+    course = folder / "course" / "engine.py"
+    engines.append(render_engine(RENDERED[COURSE_READER], course, weights="course"))
     proc = run_driver(folder, engines, folder / "config.json", sharp_weights)
     assert proc.returncode == 0, proc.stderr[-3000:]
     loaded = json.loads(proc.stdout.split("OURS", 1)[1])
     bare = json.loads(proc.stdout.split("BARE", 1)[1].splitlines()[0])
-    outs = [torch.load(folder / f"out_{i}.pt", weights_only=True) for i in range(len(RENDERED))]
+    outs = [torch.load(folder / f"out_{i}.pt", weights_only=True) for i in range(len(engines))]
     return {"engines": engines, "calls": calls, "outs": outs, "ours": loaded, "bare": bare}
 
 
@@ -184,6 +188,24 @@ def test_rendered_matches_the_reference(rendered, reference_outs, index):
     for step, (got, want) in enumerate(zip(rendered["outs"][index], reference_outs)):
         assert got.shape == want.shape
         assert (got - want).abs().max().item() < 5e-4, step
+
+
+def test_an_engine_with_the_course_reader_carries_no_other_format(rendered):
+    """Rendered for a course-layout model.pt: the same logits as the engine that reads every
+    format, without the code for the others (safetensors, shards, .bin, HF conversions)."""
+    got, want = rendered["outs"][-1], rendered["outs"][COURSE_READER]
+    assert len(got) == len(want) == 5
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    course = rendered["engines"][-1].read_text()
+    general = rendered["engines"][COURSE_READER].read_text()
+    for name in ("def read_checkpoint", "safetensors", "def strip_model_prefix"):
+        assert name not in course and name in general
+    assert len(course.splitlines()) < len(general.splitlines()) - 150
+
+
+def test_an_unknown_weights_format_is_refused():
+    with pytest.raises(ValueError, match="unknown weights format"):
+        render_source(Variant(), weights="gguf")
 
 
 def test_rendered_file_imports_without_a_sys_modules_entry(rendered):

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from evaluator.toy_weights import make_toy_weights
-from variants.weights import LayerWeights, ModelWeights, expected_shapes, load_weights
+from variants.checkpoint.checks import expected_shapes
+from variants.weights import LayerWeights, ModelWeights, load_weights
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
 from evaluator.reference_model import compute_dtype_for  # noqa: E402
+from variants.checkpoint.reader import course_state_dict  # noqa: E402
 from variants.spec import ModelSpec  # noqa: E402
-from variants.weights import course_state_dict  # noqa: E402
 
 
 class KVCacheEngine:
