@@ -60,7 +60,7 @@ def test_run_sh_on_smollm2_reads_the_folder_and_writes_an_engine_that_writes_its
     from tokenizers import Tokenizer
 
     before = _digest(smollm2_dir)
-    engine_file = run_sh(smollm2_dir, tmp_path, child_env, "--trials", "2", "--remeasure", "1")
+    engine_file = run_sh(smollm2_dir, tmp_path, child_env, "--trials", "1", "--remeasure", "0")
     assert _digest(smollm2_dir) == before  # read, never written
     assert "def read_checkpoint" in engine_file.read_text()  # safetensors: the full reader
     config = json.loads((smollm2_dir / "config.json").read_text())
