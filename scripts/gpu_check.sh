@@ -2,7 +2,7 @@
 # The GPU check, run on the device machine (H200) over a copy of the tree:
 #   bash scripts/gpu_check.sh [STAGE...]   stages: env tests kernels fewrow tune tuneprefill
 #   profile timeline anatomy hostprofile sweep table compilereuse study grader
-#   realmodels soak
+#   realmodels replacement soak
 # (default: all). Writes logs and JSON under $OUT (or workspace/gpu_check) and a summary.txt.
 # Optuna is not installed there: wheels in .whl/ (carried) are installed into /tmp/site first.
 set -uo pipefail
@@ -162,6 +162,10 @@ if stage realmodels; then
     done
     wait
 fi
+# what freeing the last engine (the grader's `engine = create_engine(...)`) costs the next
+# timed pass: assigned, settled, or every engine kept (issue #38's prefill gap)
+stage replacement && timed replacement "${REPLACE_LIMIT:-300}" "$PY" scripts/replacement_cost.py \
+    --repeat "${REPLACE_REPEAT:-15}" --json "$OUT/replacement.json"
 stage soak && timed soak 300 "$PY" -m pytest -s -m gpu -p no:cacheprovider \
     tests/variants/test_soak.py
 note "done"

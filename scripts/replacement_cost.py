@@ -1,0 +1,118 @@
+"""What replacing an engine costs the next timed pass: a preset's engine timed on a trace after
+each of three ways of making the next engine, medians of many repeats, and each call's own time.
+
+    python scripts/replacement_cost.py --preset slab-triton-pdl-allgraphs --traces prefill,mixed
+
+- `assign`: the grader's pattern, `engine = create_engine(...)`; the old engine is freed by
+  that assignment, just before the timed pass.
+- `settled`: the same, then a collection, an emptied cache, a device sync and 50 ms of sleep
+  before the timed pass (the old engine's freeing is over when the timer starts).
+- `kept`: every engine stays alive (nothing is freed before the timed pass).
+
+If `assign` is slower than the other two, the time goes to freeing the last engine; the
+per-call columns say which call pays it. The cyclic collector is off throughout, as in
+evaluator/benchmark.py.
+"""
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from evaluator.benchmark import run_calls  # noqa: E402
+from evaluator.benchmark_traces import get_trace  # noqa: E402
+from evaluator.engine_loader import load_engine_module  # noqa: E402
+from evaluator.traces import materialize  # noqa: E402
+from variants.presets import PRESETS  # noqa: E402
+from variants.render import render_engine  # noqa: E402
+
+MODES = ("assign", "settled", "kept")
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_calls(engine, calls: list, device: torch.device) -> list:
+    """Each call's seconds, the device synchronised after each."""
+    seconds = []
+    for call in calls:
+        start = time.perf_counter()
+        run_calls(engine, [call])
+        sync(device)
+        seconds.append(time.perf_counter() - start)
+    return seconds
+
+
+def measure(create, config, weights, device, calls, mode: str, repeat: int) -> dict:
+    kept, passes, per_call = [], [], []
+    engine = create(config, weights, str(device))
+    run_calls(engine, calls)  # the warm-up pass
+    for _ in range(repeat):
+        if mode == "kept":
+            kept.append(engine)
+        engine = create(config, weights, str(device))
+        if mode == "settled":
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            sync(device)
+            time.sleep(0.05)
+        sync(device)
+        start = time.perf_counter()
+        run_calls(engine, calls)
+        sync(device)
+        passes.append(time.perf_counter() - start)
+    kept.clear()
+    for _ in range(repeat if mode == "assign" else 0):  # call by call, after an assignment
+        engine = create(config, weights, str(device))
+        per_call.append(timed_calls(engine, calls, device))
+    return {
+        "pass_ms": round(1e3 * statistics.median(passes), 4),
+        "passes_ms": [round(1e3 * s, 4) for s in passes],
+        # (assign only) each call of a fresh engine's pass, synchronised after each call
+        "call_ms": [round(1e3 * statistics.median(c), 4) for c in zip(*per_call)],
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model-config", default="target/model_config.json")
+    p.add_argument("--weight-dir", default="target/weights")
+    p.add_argument("--preset", default="slab-triton-pdl-allgraphs", choices=sorted(PRESETS))
+    p.add_argument("--traces", default="prefill,mixed")
+    p.add_argument("--repeat", type=int, default=9)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--json", help="write the results here too")
+    args = p.parse_args()
+    config = json.loads(Path(args.model_config).read_text())
+    device = torch.device(args.device)
+    path = render_engine(PRESETS[args.preset], Path(tempfile.mkdtemp()) / "engine.py")
+    create = load_engine_module(path).create_engine
+    results: dict = {}
+    gc.disable()
+    with torch.no_grad():
+        for name in args.traces.split(","):
+            calls = materialize(get_trace(name, config), int(config["vocab_size"]), device)
+            for mode in MODES:
+                row = measure(create, config, args.weight_dir, device, calls, mode, args.repeat)
+                results[f"{name}/{mode}"] = row
+                print(f"{name:8s} {mode:8s} pass {row['pass_ms']:.4f} ms  calls "
+                      f"{row['call_ms']}", flush=True)  # fmt: skip
+                gc.collect()
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
