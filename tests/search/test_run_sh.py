@@ -25,7 +25,7 @@ def test_run_sh_writes_a_verified_engine(tmp_path, tiny_weights, child_env, fres
     pytest.importorskip("variants.render")
     workspace = tmp_path / "ws"
     cmd = ["bash", "run.sh", "--model-config", str(TINY_CONFIG), "--weight-dir", tiny_weights]
-    cmd += ["--device", "cpu", "--trials", "3", "--budget-minutes", "3"]
+    cmd += ["--device", "cpu", "--trials", "1", "--budget-minutes", "3"]
     # Keep the repository's workspace/ and studies/ out of the test.
     cmd += ["--workspace", str(workspace), "--storage", f"sqlite:///{tmp_path}/e2e.db"]
     proc = subprocess.run(
