@@ -8,6 +8,11 @@ each of three ways of making the next engine, medians of many repeats, and each 
 - `settled`: the same, then a collection, an emptied cache, a device sync and 50 ms of sleep
   before the timed pass (the old engine's freeing is over when the timer starts).
 - `kept`: every engine stays alive (nothing is freed before the timed pass).
+- `idle`: as `kept`, then the host sleeps 6 ms (about what an assignment's free takes) before
+  the timed pass: the device's idle gap alone, with nothing freed.
+- `busy`: as `assign`, then the device kept busy for 20 ms (a spin kernel) before the timed
+  pass: if this matches `kept`, what `assign` loses is the device's idle gap while the host
+  frees (its clocks drop), not work the free leaves to the pass.
 
 If `assign` is slower than the other two, the time goes to freeing the last engine; the
 per-call columns say which call pays it. The cyclic collector is off throughout, as in
@@ -34,7 +39,7 @@ from evaluator.traces import materialize  # noqa: E402
 from variants.presets import PRESETS  # noqa: E402
 from variants.render import render_engine  # noqa: E402
 
-MODES = ("assign", "settled", "kept")
+MODES = ("assign", "settled", "kept", "idle", "busy")
 
 
 def sync(device: torch.device) -> None:
@@ -54,13 +59,21 @@ def timed_calls(engine, calls: list, device: torch.device) -> list:
 
 
 def measure(create, config, weights, device, calls, mode: str, repeat: int) -> dict:
-    kept, passes, per_call = [], [], []
+    kept, passes, per_call, frees = [], [], [], []
     engine = create(config, weights, str(device))
     run_calls(engine, calls)  # the warm-up pass
     for _ in range(repeat):
-        if mode == "kept":
+        if mode in ("kept", "idle"):
             kept.append(engine)
-        engine = create(config, weights, str(device))
+        new = create(config, weights, str(device))
+        start = time.perf_counter()
+        engine = new  # the last engine is freed here (unless kept)
+        frees.append(time.perf_counter() - start)
+        del new
+        if mode == "busy" and device.type == "cuda":
+            torch.cuda._sleep(40_000_000)  # 40M cycles: ~20 ms at the H200's 1.98 GHz
+        if mode == "idle":
+            time.sleep(0.006)
         if mode == "settled":
             gc.collect()
             if device.type == "cuda":
@@ -79,9 +92,30 @@ def measure(create, config, weights, device, calls, mode: str, repeat: int) -> d
     return {
         "pass_ms": round(1e3 * statistics.median(passes), 4),
         "passes_ms": [round(1e3 * s, 4) for s in passes],
+        "free_ms": round(1e3 * statistics.median(frees), 3),  # the assignment's host time
         # (assign only) each call of a fresh engine's pass, synchronised after each call
         "call_ms": [round(1e3 * statistics.median(c), 4) for c in zip(*per_call)],
     }
+
+
+def free_anatomy(create, config, weights, device, calls) -> dict:
+    """Where an engine's free goes (host ms): its decode graphs, its prefill graphs, the rest."""
+    engine = create(config, weights, str(device))
+    run_calls(engine, calls)
+    sync(device)
+    parts = {}
+    for name in ("decode_graphs", "prefill_graphs"):
+        runner = getattr(engine, name, None)
+        graphs = [getattr(runner, a, {}) for a in ("graphs", "heads")] if runner else []
+        start = time.perf_counter()
+        count = sum(len(g) for g in graphs)
+        for g in graphs:
+            g.clear()
+        parts[f"{name} ({count})"] = round(1e3 * (time.perf_counter() - start), 3)
+    start = time.perf_counter()
+    engine = None
+    parts["the rest"] = round(1e3 * (time.perf_counter() - start), 3)
+    return parts
 
 
 def main() -> int:
@@ -103,11 +137,15 @@ def main() -> int:
     with torch.no_grad():
         for name in args.traces.split(","):
             calls = materialize(get_trace(name, config), int(config["vocab_size"]), device)
+            results[f"{name}/free_ms"] = parts = free_anatomy(
+                create, config, args.weight_dir, device, calls
+            )
+            print(f"{name:8s} free ms {parts}", flush=True)
             for mode in MODES:
                 row = measure(create, config, args.weight_dir, device, calls, mode, args.repeat)
                 results[f"{name}/{mode}"] = row
-                print(f"{name:8s} {mode:8s} pass {row['pass_ms']:.4f} ms  calls "
-                      f"{row['call_ms']}", flush=True)  # fmt: skip
+                print(f"{name:8s} {mode:8s} pass {row['pass_ms']:.4f} ms  free "
+                      f"{row['free_ms']} ms  calls {row['call_ms']}", flush=True)  # fmt: skip
                 gc.collect()
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

@@ -244,10 +244,14 @@ def test_a_slab_shortens_its_slots_once_the_long_request_left(tiny_config, sharp
 
 
 def test_a_slab_keeps_what_live_requests_hold_when_its_slots_shorten(tiny_spec):
+    """Under a limit that holds 2 slots of 2048 tokens (and scratch) but not 4: once the long
+    request left, the fourth slot makes the slots short again, keeping the live one's tokens."""
+    from variants.cache.pool import pool_bytes
     from variants.cache.slab import SlabKVCache
 
     spec = dataclasses.replace(tiny_spec, max_positions=2048)
-    cache = SlabKVCache(spec, torch.device("cpu"), torch.float32, 2 * 512)
+    limit = pool_bytes(spec, torch.float32, 3 * 2048)
+    cache = SlabKVCache(spec, torch.device("cpu"), torch.float32, 2 * 512, limit_bytes=limit)
     cache.allocate(1, 10)
     cache.allocate(2, 1500)  # every slot becomes 2048 long
     assert (cache.slots, cache.max_len) == (2, 2048)
@@ -256,6 +260,23 @@ def test_a_slab_keeps_what_live_requests_hold_when_its_slots_shorten(tiny_spec):
     cache.reserve([3, 4], [20, 30], live={1: 10})  # a third slot: the pool changes anyway
     assert (cache.slots, cache.max_len) == (4, 512)
     assert torch.equal(cache.k[:, cache.token_slots(1, 0, 10)], torch.full((2, 10, 2, 24), 7.0))
+
+
+def test_a_slab_without_a_limit_grows_with_room_and_never_shortens(tiny_spec):
+    """Each resize moves the pool (the graphs capture again): a long prompt gets a quarter more
+    to decode into, and slots stay long after the long request left."""
+    from variants.cache.slab import SlabKVCache
+
+    spec = dataclasses.replace(tiny_spec, max_positions=8192)
+    cache = SlabKVCache(spec, torch.device("cpu"), torch.float32, 2 * 512)
+    cache.allocate(1, 2048)  # 2048 + 512 -> 4096: its decode steps need no second resize
+    assert (cache.slots, cache.max_len, cache.generation) == (2, 4096, 1)
+    cache.extend_step([1], [2048 + 100])
+    assert cache.generation == 1
+    cache.release(1)
+    for rid in (2, 3, 4):
+        cache.allocate(rid, 10)
+    assert (cache.slots, cache.max_len, cache.generation) == (4, 4096, 2)
 
 
 def test_a_slab_under_its_limit_takes_fewer_slots_for_a_long_request(tiny_spec):

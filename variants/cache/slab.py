@@ -3,7 +3,8 @@
 Wins when requests are few and long: a decode batch on consecutive slots reads a plain view,
 no gather. Sized to the work: slots start at FIRST_SLOT_TOKENS (or max_positions, if shorter),
 double in length when a request outgrows them and double in number when all are taken; each
-resize copies the contents into a new pool (`generation` tells captured graphs). One extra slot
+resize copies the contents into a new pool (`generation` tells captured graphs, which capture
+again: a resize inside a call costs it milliseconds, so the pool grows with room to spare). One extra slot
 at the end is scratch: padding rows of a CUDA-graph batch write there."""
 
 import array
@@ -65,11 +66,14 @@ class SlabKVCache:
 
     def reserve(self, rids: list, lengths: list, live=None) -> None:
         """Room for requests `rids` of `lengths` tokens: a new request takes a slot, a live one
-        keeps its own. When the pool must change, its slots become as long as the longest of
-        these and of the `live` ones (request id -> tokens held; None: as long as they are),
-        which can shorten them again after a long request left, and their number doubles (or,
-        where the limit forbids, becomes what is needed, fewer than before if need be). Raises
-        CacheFullError, before any request changes, when even that does not fit."""
+        keeps its own. When the pool must change, its slots double in number and never get
+        shorter; a slot that is too short grows to the power of two that holds the longest of
+        these and of the `live` ones (request id -> tokens held; None: as long as they are) with
+        a quarter more to decode into: each change moves the pool and makes the captured graphs
+        capture again. Where the limit forbids that, the slots become as long as the requests
+        need (shorter, after a long request left), then as few as they need (fewer than before
+        if need be). Raises CacheFullError, before any request changes, when even that does not
+        fit."""
         longest = max(lengths)
         if len(rids) <= len(self.free_slots) and longest <= self.max_len:
             return  # (the call's usual case, on the hot path: nothing to count)
@@ -77,20 +81,28 @@ class SlabKVCache:
         held = self.max_len
         if live is not None:
             held = max((n for r, n in live.items() if r not in calling), default=0)
-        most = self.spec.max_positions
-        slot_len = min(FIRST_SLOT_TOKENS, most)
-        while slot_len < min(max(longest, held), most):
-            slot_len = min(2 * slot_len, most)
+        wanted = max(longest, held)
+        shortest = self._slot_length(wanted)
+        slot_len = self.max_len if wanted <= self.max_len else self._slot_length(wanted * 5 // 4)
         needed = len(self.slot_of) + sum(1 for rid in rids if rid not in self.slot_of)
         slots = self.slots
         while slots < needed:
             slots *= 2
         if self.limit_bytes is not None:
-            if pool_bytes(self.spec, self.dtype, (slots + 1) * slot_len) > self.limit_bytes:
-                slots = needed  # the least that holds them (the live ones move to the front)
+            for slots, slot_len in ((slots, slot_len), (slots, shortest), (needed, shortest)):
+                if pool_bytes(self.spec, self.dtype, (slots + 1) * slot_len) <= self.limit_bytes:
+                    break  # (the last, the least that holds them, is new_pools' to refuse)
         if (slots, slot_len) != (self.slots, self.max_len):
-            why = f"{needed} live requests of up to {max(longest, held)} tokens"
+            why = f"{needed} live requests of up to {wanted} tokens"
             self._resize(slots, slot_len, why)
+
+    def _slot_length(self, tokens: int) -> int:
+        """The first slot length, doubled until it holds `tokens` (at most max_positions)."""
+        most = self.spec.max_positions
+        slot_len = min(FIRST_SLOT_TOKENS, most)
+        while slot_len < min(tokens, most):
+            slot_len = min(2 * slot_len, most)
+        return slot_len
 
     def allocate(self, rid: int, length: int) -> None:
         if not self.free_slots or length > self.max_len:

@@ -69,6 +69,20 @@ def no_collection(collect: bool = True):
             gc.enable()
 
 
+@contextlib.contextmanager
+def capturing(graph: torch.cuda.CUDAGraph, pool, stream: torch.cuda.Stream):
+    """Capture the block into `graph` on `stream`, sharing memory pool `pool`. Unlike
+    torch.cuda.graph this does not empty the device and pinned-host caches first: a capture
+    inside a call (after the cache's pool moved) would then pay for giving memory back and
+    asking for it again (cudaFree, cudaMalloc and cudaHostAlloc, which synchronise)."""
+    with torch.cuda.stream(stream):
+        graph.capture_begin(pool=pool)
+        try:
+            yield
+        finally:
+            graph.capture_end()
+
+
 def upload(graph: torch.cuda.CUDAGraph) -> None:
     """Replay a graph once, with its inputs in their padding state (rows that write only the
     scratch slot). A graph's first launch also uploads it to the device: on the H200 that made
@@ -151,7 +165,7 @@ class DecodeGraphs:
             self._fill([], [], b)
             self._body(engine, b, ctx)  # warm-up run: kernels chosen, workspaces allocated
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+            with capturing(graph, self.pool, stream):
                 self._body(engine, b, ctx)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         self._fill([], [], b)

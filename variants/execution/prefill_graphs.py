@@ -21,7 +21,7 @@ import torch
 
 from variants.attention.padding import PrefillBatch
 from variants.cache.plans import CachePlan
-from variants.execution.cuda_graphs import capture_stream, no_collection, upload
+from variants.execution.cuda_graphs import capture_stream, capturing, no_collection, upload
 from variants.kernels.device import device_capability
 from variants.kernels.prefill_attention import prefill_schedule, prefill_tiles
 from variants.kernels.prompt_gather import gathered_embedding, prompt_sources
@@ -153,7 +153,7 @@ class PrefillGraphs:
         with torch.cuda.stream(stream):
             body()  # warm-up run: kernels chosen, workspaces allocated
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+            with capturing(graph, self.pool, stream):
                 body()
         torch.cuda.current_stream(device).wait_stream(stream)
         upload(graph)  # the inputs still hold _fill's padding: no prompt, scratch writes only
