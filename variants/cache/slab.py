@@ -4,8 +4,8 @@ Wins when requests are few and long: a decode batch on consecutive slots reads a
 no gather. Sized to the work: slots start at FIRST_SLOT_TOKENS (or max_positions, if shorter),
 double in length when a request outgrows them and double in number when all are taken; each
 resize copies the contents into a new pool (`generation` tells captured graphs, which capture
-again: a resize inside a call costs it milliseconds, so the pool grows with room to spare). One extra slot
-at the end is scratch: padding rows of a CUDA-graph batch write there."""
+again: a resize inside a call costs it milliseconds, so the pool grows with room to spare).
+One extra slot at the end is scratch: padding rows of a CUDA-graph batch write there."""
 
 import array
 
@@ -89,7 +89,8 @@ class SlabKVCache:
         while slots < needed:
             slots *= 2
         if self.limit_bytes is not None:
-            for slots, slot_len in ((slots, slot_len), (slots, shortest), (needed, shortest)):
+            shapes = ((slots, slot_len), (slots, shortest), (needed, shortest))
+            for slots, slot_len in shapes:  # noqa: B007 (the first that fits is kept)
                 if pool_bytes(self.spec, self.dtype, (slots + 1) * slot_len) <= self.limit_bytes:
                     break  # (the last, the least that holds them, is new_pools' to refuse)
         if (slots, slot_len) != (self.slots, self.max_len):
