@@ -87,8 +87,8 @@ def engine_graphs(variant: str) -> dict:
 
     config = json.loads(Path("target/model_config.json").read_text())
     engine = build_engine(config, "target/weights", "cuda", Variant(**json.loads(variant)))
-    decode = engine.decode_graphs
-    prefill = engine.prefill_graphs
+    decode = engine.decode_runner
+    prefill = engine.prefill_runner
     found = {}  # each graph's inputs in their padding state first, as a capture leaves them
     for t in (512, 2048):
         prefill._fill([], [], t)

@@ -82,7 +82,7 @@ def graph_replay_us(engine, batch: int, longest: int, replays: int = 100) -> dic
     """The GPU time of one decode step alone (the captured graph of this batch and context
     replayed back to back, no host work between, per replay) and the host time of one replay
     call with the GPU idle (the graph launch). None without decode graphs."""
-    graphs = engine.decode_graphs
+    graphs = engine.decode_runner
     if not hasattr(graphs, "graphs"):
         return None
     bucket = next(s for s in graphs.batches if s >= batch)

@@ -104,7 +104,7 @@ def free_anatomy(create, config, weights, device, calls) -> dict:
     run_calls(engine, calls)
     sync(device)
     parts = {}
-    for name in ("decode_graphs", "prefill_graphs"):
+    for name in ("decode_runner", "prefill_runner"):
         runner = getattr(engine, name, None)
         graphs = [getattr(runner, a, {}) for a in ("graphs", "heads")] if runner else []
         start = time.perf_counter()

@@ -76,7 +76,7 @@ def timeline(engine, config, batch: int, ctx: int, replays: int = 5) -> dict:
         engine.decode(ids, torch.randint(0, vocab, (batch,), generator=gen).cuda())
     longest = max(engine.lengths.values())
     timing = graph_replay_us(engine, batch, longest, replays=200)
-    graphs = engine.decode_graphs
+    graphs = engine.decode_runner
     bucket = next(s for s in graphs.batches if s >= batch)
     graph = graphs.graphs[bucket, next(c for c in graphs.contexts if c >= longest)]
     torch.cuda.synchronize()

@@ -69,12 +69,13 @@ class Engine:
         self.token_check = DeferredRangeCheck(device, in_graph=True)
         self.checked_embedding = checked_embedding
         self.gathered_embedding = gathered_embedding
-        # The runners of captured CUDA graphs (execution/cuda_graphs.py, prefill_graphs.py),
-        # when the variant has them; a call they cannot take runs eagerly. They hold no
-        # reference back to the engine (it is passed to them), so the last reference to the
-        # engine frees it, its cache and its graphs without the cyclic collector.
-        self.decode_graphs = None
-        self.prefill_graphs = None
+        # How a call's forward pass runs: op by op (EagerRunner), or by the graph runners
+        # (execution/cuda_graphs.py, prefill_graphs.py) that `run_with` installs, which fall
+        # back to `eager` for a call they do not cover. Runners hold no reference back to the
+        # engine (it is passed to them), so its last reference frees it, its cache and its
+        # graphs without the cyclic collector.
+        self.eager = EagerRunner()
+        self.prefill_runner = self.decode_runner = self.eager
         self.in_place = attention.reads_cache_in_place
 
     # ----------------------------------------------------------------- the course interface
@@ -82,23 +83,10 @@ class Engine:
     def prefill(self, request_ids, input_ids) -> torch.Tensor:
         rids = as_id_list(request_ids)
         prompts, lengths = self.checked_prompts(rids, input_ids)
-        vocab, graphs = self.spec.vocab_size, self.prefill_graphs
         # A re-prefill replaces state that an undo could not bring back: checked first.
         deferred = not self.check_device_tokens and not any(r in self.lengths for r in rids)
-        staged = deferred and graphs is not None  # a graph may take the ids unchecked
-        place = None
-        if staged and graphs.gathers(sum(lengths), len(prompts)):
-            tokens = prompts  # the step's graph reads, checks and clamps them in place
-        else:
-            # Unchecked ids go straight into a graph's buffer only when that graph checks them
-            # after this call (a later graph checks that buffer's stale padding rows too).
-            place = graphs.token_buffer(sum(lengths), len(prompts)) if staged else None
-            tokens = torch.cat(prompts) if place is None else torch.cat(prompts, out=place)
-            if not deferred:
-                check_token_range(tokens, vocab, f"prefill of {rids}")
-            elif not (place is not None and graphs.check_ids):  # (else the graph does)
-                self.token_check.start(tokens)  # the step clamps the ids it runs with (in_vocab)
-
+        runner = self.prefill_runner
+        tokens = runner.stage(self, rids, prompts, lengths, deferred)
         try:
             # room for the call (or CacheFullError, nothing changed yet)
             self.cache.reserve(rids, lengths, self.lengths)
@@ -108,14 +96,11 @@ class Engine:
                     del self.lengths[rid]
                 self.cache.allocate(rid, n)
                 self.lengths[rid] = n
-            if graphs is None:
-                out = self.eager_prefill_step(rids, lengths, tokens)
-            else:
-                out = graphs.step(self, rids, lengths, tokens)
+            out = runner.prefill(self, rids, lengths, tokens)
         except BaseException:
-            if place is not None:  # no unchecked id stays in the graph's buffer
-                self.in_vocab(place, out=place)
+            runner.abandon(self)
             raise
+        vocab = self.spec.vocab_size
         if deferred and (message := self.token_check.error(vocab, f"prefill of {rids}")):
             for rid in rids:  # the new requests' slots hold garbage: give them back
                 self.cache.release(rid)
@@ -150,21 +135,6 @@ class Engine:
             lengths.append(n)
         return prompts, lengths
 
-    def eager_prefill_step(self, rids: list, lengths: list, tokens) -> torch.Tensor:
-        """The prompts' forward pass once the cache holds their slots: index tensors built for
-        exactly this call."""
-        plan = CachePlan(
-            rids,
-            write_index=self._index(
-                [i for r, n in zip(rids, lengths) for i in self.cache.token_slots(r, 0, n)]
-            ),
-            segments=[(r, 0, n) for r, n in zip(rids, lengths)],
-        )
-        batch = self._prefill_batch(lengths)
-        positions = self._index([p for n in lengths for p in range(n)])
-        x = self._layers(self.embed(self.in_vocab(tokens)), positions, plan, batch=batch)
-        return self._logits(x.index_select(0, batch.last_index))
-
     @without_grad
     def decode(self, request_ids, token_ids) -> torch.Tensor:
         rids = as_id_list(request_ids)
@@ -184,46 +154,24 @@ class Engine:
                     f"request {rid}: decoding past max_position_embeddings "
                     f"{self.spec.max_positions}"
                 )
-        vocab, graphs = self.spec.vocab_size, self.decode_graphs
+        vocab, runner = self.spec.vocab_size, self.decode_runner
         deferred = not (self.check_device_tokens or token_ids_on_host(token_ids))
         if not deferred:
             check_token_range(tokens, vocab, "decode")
-        elif graphs is None or not graphs.check_ids:  # (else the step's graph starts it)
+        elif not runner.check_ids:  # (else the step's graph starts it)
             self.token_check.start(tokens)  # the step clamps the ids it runs with (in_vocab)
 
         positions = [self.lengths[r] for r in rids]
         self.cache.extend_step(rids, positions, self.lengths)  # room, or CacheFullError
         for rid, p in zip(rids, positions):
             self.lengths[rid] = p + 1
-        if graphs is None:
-            out = self.eager_decode_step(rids, tokens, positions)
-        else:
-            out = graphs.step(self, rids, tokens, positions)
+        out = runner.decode(self, rids, tokens, positions)
         if deferred and (message := self.token_check.error(vocab, "decode")) is not None:
             for rid, p in zip(rids, positions):  # the key written at p is past the length again
                 self.cache.truncate(rid, p)
                 self.lengths[rid] = p
             raise ValueError(message)
         return out
-
-    def eager_decode_step(self, rids: list, tokens, positions: list) -> torch.Tensor:
-        """One decode step with index tensors built for exactly this batch."""
-        kv_lens = [p + 1 for p in positions]
-        plan = CachePlan(
-            rids,
-            write_index=self._index(self.cache.step_slots(rids, positions)),
-            kv_lens=self._index(kv_lens),
-            max_len=max(kv_lens),
-            uniform=min(kv_lens) == max(kv_lens),
-            rows=self.cache.read_rows(rids),
-            segments=[(r, p, 1) for r, p in zip(rids, positions)],
-        )
-        if self.in_place:
-            width = self.cache.table_width(plan.max_len)
-            table = [self.cache.table_row(r, width) for r in rids]
-            plan.table = host_tensor(table, torch.int32, self.device)
-        x = self._layers(self.embed(self.in_vocab(tokens)), self._index(positions), plan, None)
-        return self._logits(x)
 
     def remove(self, request_ids) -> None:
         rids = as_id_list(request_ids)
@@ -285,6 +233,11 @@ class Engine:
         )
 
     # ----------------------------------------------------------------- set-up
+    def run_with(self, prefill=None, decode=None) -> None:
+        """Route prefill and decode calls through these runners (None: keep the current one)."""
+        self.prefill_runner = prefill or self.prefill_runner
+        self.decode_runner = decode or self.decode_runner
+
     def warm_up(self) -> None:
         """Run every code path once (and compile it) so no timed call pays a first-call cost."""
         ids = [-1, -2, -3]
@@ -297,6 +250,61 @@ class Engine:
         self.remove([r for r in ids if r in self.lengths])
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+
+class EagerRunner:
+    """A call's forward pass op by op, with index tensors built for exactly that call: the
+    runner of an engine without graphs, and what a graph runner falls back to for a call its
+    graphs do not cover. Stateless; each method is handed the engine `e`."""
+
+    check_ids = False  # the engine starts the deferred check of a call's ids (a graph may)
+
+    def stage(self, e, rids: list, prompts: list, lengths: list, deferred: bool):
+        """The call's ids packed into one tensor, range-checked now, or (`deferred`) with the
+        check started after the call's kernels are queued (the step clamps what it runs)."""
+        tokens = torch.cat(prompts)
+        if deferred:
+            e.token_check.start(tokens)
+        else:
+            check_token_range(tokens, e.spec.vocab_size, f"prefill of {rids}")
+        return tokens
+
+    def abandon(self, e) -> None:
+        """A staged call failed before it ran: nothing of it is held here."""
+
+    def prefill(self, e, rids: list, lengths: list, tokens) -> torch.Tensor:
+        """The prompts' forward pass once the cache holds their slots: index tensors built for
+        exactly this call."""
+        plan = CachePlan(
+            rids,
+            write_index=e._index(
+                [i for r, n in zip(rids, lengths) for i in e.cache.token_slots(r, 0, n)]
+            ),
+            segments=[(r, 0, n) for r, n in zip(rids, lengths)],
+        )
+        batch = e._prefill_batch(lengths)
+        positions = e._index([p for n in lengths for p in range(n)])
+        x = e._layers(e.embed(e.in_vocab(tokens)), positions, plan, batch=batch)
+        return e._logits(x.index_select(0, batch.last_index))
+
+    def decode(self, e, rids: list, tokens, positions: list) -> torch.Tensor:
+        """One decode step with index tensors built for exactly this batch."""
+        kv_lens = [p + 1 for p in positions]
+        plan = CachePlan(
+            rids,
+            write_index=e._index(e.cache.step_slots(rids, positions)),
+            kv_lens=e._index(kv_lens),
+            max_len=max(kv_lens),
+            uniform=min(kv_lens) == max(kv_lens),
+            rows=e.cache.read_rows(rids),
+            segments=[(r, p, 1) for r, p in zip(rids, positions)],
+        )
+        if e.in_place:
+            width = e.cache.table_width(plan.max_len)
+            table = [e.cache.table_row(r, width) for r in rids]
+            plan.table = host_tensor(table, torch.int32, e.device)
+        x = e._layers(e.embed(e.in_vocab(tokens)), e._index(positions), plan, None)
+        return e._logits(x)
 
 
 # The first KV cache holds this many tokens (the slab: slots of FIRST_SLOT_TOKENS, as many as

@@ -1,6 +1,7 @@
-"""Where components meet: the typed interfaces of a KV cache, an attention backend, a layer stack
-and an execution mode. A new component implements one of them; tests/variants/test_interfaces.py
-checks every registered one against it. Typing only: the written engine does not import this."""
+"""Where components meet: the typed interfaces of a KV cache, an attention backend, a layer stack,
+an execution mode and a runner. A new component implements one of them;
+tests/variants/test_interfaces.py checks every registered one against it. Typing only: the
+written engine does not import this."""
 
 from __future__ import annotations
 
@@ -64,6 +65,29 @@ class InPlaceAttention(Attention, Protocol):
     def graph_contexts(self, max_positions: int, device) -> list:
         """The context buckets its decode graphs are captured at."""
         ...
+
+
+@runtime_checkable
+class PrefillRunner(Protocol):
+    """How a prefill call's forward pass runs (engine.py's EagerRunner, or CUDA graphs). The
+    engine validates the call, asks `stage` for its ids in the form `prefill` takes, makes room
+    in the cache, then calls `prefill`; if that room or the pass fails, `abandon`.
+    `check_ids`: the runner starts the deferred range check of ids it stages unchecked."""
+
+    check_ids: bool
+
+    def stage(self, engine, rids: list, prompts: list, lengths: list, deferred: bool): ...
+    def abandon(self, engine) -> None: ...
+    def prefill(self, engine, rids: list, lengths: list, tokens) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class DecodeRunner(Protocol):
+    """How a decode step runs once the cache has room: [B, vocab] float32 logits, fresh."""
+
+    check_ids: bool
+
+    def decode(self, engine, rids: list, tokens: torch.Tensor, positions: list) -> torch.Tensor: ...
 
 
 # `stack(engine, x, positions, plan, batch) -> x`: the decoder layers over the embedded tokens

@@ -5,7 +5,14 @@ import torch
 
 from variants.build import resolve
 from variants.components import ATTENTION, CACHES, EXECUTION, STACKS
-from variants.interfaces import Attention, InPlaceAttention, InPlaceKVCache, KVCache
+from variants.interfaces import (
+    Attention,
+    DecodeRunner,
+    InPlaceAttention,
+    InPlaceKVCache,
+    KVCache,
+    PrefillRunner,
+)
 from variants.spec import ModelSpec
 from variants.variant import Variant
 
@@ -56,3 +63,20 @@ def test_a_cache_without_release_is_not_a_kv_cache(tiny_config):
         if not name.startswith("__") and name != "release":
             setattr(Leaky, name, getattr(full, name))
     assert not isinstance(Leaky(), KVCache)
+
+
+def test_every_runner_is_a_runner(tiny_config, tiny_weights):
+    """The eager runner runs both calls; each graph runner one (on the CPU: built, not captured,
+    with a Triton attention's in-place reads)."""
+    pytest.importorskip("triton")
+    from variants import build_engine
+    from variants.execution.cuda_graphs import DecodeGraphs
+    from variants.execution.prefill_graphs import PrefillGraphs
+
+    engine = build_engine(tiny_config, tiny_weights, "cpu", Variant(attention="triton"))
+    assert isinstance(engine.eager, PrefillRunner) and isinstance(engine.eager, DecodeRunner)
+    assert engine.prefill_runner is engine.decode_runner is engine.eager
+    decode = DecodeGraphs(engine, "pow2", largest_batch=4)
+    prefill = PrefillGraphs(engine, largest_tokens=64, most_prompts=4)
+    assert isinstance(decode, DecodeRunner) and not isinstance(decode, PrefillRunner)
+    assert isinstance(prefill, PrefillRunner) and not isinstance(prefill, DecodeRunner)

@@ -228,7 +228,7 @@ class DecodeGraphs:
         self.token_check.wait()  # the check follows the last graph's read of the buffer
         ctypes.memmove(self.host_at, values.buffer_info()[0], 8 * len(values))
 
-    def step(self, engine, rids: list, tokens: torch.Tensor, positions: list) -> torch.Tensor:
+    def decode(self, engine, rids: list, tokens: torch.Tensor, positions: list) -> torch.Tensor:
         if self.generation != self.cache.generation:  # the pool moved: old graphs point at it
             self.graphs.clear()
             self.pool = None
@@ -241,7 +241,7 @@ class DecodeGraphs:
         if bucket is None or ctx is None:
             if self.check_ids:  # the engine left the check to a graph
                 self.token_check.start(tokens)
-            return engine.eager_decode_step(rids, tokens, positions)
+            return engine.eager.decode(engine, rids, tokens, positions)
         if (bucket, ctx) not in self.graphs:
             with no_collection(collect=False):
                 self._capture_one(engine, bucket, ctx)
@@ -259,5 +259,6 @@ def use_cuda_graphs(engine, variant) -> None:
     """Capture decode graphs for the engine and route its decode steps through them."""
     if variant.graphs == "off":
         return
-    engine.decode_graphs = DecodeGraphs(engine, variant.graphs)
-    engine.decode_graphs.capture(engine)
+    runner = DecodeGraphs(engine, variant.graphs)
+    runner.capture(engine)
+    engine.run_with(decode=runner)

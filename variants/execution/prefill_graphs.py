@@ -108,6 +108,7 @@ class PrefillGraphs:
         self.meta_views = {t: self.meta[: self._meta_size(t)] for t in self.buckets}
         self.pool = None
         self.generation = None
+        self.place = None  # the buffer a call's unchecked ids were packed into, if any
 
     def _blocks(self, tokens: int) -> int:
         """Q(T): the most q-blocks a call of up to T tokens in up to P prompts can have."""
@@ -187,6 +188,29 @@ class PrefillGraphs:
         logits = e.output_logits(self.hidden[:m], e.weights.norm, e.weights.head).float()
         self.head_outputs[m] = [logits[:r] for r in range(m + 1)]
 
+    def stage(self, engine, rids: list, prompts: list, lengths: list, deferred: bool):
+        """The call's ids as `prefill` takes them. Unchecked (`deferred`) ids of a call a graph
+        runs: its prompts as they are, where the graph reads them in place; else packed
+        straight into the graph's token buffer (checked by the graph after this call, or by
+        the check started here). Anything else is staged as the eager runner does."""
+        n, count = sum(lengths), len(prompts)
+        self.place = None
+        if deferred:
+            if self.gathers(n, count):
+                return prompts  # the step's graph reads, checks and clamps them in place
+            self.place = self.token_buffer(n, count)
+        if self.place is None:
+            return engine.eager.stage(engine, rids, prompts, lengths, deferred)
+        tokens = torch.cat(prompts, out=self.place)
+        if not self.check_ids:
+            engine.token_check.start(tokens)  # the step clamps the ids it runs with
+        return tokens
+
+    def abandon(self, engine) -> None:
+        """A staged call failed before its graph ran: no unchecked id stays in the buffer."""
+        if self.place is not None:
+            engine.in_vocab(self.place, out=self.place)
+
     def gathers(self, tokens: int, prompts: int) -> bool:
         """Whether a graph will run the call reading its prompts in place."""
         return self.gather and tokens <= self.buckets[-1] and prompts <= self.prompts
@@ -229,15 +253,15 @@ class PrefillGraphs:
         self.token_check.wait()  # the check follows the last graph's read of the buffer
         ctypes.memmove(*self.copy_to, 8 * at)  # write_host, its addresses read once
 
-    def step(self, engine, rids: list, lengths: list, tokens) -> torch.Tensor:
+    def prefill(self, engine, rids: list, lengths: list, tokens) -> torch.Tensor:
         """tokens: the call's packed ids, or (when `gathers`) its prompts, unchecked."""
         n = sum(lengths)
         t = next((b for b in self.buckets if b >= n), None)
         if t is None or len(rids) > self.prompts:
-            if isinstance(tokens, list):  # (the engine asks `gathers` first: not reached)
+            if isinstance(tokens, list):  # (`stage` asks `gathers` first: not reached)
                 tokens = torch.cat(tokens)
                 self.token_check.start(tokens)
-            return engine.eager_prefill_step(rids, lengths, tokens)
+            return engine.eager.prefill(engine, rids, lengths, tokens)
         if self.generation != self.cache.generation:  # the pool moved: old graphs point at it
             self.graphs.clear()  # (the head graphs read no cache)
             self.generation = self.cache.generation
@@ -270,5 +294,6 @@ def use_prefill_graphs(engine, variant) -> None:
     """Capture prefill graphs for the engine and route its prefill passes through them."""
     if variant.prefill_graphs == "off":
         return
-    engine.prefill_graphs = PrefillGraphs(engine)
-    engine.prefill_graphs.capture(engine)
+    runner = PrefillGraphs(engine)
+    runner.capture(engine)
+    engine.run_with(prefill=runner)

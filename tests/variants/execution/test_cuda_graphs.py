@@ -49,7 +49,7 @@ def _emulated(engine, largest, check_ids=None):
         for b in graphs.batches:
             capture_one(engine, b, c)
     graphs.generation = engine.cache.generation
-    engine.decode_graphs = graphs
+    engine.run_with(decode=graphs)
     return graphs
 
 
@@ -118,7 +118,7 @@ def test_a_bad_id_raises_by_name_and_leaves_the_requests_as_they_were(
     graphs = _emulated(engine, largest=4, check_ids=check_ids)
     engine.check_device_tokens = False  # the deferred check of ids on a GPU:
     monkeypatch.setattr(variants.engine, "token_ids_on_host", lambda ids: False)
-    assert engine.decode_graphs.check_ids is check_ids
+    assert engine.decode_runner.check_ids is check_ids
     vocab = tiny_config["vocab_size"]
     history = {rid: [rid, 2, 3] for rid in range(5)}
     engine.prefill(list(history), [torch.tensor(h) for h in history.values()])

@@ -50,7 +50,7 @@ def _emulated(engine, largest_tokens, most_prompts, check_ids=None):
     for t in reversed(graphs.buckets):
         capture_one(engine, t, warm_up=False)
     graphs.heads = {m: _EagerReplay(graphs._head, engine, m) for m in graphs.head_rows}
-    engine.prefill_graphs = graphs
+    engine.run_with(prefill=graphs)
     return graphs
 
 
@@ -147,7 +147,7 @@ def _checked_engine(config, weights, check_ids, largest_tokens=64):
     )  # fmt: skip
     graphs = _emulated(engine, largest_tokens=largest_tokens, most_prompts=4, check_ids=check_ids)
     engine.check_device_tokens = False
-    assert engine.prefill_graphs.check_ids is check_ids
+    assert engine.prefill_runner.check_ids is check_ids
     return engine, graphs
 
 
@@ -293,7 +293,7 @@ def test_prompts_past_the_largest_bucket_run_eagerly_with_their_check(tiny_confi
     assert not graphs.gathers(20, 2)
     for rid, prompt in zip((1, 2), prompts):
         engine.cache.allocate(rid, prompt.numel())
-    out = graphs.step(engine, [1, 2], [10, 10], prompts)
+    out = graphs.prefill(engine, [1, 2], [10, 10], prompts)
     want = ReferenceModel(tiny_config, tiny_weights, "cpu").forward(prompts[0][None])[0, -1]
     assert out.shape == (2, vocab) and torch.allclose(out[0], want, atol=1e-4)
     assert f"token id {vocab + 1} is outside" in engine.token_check.error(vocab, "prefill")
