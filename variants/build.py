@@ -1,8 +1,9 @@
 """Library entry: build an engine for a Variant from the installed package (no rendering)."""
 
+import functools
 import importlib
 
-from variants.components import assembly_path, component_paths
+from variants.components import Ref, assembly_path, component_parts, model_options
 
 
 def resolve(path: str):
@@ -10,8 +11,17 @@ def resolve(path: str):
     return getattr(importlib.import_module(module), name)
 
 
+def bind(path: str, options: dict):
+    """The component at `path` with its options bound (a Ref option resolved to its component)."""
+    if not options:
+        return resolve(path)
+    values = {k: resolve(v.path) if isinstance(v, Ref) else v for k, v in options.items()}
+    return functools.partial(resolve(path), **values)
+
+
 def build_engine(config: dict, weight_dir: str, device: str, variant, memory_budget_gib=None):
-    parts = {key: resolve(path) for key, path in component_paths(variant).items()}
+    parts = {key: bind(path, options) for key, (path, options) in component_parts(variant).items()}
     return resolve(assembly_path(variant))(
-        config, weight_dir, device, variant, **parts, memory_budget_gib=memory_budget_gib
-    )
+        config, weight_dir, device, **parts, **model_options(variant),
+        memory_budget_gib=memory_budget_gib,
+    )  # fmt: skip

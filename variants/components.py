@@ -1,9 +1,10 @@
 """Which module and name implement each choice. The library resolves them by import; the
 renderer copies exactly these modules (and what they import from us) into engine.py."""
 
+from dataclasses import dataclass
+
 CORE_MODULES = (
     "variants.spec",
-    "variants.variant",
     "variants.weights",
     "variants.staging",
     "variants.requests",
@@ -49,10 +50,10 @@ ATTENTION = {
     "flex": "variants.attention.flex:FlexAttention",
     "triton": "variants.attention.triton_attention:TritonAttention",
 }
-EXECUTION = {
-    "eager": "variants.execution.eager:run_eager",
-    "compile": "variants.execution.compiled:run_compiled",
-}
+# torch.compile of the layer math; eager execution wraps nothing
+COMPILE = "variants.execution.compiled:run_compiled"
+# SDPA with PyTorch's own choice of backend, or pinned to one (sdpa_backend)
+SDPA_PINNED = "variants.attention.sdpa:PinnedSdpaAttention"
 
 STACKS = {
     "torch": "variants.layers.torch_stack:run_torch_stack",
@@ -85,25 +86,54 @@ ASSEMBLE = "variants.engine:assemble_engine"
 ASSEMBLE_PREFIX_CACHING = "variants.prefix_engine:assemble_prefix_caching_engine"
 
 
+@dataclass(frozen=True)
+class Ref:
+    """An option that is a component (module:name) rather than a value."""
+
+    path: str
+
+
 def assembly_path(variant) -> str:
-    """The function that builds the variant's engine from `component_paths`."""
+    """The function that builds the variant's engine from `component_parts`."""
     return ASSEMBLE_PREFIX_CACHING if variant.prefix_cache else ASSEMBLE
 
 
-def component_paths(variant) -> dict:
-    paths = {
-        "cache_cls": PREFIX_CACHE if variant.prefix_cache else CACHES[variant.cache],
-        "attention_cls": ATTENTION[variant.attention],
-        "wrap": EXECUTION[variant.execution],
-        "stack": STACKS[variant.layers],
+def model_options(variant) -> dict:
+    """The assembly's own options: the compute dtype and the fused projections."""
+    return {
+        "dtype": variant.dtype,
+        "fuse_qkv": variant.fuse_qkv,
+        "fuse_gate_up": variant.fuse_gate_up,
     }
+
+
+def component_parts(variant) -> dict:
+    """The assembly's components, each resolved when it is chosen: argument -> (module:name,
+    the options it is bound to). The library binds them with functools.partial; the renderer
+    writes exactly that, so an engine carries no choice it does not use."""
+    cache = PREFIX_CACHE if variant.prefix_cache else CACHES[variant.cache]
+    attention = (ATTENTION[variant.attention], {})
+    if variant.attention == "sdpa" and variant.sdpa_backend != "auto":
+        attention = (SDPA_PINNED, {"backend": variant.sdpa_backend})
+    parts = {
+        "cache_cls": (
+            cache,
+            {"block_size": variant.block_size} if variant.cache == "paged" else {},
+        ),
+        "attention_cls": attention,
+        "stack": (STACKS[variant.layers], {}),
+    }
+    if variant.execution == "compile":
+        parts["wrap"] = (COMPILE, {"mode": variant.compile_mode})
     if variant.layers in HEADS:
-        paths["head"] = HEADS[variant.layers]
+        parts["head"] = (HEADS[variant.layers], {})
+    checked = {"checked_embedding": Ref(CHECKS[variant.layers])} if variant.layers in CHECKS else {}
     if variant.graphs != "off":
-        paths["capture"] = GRAPHS[variant.graphs]
-    if variant.layers in CHECKS:
-        paths["checked_embedding"] = CHECKS[variant.layers]
-        paths["gathered_embedding"] = GATHERS[variant.layers]
+        gathered = {"gathered_embedding": Ref(GATHERS[variant.layers])} if checked else {}
+        parts["capture"] = (
+            GRAPHS[variant.graphs],
+            {"policy": variant.graphs, **checked, **gathered},
+        )
     if variant.prefill_graphs != "off":
-        paths["capture_prefill"] = PREFILL_GRAPHS[variant.prefill_graphs]
-    return paths
+        parts["capture_prefill"] = (PREFILL_GRAPHS[variant.prefill_graphs], checked)
+    return parts

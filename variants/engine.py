@@ -41,34 +41,26 @@ def without_grad(method):
 
 
 class Engine:
-    def __init__(
-        self, spec, weights, device, dtype, cache, attention, wrap, stack, head=None,
-        checked_embedding=None, gathered_embedding=None,
-    ):  # fmt: skip
-        """`wrap(fn)` is the execution mode applied to the layer math; `stack(engine, x,
-        positions, plan, batch)` runs the decoder layers over x, the embedded tokens (a fresh
-        tensor, the stack's to update in place), and returns the residual stream;
-        `head(spec, output_logits)`, when given, replaces the output head (falling back to the
-        one it is given where it does not apply); `checked_embedding(check, tokens, vocab,
-        embed)`, when given, replaces a graph's range check, clamp and embedding
-        (`graph_inputs`); with it, `gathered_embedding` (kernels/prompt_gather.py) lets the
-        decode graphs read a call's ids in place."""
+    def __init__(self, spec, weights, device, dtype, cache, attention, stack, wrap=None, head=None):
+        """`stack(engine, x, positions, plan, batch)` runs the decoder layers over x, the
+        embedded tokens (a fresh tensor, the stack's to update in place), and returns the
+        residual stream; `wrap(fn)`, when given, is the execution mode applied to the layer
+        math (torch.compile); `head(spec, output_logits)`, when given, replaces the output head
+        (falling back to the one it is given where it does not apply)."""
         self.spec, self.weights, self.device, self.dtype = spec, weights, device, dtype
         self.cache, self.attention, self.stack = cache, attention, stack
         self.lengths: dict = {}  # request id -> tokens held in the cache
         self.rope = RopeTable(spec.head_dim, spec.max_positions, spec.rope_theta, device, dtype)
-        inputs_fn, outputs_fn, logits_fn = make_layer_math(spec)
-        self.attention_inputs = wrap(inputs_fn)
-        self.attention_outputs = wrap(outputs_fn)
-        self.output_logits = wrap(logits_fn)
+        math = make_layer_math(spec)
+        if wrap is not None:
+            math = [wrap(fn) for fn in math]
+        self.attention_inputs, self.attention_outputs, self.output_logits = math
         if head is not None:
             self.output_logits = head(spec, self.output_logits)
         # Ids on the GPU are range-checked after the call's kernels are queued (a read before
         # them waits for the GPU queue); True checks before any state changes, with that wait.
         self.check_device_tokens = device.type != "cuda"
         self.token_check = DeferredRangeCheck(device, in_graph=True)
-        self.checked_embedding = checked_embedding
-        self.gathered_embedding = gathered_embedding
         # How a call's forward pass runs: op by op (EagerRunner), or by the graph runners
         # (execution/cuda_graphs.py, prefill_graphs.py) that `run_with` installs, which fall
         # back to `eager` for a call they do not cover. Runners hold no reference back to the
@@ -194,16 +186,6 @@ class Engine:
         """The embedding rows of in-range ids, a fresh [N, hidden] tensor."""
         return self.weights.embed[tokens]
 
-    def graph_inputs(self, tokens: torch.Tensor) -> torch.Tensor:
-        """A graph body's embedded ids (from its static buffer, copied in unchecked): the
-        deferred range check started on them, the ids clamped in place (`in_vocab`), then
-        their embedding rows (with `checked_embedding`, the three in one kernel)."""
-        if self.checked_embedding is not None:
-            vocab, table = self.spec.vocab_size, self.weights.embed
-            return self.checked_embedding(self.token_check, tokens, vocab, table)
-        self.token_check.start(tokens)
-        return self.embed(self.in_vocab(tokens, out=tokens))
-
     def _layers(self, x, positions, plan, batch):
         return self.stack(self, x, positions, plan, batch)
 
@@ -318,26 +300,26 @@ def _allocated(device: torch.device) -> int:
 
 
 def assemble_engine(
-    model_config, weight_dir, device, variant, cache_cls, attention_cls, wrap, stack,
-    capture=None, capture_prefill=None, head=None, checked_embedding=None,
-    gathered_embedding=None, memory_budget_gib=None,
+    model_config, weight_dir, device, *, cache_cls, attention_cls, stack, wrap=None, head=None,
+    capture=None, capture_prefill=None, dtype="config", fuse_qkv=True, fuse_gate_up=True,
+    memory_budget_gib=None,
 ):  # fmt: skip
-    """Build an engine from chosen component classes; the standalone file calls this too.
-    `capture(engine, variant)` and `capture_prefill(...)`, when given, capture the decode and
-    prefill CUDA graphs after the first warm-up; `head` replaces the output head and
-    `checked_embedding` a graph's range check and embedding, `gathered_embedding` a decode
-    graph's reading of its ids in place (see Engine). `memory_budget_gib`: the most the engine
-    may hold (weights, KV cache, graphs and buffers; None: what the device has): its cache then
-    grows no further, and a call that needs more raises CacheFullError, changing nothing."""
+    """Build an engine from its chosen components; the standalone file calls this too.
+    `cache_cls(spec, device, dtype, capacity_tokens, limit_bytes)` makes the KV cache and
+    `attention_cls(spec, dtype)` the attention; `stack`, `wrap` and `head` are the Engine's;
+    `capture(engine)` and `capture_prefill(engine)`, when given, capture the decode and prefill
+    CUDA graphs after the first warm-up. `dtype`: "config" (the reference's rule) or a dtype's
+    name; `fuse_qkv`, `fuse_gate_up`: the projections' weights concatenated.
+    `memory_budget_gib`: the most the engine may hold (weights, KV cache, graphs and buffers;
+    None: what the device has): its cache then grows no further, and a call that needs more
+    raises CacheFullError, changing nothing."""
     spec = ModelSpec.from_config(model_config)
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    dtype = (
-        spec.compute_dtype(device) if variant.dtype == "config" else dtype_from_name(variant.dtype)
-    )
+    dtype = spec.compute_dtype(device) if dtype == "config" else dtype_from_name(dtype)
     before = _allocated(device)
-    weights = load_weights(spec, weight_dir, device, dtype, variant.fuse_qkv, variant.fuse_gate_up)
+    weights = load_weights(spec, weight_dir, device, dtype, fuse_qkv, fuse_gate_up)
     budget = None if memory_budget_gib is None else int(memory_budget_gib * 2**30)
     limit = None if budget is None else budget - weights.nbytes()
     if limit is not None and limit <= 0:
@@ -345,22 +327,16 @@ def assemble_engine(
             f"the engine's memory budget of {memory_budget_gib:g} GiB (MEMORY_BUDGET_GIB) does "
             f"not hold its weights ({weights.nbytes() / 2**30:.2f} GiB)"
         )
-    extra = {"block_size": variant.block_size} if variant.cache == "paged" else {}
-    cache = cache_cls(spec, device, dtype, FIRST_CACHE_TOKENS, limit_bytes=limit, **extra)
-    attention = attention_cls(spec, dtype, variant)
-    engine = Engine(
-        spec, weights, device, dtype, cache, attention, lambda fn: wrap(fn, variant), stack, head,
-        checked_embedding, gathered_embedding,
-    )  # fmt: skip
+    cache = cache_cls(spec, device, dtype, FIRST_CACHE_TOKENS, limit_bytes=limit)
+    attention = attention_cls(spec, dtype)
+    engine = Engine(spec, weights, device, dtype, cache, attention, stack, wrap, head)
     engine.warm_up()
     captures = [c for c in (capture, capture_prefill) if c is not None]
     for c in captures:
-        c(engine, variant)
+        c(engine)
     if captures:
         engine.warm_up()  # through the graphs: first-replay costs stay out of timed calls
-    if (
-        budget is not None
-    ):  # the rest of the budget, once graphs and buffers are made, is the cache's
+    if budget is not None:  # the rest of the budget, once graphs and buffers are made
         held = _allocated(device) - before if device.type == "cuda" else weights.nbytes()
         cache.limit_bytes = budget - max(held - cache.memory_bytes(), weights.nbytes())
     return engine

@@ -93,5 +93,5 @@ class DecodeRunner(Protocol):
 # `stack(engine, x, positions, plan, batch) -> x`: the decoder layers over the embedded tokens
 # x [N, hidden] (updated in place), `batch` None at decode.
 LayerStack = Callable[..., torch.Tensor]
-# `wrap(fn, variant) -> fn`: how the layer math runs (eager, torch.compile).
-ExecutionMode = Callable[[Callable, object], Callable]
+# `wrap(fn) -> fn`: how the layer math runs where it is not eager (torch.compile).
+ExecutionMode = Callable[[Callable], Callable]

@@ -77,17 +77,14 @@ class PrefixCachingEngine(Engine):
 
 
 def assemble_prefix_caching_engine(
-    model_config, weight_dir, device, variant, cache_cls, attention_cls, wrap, stack,
-    memory_budget_gib=None,
-) -> PrefixCachingEngine:  # fmt: skip
-    """assemble_engine's build, load, warm-up and memory budget; its parts (the same weights and
-    prefix cache) then make a PrefixCachingEngine, which changes only how a prefill runs (eager:
-    the suffix's ops have nothing to compile, the base's warm-up covers the rest)."""
-    base = assemble_engine(
-        model_config, weight_dir, device, variant, cache_cls, attention_cls, wrap, stack,
-        memory_budget_gib=memory_budget_gib,
-    )  # fmt: skip
+    model_config, weight_dir, device, **parts
+) -> PrefixCachingEngine:
+    """assemble_engine's build, load, warm-up and memory budget (`parts`: its arguments); its
+    parts (the same weights and prefix cache) then make a PrefixCachingEngine, which changes
+    only how a prefill runs (eager: the suffix's ops have nothing to compile, the base's warm-up
+    covers the rest)."""
+    base = assemble_engine(model_config, weight_dir, device, **parts)
     return PrefixCachingEngine(
         base.spec, base.weights, base.device, base.dtype, base.cache, base.attention,
-        lambda fn: wrap(fn, variant), base.stack,
+        base.stack, parts.get("wrap"),
     )  # fmt: skip

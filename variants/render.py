@@ -20,8 +20,10 @@ from variants.components import (
     CORE_MODULES,
     KERNEL_ORDER,
     WEIGHT_READERS,
+    Ref,
     assembly_path,
-    component_paths,
+    component_parts,
+    model_options,
 )
 
 PACKAGE = "variants"
@@ -281,6 +283,24 @@ def _top_down(modules: list, first: list, sources: dict) -> list:
     return order
 
 
+def _bound(path: str, options: dict) -> str:
+    """The source of a component bound to its options, as build.bind makes it."""
+    name = path.split(":")[1]
+    if not options:
+        return name
+    args = [
+        f"{k}={v.path.split(':')[1] if isinstance(v, Ref) else repr(v)}" for k, v in options.items()
+    ]
+    line = f"functools.partial({name}, {', '.join(args)})"
+    if len(line) <= 80:
+        return line
+    return (
+        f"functools.partial(\n            {name},\n"
+        + "".join(f"            {a},\n" for a in args)
+        + "        )"
+    )
+
+
 def render_source(
     variant, header: str = "", memory_budget_gib: float | None = None, weights: str = "any"
 ) -> str:
@@ -291,9 +311,11 @@ def render_source(
         raise ValueError(
             f"unknown weights format {weights!r}; expected one of {list(WEIGHT_READERS)}"
         )
-    parts = {key: path.split(":") for key, path in component_paths(variant).items()}
+    parts = component_parts(variant)
+    refs = [v.path for _, options in parts.values() for v in options.values() if isinstance(v, Ref)]
     assembly_module, assemble = assembly_path(variant).split(":")
-    roots = list(CORE_MODULES) + [module for module, _ in parts.values()] + [assembly_module]
+    paths = [path for path, _ in parts.values()] + refs
+    roots = list(CORE_MODULES) + [p.split(":")[0] for p in paths] + [assembly_module]
     swap = {WEIGHT_READERS["any"]: WEIGHT_READERS[weights]}
     modules = _kernels_first(_ordered_modules(roots, swap))
     sources = {m: _module_body(m) for m in modules}
@@ -304,16 +326,30 @@ def render_source(
         "",
         "Rendered by variants/render.py from the component library; it imports only",
         "torch (and triton where a chosen component needs it). Where it came from, when a",
-        "study wrote it: the comment at the end. It reads top-down: the choices and",
-        "create_engine, the engine, its components, then what they use.",
+        "study wrote it: the comment at the end. It reads top-down: create_engine and the",
+        "components it wires, the engine, the components, then what they use.",
     ]
     docstring = '"""' + "\n".join(lines).replace('"""', "'''").rstrip() + '\n"""'
-    choices = "".join(f"    {k}={v!r},\n" for k, v in variant.to_dict().items())
-    wiring = "".join(f"        {key}={name},\n" for key, (_, name) in parts.items())
+    moot = {"block_size": variant.cache != "paged", "prefix_cache": variant.cache != "paged"}
+    moot.update(
+        sdpa_backend=variant.attention != "sdpa", compile_mode=variant.execution != "compile"
+    )
+    choices = "".join(
+        f"#   {k} = {v!r}\n" for k, v in variant.to_dict().items() if not moot.get(k, False)
+    )
+    wiring = "".join(
+        f"        {key}={_bound(path, options)},\n" for key, (path, options) in parts.items()
+    )
+    wiring += "".join(
+        f"        {key}={value!r},\n" for key, value in model_options(variant).items()
+    )
     budget = None if memory_budget_gib is None else round(float(memory_budget_gib), 2)
     tail = (
-        "# The choices this engine was assembled from (variants/registry.py lists the others).\n"
-        f"VARIANT = Variant(\n{choices})\n"
+        f"# {'-' * 20} create_engine {'-' * 20}\n"
+        "# The choices this engine was assembled from (variants/variant.py; the registry lists\n"
+        "# the others), each resolved into the components create_engine wires:\n"
+        f"{choices}"
+        "#\n"
         "# The most memory (GiB) one engine holds: weights, KV cache, CUDA graphs. Its KV cache\n"
         "# grows with the live requests up to what is left of it; a call that needs more raises\n"
         "# CacheFullError and changes nothing. None: the device's memory is the only bound.\n"
@@ -321,7 +357,7 @@ def render_source(
         'def create_engine(model_config: dict, weight_dir: str, device: str = "cuda"):\n'
         '    """The course entry point: build, load and warm up (nothing lazy is left)."""\n'
         f"    return {assemble}(\n"
-        "        model_config, weight_dir, device, VARIANT,\n"
+        "        model_config, weight_dir, device,\n"
         f"{wiring}"
         "        memory_budget_gib=MEMORY_BUDGET_GIB,\n"
         "    )\n"
@@ -332,11 +368,9 @@ def render_source(
     # they use; of it, only what the assembly reaches from create_engine.
     lead = _ordered_modules([m for m in modules if m.startswith(f"{PACKAGE}.kernels.")])
     kernels = "\n\n".join(sources[m] for m in lead)
-    first = [f"{PACKAGE}.variant", f"{PACKAGE}.engine", assembly_module]
-    first += [m for m, _ in parts.values()]
-    order = _top_down([m for m in modules if m not in lead], first, sources)
+    first = [f"{PACKAGE}.engine", assembly_module] + [p.split(":")[0] for p in paths]
+    order = ["entry", *_top_down([m for m in modules if m not in lead], first, sources)]
     sources["entry"] = tail
-    order.insert(order.index(f"{PACKAGE}.variant") + 1, "entry")
     rest = _reachable_only("\n\n".join(sources[m] for m in order), kernels + "\ncreate_engine")
     body = kernels + ("\n\n" if kernels else "") + rest
     # No `from __future__ import annotations`: string annotations make dataclasses look the

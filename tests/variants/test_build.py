@@ -9,12 +9,12 @@ from variants.build import resolve
 from variants.cache.contiguous import ContiguousKVCache
 from variants.cache.paged import PagedKVCache
 from variants.cache.slab import SlabKVCache
-from variants.execution.eager import run_eager
+from variants.execution.compiled import run_compiled
 
 
 def test_resolve():
     assert resolve("variants.cache.paged:PagedKVCache") is PagedKVCache
-    assert resolve("variants.execution.eager:run_eager") is run_eager
+    assert resolve("variants.execution.compiled:run_compiled") is run_compiled
 
 
 def test_built_engine_has_the_chosen_parts(tiny_config, tiny_weights):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from variants.build import resolve
-from variants.components import ATTENTION, CACHES, EXECUTION, STACKS
+from variants.components import ATTENTION, CACHES, COMPILE, SDPA_PINNED, STACKS
 from variants.interfaces import (
     Attention,
     DecodeRunner,
@@ -37,17 +37,20 @@ def test_every_cache_is_a_kv_cache(name, tiny_config):
     assert isinstance(cache, InPlaceKVCache) == (name in IN_PLACE_CACHES)
 
 
-@pytest.mark.parametrize("name", sorted(ATTENTION))
+@pytest.mark.parametrize("name", sorted([*ATTENTION, "sdpa-pinned"]))
 def test_every_attention_is_an_attention(name, tiny_config):
     spec = ModelSpec.from_config(tiny_config)
-    attention = _load(ATTENTION[name])(spec, torch.float32, Variant(attention=name))
+    if name == "sdpa-pinned":
+        attention = _load(SDPA_PINNED)(spec, torch.float32, "math")
+    else:
+        attention = _load(ATTENTION[name])(spec, torch.float32)
     assert isinstance(attention, Attention)
     # one that reads the cache in place says at which contexts its graphs are captured
     assert isinstance(attention, InPlaceAttention) == attention.reads_cache_in_place
 
 
 def test_stacks_and_execution_modes_are_callables():
-    for path in [*STACKS.values(), *EXECUTION.values()]:
+    for path in [*STACKS.values(), COMPILE]:
         assert callable(_load(path)), path
 
 

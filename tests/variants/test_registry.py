@@ -7,13 +7,14 @@ import pytest
 from variants.components import (
     ATTENTION,
     CACHES,
-    EXECUTION,
     GRAPHS,
     HEADS,
     PREFILL_GRAPHS,
     STACKS,
+    Ref,
     assembly_path,
-    component_paths,
+    component_parts,
+    model_options,
 )
 from variants.registry import AXES, AXES_BY_NAME, OPT_IN_AXES
 from variants.variant import Variant
@@ -68,7 +69,7 @@ def test_every_choice_the_probe_can_offer_has_a_component(fake_cuda_caps):
         for graphs in caps.choices("graphs", partial):
             assert graphs == "off" or graphs in GRAPHS, graphs
     for execution in caps.choices("execution", {}):
-        assert execution in EXECUTION
+        assert execution in ("eager", "compile")
     partial = {"cache": "slab", "attention": "triton", "execution": "eager"}
     assert set(caps.choices("layers", partial)) == set(STACKS)
     assert set(STACKS) == {"torch", "triton", "fused", "fused-pdl"}
@@ -94,32 +95,55 @@ def test_pdl_layers_are_offered_only_where_the_gpu_and_triton_have_it(
         assert reason in got
 
 
-def test_component_paths_follow_the_variant():
-    paths = component_paths(Variant(cache="paged", attention="manual", execution="compile"))
-    assert paths == {
-        "cache_cls": "variants.cache.paged:PagedKVCache",
-        "attention_cls": "variants.attention.manual:ManualAttention",
-        "wrap": "variants.execution.compiled:run_compiled",
-        "stack": "variants.layers.torch_stack:run_torch_stack",
+def test_component_parts_follow_the_variant():
+    parts = component_parts(Variant(cache="paged", attention="manual", execution="compile"))
+    assert parts == {
+        "cache_cls": ("variants.cache.paged:PagedKVCache", {"block_size": 16}),
+        "attention_cls": ("variants.attention.manual:ManualAttention", {}),
+        "stack": ("variants.layers.torch_stack:run_torch_stack", {}),
+        "wrap": ("variants.execution.compiled:run_compiled", {"mode": "default"}),
     }
-    assert component_paths(Variant(cache="slab", layers="triton"))["stack"] == (
-        "variants.layers.triton_stack:run_triton_stack"
+    assert model_options(Variant(fuse_qkv=False, dtype="bfloat16")) == {
+        "dtype": "bfloat16", "fuse_qkv": False, "fuse_gate_up": True,
+    }  # fmt: skip
+    # eager wraps nothing; SDPA on PyTorch's choice needs no backend table, a pinned one does
+    assert "wrap" not in component_parts(Variant())
+    assert component_parts(Variant())["attention_cls"] == (ATTENTION["sdpa"], {})
+    pinned = component_parts(Variant(sdpa_backend="math"))["attention_cls"]
+    assert pinned == ("variants.attention.sdpa:PinnedSdpaAttention", {"backend": "math"})
+    assert component_parts(Variant(cache="slab", layers="triton"))["stack"] == (
+        "variants.layers.triton_stack:run_triton_stack",
+        {},
     )
-    fused = component_paths(Variant(cache="slab", attention="triton", layers="fused"))
-    assert fused["stack"] == "variants.layers.fused_stack:run_fused_stack"
-    assert fused["head"] == HEADS["fused"]
-    assert "head" not in component_paths(Variant(cache="slab", layers="triton"))
-    # the Triton stacks check a graph's ids in one kernel; the torch stack keeps torch's ops
-    assert fused["checked_embedding"] == "variants.kernels.token_check:checked_embedding"
-    assert "checked_embedding" in component_paths(Variant(cache="slab", layers="triton"))
-    assert "checked_embedding" not in component_paths(Variant(graphs="pow2"))
-    assert fused["gathered_embedding"] == "variants.kernels.prompt_gather:gathered_embedding"
-    assert "gathered_embedding" not in component_paths(Variant(graphs="pow2"))
-    assert "capture" in component_paths(Variant(graphs="pow2"))
-    assert (
-        component_paths(Variant(attention="triton", prefill_graphs="pow2"))["capture_prefill"]
-        == PREFILL_GRAPHS["pow2"]
+    fused = component_parts(
+        Variant(cache="slab", attention="triton", layers="fused", graphs="pow2")
     )
+    assert fused["stack"][0] == "variants.layers.fused_stack:run_fused_stack"
+    assert fused["head"] == (HEADS["fused"], {})
+    assert "head" not in component_parts(Variant(cache="slab", layers="triton"))
+    # the Triton stacks' graphs check, clamp and embed their ids in one kernel (and the decode
+    # graphs read them in place); the torch stack's graphs keep torch's ops
+    assert fused["capture"] == (
+        GRAPHS["pow2"],
+        {
+            "policy": "pow2",
+            "checked_embedding": Ref("variants.kernels.token_check:checked_embedding"),
+            "gathered_embedding": Ref("variants.kernels.prompt_gather:gathered_embedding"),
+        },
+    )
+    assert component_parts(Variant(graphs="every8"))["capture"] == (
+        GRAPHS["every8"], {"policy": "every8"}
+    )  # fmt: skip
+    triton_prefill = component_parts(
+        Variant(attention="triton", layers="triton", prefill_graphs="pow2")
+    )["capture_prefill"]
+    assert triton_prefill == (
+        PREFILL_GRAPHS["pow2"],
+        {"checked_embedding": Ref("variants.kernels.token_check:checked_embedding")},
+    )
+    assert component_parts(Variant(attention="triton", prefill_graphs="pow2"))[
+        "capture_prefill"
+    ] == (PREFILL_GRAPHS["pow2"], {})
 
 
 @pytest.mark.parametrize(
@@ -190,8 +214,11 @@ def test_prefix_cache_is_opt_in_and_picks_its_cache_and_assembly(cpu_caps):
     assert variant.to_dict()["prefix_cache"] is True and "prefix_cache" not in Variant().to_dict()
     assert Variant.from_dict(variant.to_dict()) == variant
     assert variant.name == "paged16/prefix/manual/eager/fused-qkv+gateup/config"
-    paths = component_paths(variant)
-    assert paths["cache_cls"] == "variants.cache.prefix:PrefixCachedPagedKVCache"
+    parts = component_parts(variant)
+    assert parts["cache_cls"] == (
+        "variants.cache.prefix:PrefixCachedPagedKVCache",
+        {"block_size": 16},
+    )
     assert assembly_path(variant) == "variants.prefix_engine:assemble_prefix_caching_engine"
     assert assembly_path(Variant(cache="paged")) == "variants.engine:assemble_engine"
-    assert component_paths(Variant(cache="paged"))["cache_cls"] == CACHES["paged"]
+    assert component_parts(Variant(cache="paged"))["cache_cls"][0] == CACHES["paged"]

@@ -242,18 +242,21 @@ def test_rendered_source_is_standalone(rendered, index):
     tree = ast.parse(text)
     doc = ast.get_docstring(tree)
     assert doc.splitlines()[0] == f"Standalone inference engine, variant {variant.name}"
-    for key, value in variant.to_dict().items():  # the choices, right above create_engine
-        assert (
-            f"\n    {key}={value!r},\n" in text.split("def create_engine")[0].split("VARIANT =")[1]
-        )
+    choices = text.split("def create_engine")[0]  # the choices, right above create_engine
+    for key, value in variant.to_dict().items():
+        moot = key in ("block_size", "prefix_cache") and variant.cache != "paged"
+        moot |= key == "sdpa_backend" and variant.attention != "sdpa"
+        moot |= key == "compile_mode" and variant.execution != "compile"
+        assert (f"\n#   {key} = {value!r}\n" in choices) != moot, key
     assert not re.search(r"^\s*(from|import)\s+(variants|evaluator|search)\b", text, re.M)
     allowed = {"torch"} | set(sys.stdlib_module_names)
     top, nested = imported_roots(tree)
     assert "torch" in top
     assert top <= allowed, top - allowed
-    assert nested <= allowed | LAZY_OPTIONAL, nested - allowed
     names = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    assert nested <= allowed | LAZY_OPTIONAL, nested - allowed
     assert {"create_engine", "assemble_engine", "Engine"} <= names
+    assert "Variant" not in names  # the choices are resolved: no genome in the engine
     # top-down: the entry point, then the engine, then its cache, then the config it reads
     line = {n.name: n.lineno for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
     cache = {"contiguous": "ContiguousKVCache", "slab": "SlabKVCache"}.get(variant.cache)
@@ -309,7 +312,9 @@ def test_gpu_variants_render_with_only_their_components(variant):
     assert ("head=fused_pdl_head" in text) == (variant.layers == "fused-pdl")
     assert ("wait_previous" in names) == uses_triton
     assert ("paged_decode_attention" in names) == (variant.attention == "triton")
-    assert "capture=use_cuda_graphs" in text
+    assert re.search(
+        rf"capture=functools.partial\(\s*use_cuda_graphs,\s+policy={variant.graphs!r}", text
+    )
 
 
 def _kernel_lines(variant) -> dict:

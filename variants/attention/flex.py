@@ -18,7 +18,7 @@ from variants.attention.padding import from_padded, to_padded
 class FlexAttention:
     reads_cache_in_place = False  # decode reads a gathered copy (cache.read)
 
-    def __init__(self, spec, dtype, variant):
+    def __init__(self, spec, dtype):
         self.group = spec.num_heads // spec.num_kv_heads
         gqa = "enable_gqa" in inspect.signature(flex_attention).parameters
         self.expand = self.group > 1 and not gqa  # no enable_gqa: repeat K/V heads instead

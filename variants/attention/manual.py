@@ -13,7 +13,7 @@ from variants.attention.padding import from_padded, to_padded
 class ManualAttention:
     reads_cache_in_place = False  # decode reads a gathered copy (cache.read)
 
-    def __init__(self, spec, dtype, variant):
+    def __init__(self, spec, dtype):
         self.group = spec.num_heads // spec.num_kv_heads
         self.scale = 1.0 / math.sqrt(spec.head_dim)
 

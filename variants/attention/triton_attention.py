@@ -18,7 +18,7 @@ from variants.kernels.prefill_attention import varlen_prefill_attention
 class TritonAttention:
     reads_cache_in_place = True
 
-    def __init__(self, spec, dtype, variant):
+    def __init__(self, spec, dtype):
         self.scale = 1.0 / math.sqrt(spec.head_dim)
         self.kv_heads = spec.num_kv_heads
         # The decode kernel's arrival counters (int32, left at zero by each launch), shared by

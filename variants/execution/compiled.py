@@ -6,5 +6,5 @@ layout and backend combine with it. All compilation happens in create_engine's w
 import torch
 
 
-def run_compiled(fn, variant):
-    return torch.compile(fn, mode=variant.compile_mode, dynamic=True)
+def run_compiled(fn, mode: str = "default"):
+    return torch.compile(fn, mode=mode, dynamic=True)

@@ -95,15 +95,21 @@ class DecodeGraphs:
     """The decode runner of an engine: it owns the graphs and their static buffers, and is
     handed the engine on each call (it keeps no reference to it)."""
 
-    def __init__(self, engine, policy: str, largest_batch: int = 64, check_ids=None):
+    def __init__(
+        self, engine, policy: str, largest_batch: int = 64, check_ids=None,
+        checked_embedding=None, gathered_embedding=None,
+    ):  # fmt: skip
         """`check_ids`: each graph starts the engine's deferred token check itself (default:
-        where the check can be captured, `DeferredRangeCheck.in_graph`)."""
+        where the check can be captured, `DeferredRangeCheck.in_graph`). The Triton stacks'
+        graphs check, clamp and embed their ids in one kernel, `checked_embedding`
+        (kernels/token_check.py), and with `gathered_embedding` (kernels/prompt_gather.py) read
+        a call's ids in place."""
         self.cache, self.token_check, self.device = engine.cache, engine.token_check, engine.device
         in_graph = engine.token_check.in_graph
         self.check_ids = in_graph if check_ids is None else bool(check_ids) and in_graph
         # the graphs read the ids in place (their first kernel gathers, checks and embeds)
-        gather = engine.checked_embedding is not None and engine.gathered_embedding is not None
-        self.gather = self.check_ids and gather
+        self.checked_embedding, self.gathered_embedding = checked_embedding, gathered_embedding
+        self.gather = self.check_ids and None not in (checked_embedding, gathered_embedding)
         spec, device = engine.spec, engine.device
         self.batches = batch_buckets(policy, largest_batch)
         self.contexts = self._contexts(engine)
@@ -191,7 +197,7 @@ class DecodeGraphs:
         )
         if self.gather:  # the call's row count, then the rows' sources, follow the metadata
             size = b * (3 + self.width)
-            x = e.gathered_embedding(
+            x = self.gathered_embedding(
                 e.token_check, self.host, self.metas[b], self.tokens, b, size, size + 1,
                 e.spec.vocab_size, e.weights.embed,
             )  # fmt: skip
@@ -199,7 +205,7 @@ class DecodeGraphs:
             tokens = self.tokens[:b]  # the call's ids, copied in unchecked: clamped (in_vocab)
             # the padding rows are checked too: ids of earlier calls, clamped already
             if self.check_ids:
-                x = e.graph_inputs(tokens)
+                x = graph_inputs(e, tokens, self.checked_embedding)
             else:
                 x = e.embed(e.in_vocab(tokens, out=tokens))
         x = e._layers(x, positions, plan, batch=None)
@@ -255,10 +261,21 @@ class DecodeGraphs:
         return self.outputs[bucket, ctx][b].clone()  # a fresh tensor
 
 
-def use_cuda_graphs(engine, variant) -> None:
-    """Capture decode graphs for the engine and route its decode steps through them."""
-    if variant.graphs == "off":
-        return
-    runner = DecodeGraphs(engine, variant.graphs)
+def graph_inputs(e, tokens: torch.Tensor, checked_embedding=None) -> torch.Tensor:
+    """A graph body's embedded ids (from its static buffer, copied in unchecked): the engine's
+    deferred range check started on them, the ids clamped in place (`in_vocab`), then their
+    embedding rows (with `checked_embedding`, the three in one kernel)."""
+    if checked_embedding is not None:
+        return checked_embedding(e.token_check, tokens, e.spec.vocab_size, e.weights.embed)
+    e.token_check.start(tokens)
+    return e.embed(e.in_vocab(tokens, out=tokens))
+
+
+def use_cuda_graphs(engine, policy: str, checked_embedding=None, gathered_embedding=None) -> None:
+    """Capture decode graphs at `policy`'s batch buckets (pow2, every8) for the engine and
+    route its decode steps through them."""
+    runner = DecodeGraphs(
+        engine, policy, checked_embedding=checked_embedding, gathered_embedding=gathered_embedding
+    )
     runner.capture(engine)
     engine.run_with(decode=runner)

@@ -21,7 +21,13 @@ import torch
 
 from variants.attention.padding import PrefillBatch
 from variants.cache.plans import CachePlan
-from variants.execution.cuda_graphs import capture_stream, capturing, no_collection, upload
+from variants.execution.cuda_graphs import (
+    capture_stream,
+    capturing,
+    graph_inputs,
+    no_collection,
+    upload,
+)
 from variants.kernels.device import device_capability
 from variants.kernels.prefill_attention import prefill_schedule, prefill_tiles
 from variants.kernels.prompt_gather import gathered_embedding, prompt_sources
@@ -58,13 +64,19 @@ class PrefillGraphs:
     """The prefill runner of an engine: it owns the graphs and their static buffers, and is
     handed the engine on each call (it keeps no reference to it)."""
 
-    def __init__(self, engine, largest_tokens: int = 8192, most_prompts: int = 64, check_ids=None):
-        """`check_ids` as in DecodeGraphs: the graphs start the engine's deferred token check."""
+    def __init__(
+        self, engine, largest_tokens: int = 8192, most_prompts: int = 64, check_ids=None,
+        checked_embedding=None,
+    ):  # fmt: skip
+        """`check_ids` and `checked_embedding` as in DecodeGraphs: the graphs start the
+        engine's deferred token check; with `checked_embedding` (the Triton stacks') they read
+        the prompts in place."""
         self.cache, self.token_check, self.device = engine.cache, engine.token_check, engine.device
         in_graph = engine.token_check.in_graph
         self.check_ids = in_graph if check_ids is None else bool(check_ids) and in_graph
         # the graphs read the prompts in place (their first kernel gathers, checks and embeds)
-        self.gather = self.check_ids and engine.checked_embedding is not None
+        self.checked_embedding = checked_embedding
+        self.gather = self.check_ids and checked_embedding is not None
         spec, device = engine.spec, engine.device
         self.buckets = token_buckets(16, largest_tokens)
         self.prompts = most_prompts
@@ -177,7 +189,7 @@ class PrefillGraphs:
             tokens = self.tokens[:t]  # the call's ids, copied in unchecked: clamped here
             # the padding rows are checked too: ids of earlier calls, clamped already
             if self.check_ids:
-                x = e.graph_inputs(tokens)
+                x = graph_inputs(e, tokens, self.checked_embedding)
             else:
                 x = e.embed(e.in_vocab(tokens, out=tokens))
         x = e._layers(x, positions, plan, batch=batch)
@@ -290,10 +302,8 @@ class PrefillGraphs:
         return self.head_outputs[m][rows].clone()  # a fresh tensor
 
 
-def use_prefill_graphs(engine, variant) -> None:
+def use_prefill_graphs(engine, checked_embedding=None) -> None:
     """Capture prefill graphs for the engine and route its prefill passes through them."""
-    if variant.prefill_graphs == "off":
-        return
-    runner = PrefillGraphs(engine)
+    runner = PrefillGraphs(engine, checked_embedding=checked_embedding)
     runner.capture(engine)
     engine.run_with(prefill=runner)

@@ -5,13 +5,12 @@ import pytest
 import torch
 
 from variants.attention.manual import ManualAttention
-from variants.attention.sdpa import SdpaAttention
-from variants.variant import Variant
+from variants.attention.sdpa import PinnedSdpaAttention, SdpaAttention
 
 BACKENDS = {
-    "manual": lambda spec: ManualAttention(spec, torch.float32, Variant(attention="manual")),
-    "sdpa-auto": lambda spec: SdpaAttention(spec, torch.float32, Variant(sdpa_backend="auto")),
-    "sdpa-math": lambda spec: SdpaAttention(spec, torch.float32, Variant(sdpa_backend="math")),
+    "manual": lambda spec: ManualAttention(spec, torch.float32),
+    "sdpa-auto": lambda spec: SdpaAttention(spec, torch.float32),
+    "sdpa-math": lambda spec: PinnedSdpaAttention(spec, torch.float32, "math"),
 }
 LENGTHS = [7, 1, 19, 12]
 
@@ -96,12 +95,10 @@ def test_manual_and_sdpa_agree(tiny_spec, prefill_batch, decode_plan):
 def test_sdpa_backend_lists(tiny_spec):
     from torch.nn.attention import SDPBackend
 
-    auto = SdpaAttention(tiny_spec, torch.float32, Variant(sdpa_backend="auto"))
-    assert auto.prefill_backends is None and auto.masked_backends is None
-    flash = SdpaAttention(tiny_spec, torch.float16, Variant(sdpa_backend="flash"))
-    assert flash.prefill_backends == [SDPBackend.FLASH_ATTENTION]
+    flash = PinnedSdpaAttention(tiny_spec, torch.float16, "flash")
+    assert flash.pinned == [SDPBackend.FLASH_ATTENTION]
     # Flash takes no mask: ragged decode falls back to efficient, then math.
-    assert flash.masked_backends == [
+    assert flash.masked == [
         SDPBackend.FLASH_ATTENTION,
         SDPBackend.EFFICIENT_ATTENTION,
         SDPBackend.MATH,

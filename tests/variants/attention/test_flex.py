@@ -38,7 +38,7 @@ TOL = 5e-4  # float32 on CPU, as tests/variants/test_engine.py: a mask or GQA bu
 
 
 def flex(spec) -> FlexAttention:
-    return FlexAttention(spec, torch.float32, Variant(attention="flex"))
+    return FlexAttention(spec, torch.float32)
 
 
 def sharp(shape, gen, scale=3.0):

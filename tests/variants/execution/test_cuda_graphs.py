@@ -34,10 +34,10 @@ class _EagerReplay:
         self.graphs._body(self.engine, self.batch, self.ctx)
 
 
-def _emulated(engine, largest, check_ids=None):
+def _emulated(engine, largest, check_ids=None, **embedding):
     """The engine's decode runner, each bucket "captured" as an eager replay of its body (and
     listed in `graphs.captured`)."""
-    graphs = DecodeGraphs(engine, "pow2", largest_batch=largest, check_ids=check_ids)
+    graphs = DecodeGraphs(engine, "pow2", largest_batch=largest, check_ids=check_ids, **embedding)
     graphs.captured = []
 
     def capture_one(engine, b, ctx):
@@ -191,19 +191,19 @@ def _gathering_engine(config, weights, cache: str, largest: int = 4):
     from variants.cache.paged import PagedKVCache
     from variants.cache.slab import SlabKVCache
     from variants.engine import assemble_engine
-    from variants.execution.eager import run_eager
     from variants.kernels.prompt_gather import gathered_embedding
     from variants.kernels.token_check import checked_embedding
     from variants.layers.fused_stack import fused_head, run_fused_stack
 
     cache_cls = SlabKVCache if cache == "slab" else PagedKVCache
-    variant = Variant(cache=cache, block_size=16, attention="triton", layers="fused")
     engine = assemble_engine(
-        config, weights, "cpu", variant, cache_cls, TritonAttention, run_eager, run_fused_stack,
-        head=fused_head, checked_embedding=checked_embedding,
+        config, weights, "cpu", cache_cls=cache_cls, attention_cls=TritonAttention,
+        stack=run_fused_stack, head=fused_head,
+    )  # fmt: skip
+    graphs = _emulated(
+        engine, largest=largest, checked_embedding=checked_embedding,
         gathered_embedding=gathered_embedding,
     )  # fmt: skip
-    graphs = _emulated(engine, largest=largest)
     engine.check_device_tokens = False  # the ids checked late, as on a GPU
     assert graphs.gather and graphs.check_ids
     return engine, graphs

@@ -13,7 +13,6 @@ from variants.attention.triton_attention import TritonAttention  # noqa: E402
 from variants.cache.paged import PagedKVCache  # noqa: E402
 from variants.cache.slab import SlabKVCache  # noqa: E402
 from variants.engine import assemble_engine  # noqa: E402
-from variants.execution.eager import run_eager  # noqa: E402
 from variants.execution.prefill_graphs import PrefillGraphs, token_buckets  # noqa: E402
 from variants.layers.torch_stack import run_torch_stack  # noqa: E402
 from variants.layers.triton_stack import run_triton_stack  # noqa: E402
@@ -32,10 +31,11 @@ class _EagerReplay:
         self.body(self.engine, self.arg)
 
 
-def _emulated(engine, largest_tokens, most_prompts, check_ids=None):
+def _emulated(engine, largest_tokens, most_prompts, check_ids=None, checked_embedding=None):
     graphs = PrefillGraphs(
-        engine, largest_tokens=largest_tokens, most_prompts=most_prompts, check_ids=check_ids
-    )
+        engine, largest_tokens=largest_tokens, most_prompts=most_prompts, check_ids=check_ids,
+        checked_embedding=checked_embedding,
+    )  # fmt: skip
     graphs.captured = []
 
     def capture_one(engine, t, warm_up=True):
@@ -70,8 +70,9 @@ def test_bucketed_prefill_matches_reference_and_leaves_live_state(
 ):
     ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
     engine = assemble_engine(
-        tiny_config, sharp_weights, "cpu", variant, cache_cls, TritonAttention, run_eager, stack
-    )
+        tiny_config, sharp_weights, "cpu", cache_cls=cache_cls, attention_cls=TritonAttention,
+        stack=stack,
+    )  # fmt: skip
     graphs = _emulated(engine, largest_tokens=256, most_prompts=3)
     gen = torch.Generator().manual_seed(11)
     vocab = tiny_config["vocab_size"]
@@ -121,10 +122,9 @@ def test_hopper_buckets_build_schedules_for_their_own_tiles(
         monkeypatch.setattr(module, "device_capability", lambda device: (9, 0))
     monkeypatch.setattr(attention_module, "SHORT_TOKENS", 64)
     ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
-    variant = Variant(cache="paged", block_size=16, attention="triton", layers="triton")
     engine = assemble_engine(
-        tiny_config, sharp_weights, "cpu", variant, PagedKVCache, TritonAttention, run_eager,
-        run_triton_stack,
+        tiny_config, sharp_weights, "cpu", cache_cls=PagedKVCache, attention_cls=TritonAttention,
+        stack=run_triton_stack,
     )  # fmt: skip
     graphs = _emulated(engine, largest_tokens=128, most_prompts=3)
     assert graphs.block_m == {16: 16, 32: 16, 64: 16, 128: 64}
@@ -142,8 +142,8 @@ def _checked_engine(config, weights, check_ids, largest_tokens=64):
     """A slab engine with emulated prefill graphs and the deferred check of ids on a GPU, run by
     the graph (`check_ids`) or by the engine before the step."""
     engine = assemble_engine(
-        config, weights, "cpu", Variant(cache="slab", attention="triton"),
-        SlabKVCache, TritonAttention, run_eager, run_torch_stack,
+        config, weights, "cpu", cache_cls=SlabKVCache, attention_cls=TritonAttention,
+        stack=run_torch_stack,
     )  # fmt: skip
     graphs = _emulated(engine, largest_tokens=largest_tokens, most_prompts=4, check_ids=check_ids)
     engine.check_device_tokens = False
@@ -216,11 +216,13 @@ def _gathering_engine(config, weights, largest_tokens=64, most_prompts=3):
     from variants.kernels.token_check import checked_embedding
 
     engine = assemble_engine(
-        config, weights, "cpu", Variant(cache="slab", attention="triton", layers="triton"),
-        SlabKVCache, TritonAttention, run_eager, run_triton_stack,
+        config, weights, "cpu", cache_cls=SlabKVCache, attention_cls=TritonAttention,
+        stack=run_triton_stack,
+    )  # fmt: skip
+    graphs = _emulated(
+        engine, largest_tokens=largest_tokens, most_prompts=most_prompts,
         checked_embedding=checked_embedding,
     )  # fmt: skip
-    graphs = _emulated(engine, largest_tokens=largest_tokens, most_prompts=most_prompts)
     engine.check_device_tokens = False
     assert graphs.gather
     return engine, graphs
@@ -301,8 +303,8 @@ def test_prompts_past_the_largest_bucket_run_eagerly_with_their_check(tiny_confi
 
 def test_returned_logits_are_a_copy(tiny_config, tiny_weights):
     engine = assemble_engine(
-        tiny_config, tiny_weights, "cpu", Variant(cache="slab", attention="triton"),
-        SlabKVCache, TritonAttention, run_eager, run_torch_stack,
+        tiny_config, tiny_weights, "cpu", cache_cls=SlabKVCache, attention_cls=TritonAttention,
+        stack=run_torch_stack,
     )  # fmt: skip
     graphs = _emulated(engine, largest_tokens=64, most_prompts=2)
     first = engine.prefill([1], [torch.tensor([1, 2, 3])])
@@ -316,8 +318,8 @@ def test_returned_logits_are_a_copy(tiny_config, tiny_weights):
 
 def test_a_grown_pool_recaptures_only_the_bucket_in_use(tiny_config, tiny_weights):
     engine = assemble_engine(
-        tiny_config, tiny_weights, "cpu", Variant(cache="paged", block_size=16,
-        attention="triton"), PagedKVCache, TritonAttention, run_eager, run_torch_stack,
+        tiny_config, tiny_weights, "cpu", cache_cls=PagedKVCache, attention_cls=TritonAttention,
+        stack=run_torch_stack,
     )  # fmt: skip
     graphs = _emulated(engine, largest_tokens=64, most_prompts=4)
     graphs.captured.clear()

@@ -13,7 +13,6 @@ from variants.attention.triton_attention import TritonAttention  # noqa: E402
 from variants.cache.paged import PagedKVCache  # noqa: E402
 from variants.cache.slab import SlabKVCache  # noqa: E402
 from variants.engine import assemble_engine  # noqa: E402
-from variants.execution.eager import run_eager  # noqa: E402
 from variants.layers import fused_stack  # noqa: E402
 from variants.layers.fused_stack import fused_head, run_fused_stack  # noqa: E402
 from variants.variant import Variant  # noqa: E402
@@ -26,10 +25,10 @@ CASES = [
 
 
 def _engine(tiny_config, sharp_weights, cache_cls, attention_cls, variant):
-    variant = Variant.from_dict({**variant.to_dict(), "layers": "fused"})
     return assemble_engine(
-        tiny_config, sharp_weights, "cpu", variant, cache_cls, attention_cls, run_eager,
-        run_fused_stack, head=fused_head,
+        tiny_config, sharp_weights, "cpu", cache_cls=cache_cls, attention_cls=attention_cls,
+        stack=run_fused_stack, head=fused_head, fuse_qkv=variant.fuse_qkv,
+        fuse_gate_up=variant.fuse_gate_up,
     )  # fmt: skip
 
 
@@ -101,9 +100,8 @@ def _plain_pdl_engine(tiny_config, sharp_weights, monkeypatch) -> tuple:
         plain(triton_stack, name)
     plain(triton_attention, "paged_decode_attention")
     engine = assemble_engine(
-        tiny_config, sharp_weights, "cpu", Variant(cache="slab", attention="triton"),
-        SlabKVCache, TritonAttention, run_eager, fused_stack.run_fused_pdl_stack,
-        head=fused_stack.fused_pdl_head,
+        tiny_config, sharp_weights, "cpu", cache_cls=SlabKVCache, attention_cls=TritonAttention,
+        stack=fused_stack.run_fused_pdl_stack, head=fused_stack.fused_pdl_head,
     )  # fmt: skip
     asked.clear()
     return engine, asked

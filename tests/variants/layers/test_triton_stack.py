@@ -11,7 +11,6 @@ from variants.attention.triton_attention import TritonAttention  # noqa: E402
 from variants.cache.paged import PagedKVCache  # noqa: E402
 from variants.cache.slab import SlabKVCache  # noqa: E402
 from variants.engine import assemble_engine  # noqa: E402
-from variants.execution.eager import run_eager  # noqa: E402
 from variants.layers.torch_stack import run_torch_stack  # noqa: E402
 from variants.layers.triton_stack import run_triton_stack  # noqa: E402
 from variants.variant import Variant  # noqa: E402
@@ -34,8 +33,9 @@ def test_matches_the_reference(name, cache_cls, attention_cls, stack, variant, g
                                tiny_config, sharp_weights, reference_gap,
                                emulate_graphs):  # fmt: skip
     engine = assemble_engine(
-        tiny_config, sharp_weights, "cpu", variant, cache_cls, attention_cls, run_eager, stack
-    )
+        tiny_config, sharp_weights, "cpu", cache_cls=cache_cls, attention_cls=attention_cls,
+        stack=stack, fuse_qkv=variant.fuse_qkv,
+    )  # fmt: skip
     if graphs:
         emulate_graphs(engine)
     worst = reference_gap(engine)
