@@ -5,6 +5,7 @@ Hugging Face LLaMA configs are read too (`dtype` for `torch_dtype`, `rope_parame
 what the engine cannot compute (biases, scaled RoPE, another activation) is refused by name.
 """
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -137,20 +138,10 @@ class ModelSpec:
         return spec
 
     def check(self) -> None:
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "intermediate_size",
-            "num_layers",
-            "num_heads",
-            "num_kv_heads",
-            "head_dim",
-            "max_positions",
-        ):
-            if getattr(self, name) <= 0:
-                raise ValueError(
-                    f"model_config: {name} must be positive, got {getattr(self, name)}"
-                )
+        for field in dataclasses.fields(self):  # every size and count
+            if field.type in (int, "int") and getattr(self, field.name) <= 0:
+                value = getattr(self, field.name)
+                raise ValueError(f"model_config: {field.name} must be positive, got {value}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_attention_heads {self.num_heads} is not a multiple of "
