@@ -100,3 +100,44 @@ def fake_cuda_caps(cpu_caps):
 def all_cpu_variants() -> list:
     """Every CPU-valid variant, compiled ones included."""
     return cpu_variants(include_compile=True)
+
+
+class EagerReplay:
+    """Stands in for a captured decode graph: a replay runs the captured body on the static
+    buffers (what a graph replays), so the CPU exercises them."""
+
+    def __init__(self, graphs, engine, batch, ctx):
+        self.graphs, self.engine, self.batch, self.ctx = graphs, engine, batch, ctx
+
+    def replay(self):
+        self.graphs._body(self.engine, self.batch, self.ctx)
+
+
+def emulated_decode_graphs(engine, largest, check_ids=None, warm=False, **embedding):
+    """The engine's decode runner, its buckets "captured" as eager replays (listed in
+    `graphs.captured`; `warm`: each body run once first, as a capture does); the engine's decode
+    steps routed through it. `embedding`: DecodeGraphs' checked/gathered embedding."""
+    from variants.execution.cuda_graphs import DecodeGraphs
+
+    graphs = DecodeGraphs(engine, "pow2", largest_batch=largest, check_ids=check_ids, **embedding)
+    graphs.captured = []
+
+    def capture_one(engine, b, ctx):
+        if warm:
+            graphs._fill([], [], b)
+            graphs._body(engine, b, ctx)
+        graphs.graphs[b, ctx] = EagerReplay(graphs, engine, b, ctx)
+        graphs.captured.append((b, ctx))
+
+    graphs._capture_one = capture_one
+    for c in graphs.contexts:
+        for b in graphs.batches:
+            capture_one(engine, b, c)
+    graphs.generation = engine.cache.generation
+    engine.run_with(decode=graphs)
+    return graphs
+
+
+@pytest.fixture
+def emulate_decode_graphs():
+    return emulated_decode_graphs

@@ -7,7 +7,7 @@ import torch
 import variants.engine
 from evaluator.reference_model import ReferenceModel
 from variants import Variant, build_engine
-from variants.execution.cuda_graphs import DecodeGraphs, batch_buckets, context_buckets
+from variants.execution.cuda_graphs import batch_buckets, context_buckets
 
 
 def test_batch_bucket_policies():
@@ -24,40 +24,13 @@ def test_context_buckets_end_at_max_positions():
     assert context_buckets(100) == [100]
 
 
-class _EagerReplay:
-    """Stands in for a captured graph: replay runs the captured body on the static buffers."""
-
-    def __init__(self, graphs, engine, batch, ctx):
-        self.graphs, self.engine, self.batch, self.ctx = graphs, engine, batch, ctx
-
-    def replay(self):
-        self.graphs._body(self.engine, self.batch, self.ctx)
-
-
-def _emulated(engine, largest, check_ids=None, **embedding):
-    """The engine's decode runner, each bucket "captured" as an eager replay of its body (and
-    listed in `graphs.captured`)."""
-    graphs = DecodeGraphs(engine, "pow2", largest_batch=largest, check_ids=check_ids, **embedding)
-    graphs.captured = []
-
-    def capture_one(engine, b, ctx):
-        graphs.graphs[b, ctx] = _EagerReplay(graphs, engine, b, ctx)
-        graphs.captured.append((b, ctx))
-
-    graphs._capture_one = capture_one
-    for c in graphs.contexts:
-        for b in graphs.batches:
-            capture_one(engine, b, c)
-    graphs.generation = engine.cache.generation
-    engine.run_with(decode=graphs)
-    return graphs
-
-
 @pytest.mark.parametrize("cache", ["slab", "paged"])
-def test_padded_buckets_match_reference_and_touch_no_live_state(cache, tiny_config, sharp_weights):
+def test_padded_buckets_match_reference_and_touch_no_live_state(
+    cache, tiny_config, sharp_weights, emulate_decode_graphs
+):
     ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
     engine = build_engine(tiny_config, sharp_weights, "cpu", Variant(cache=cache, block_size=16))
-    _emulated(engine, largest=4)
+    emulate_decode_graphs(engine, largest=4)
     gen = torch.Generator().manual_seed(3)
     history = {}
     for rid, n in [(70, 5), (3, 130), (11, 1), (900, 17), (5, 2)]:
@@ -78,9 +51,11 @@ def test_padded_buckets_match_reference_and_touch_no_live_state(cache, tiny_conf
     assert worst < 1e-4
 
 
-def test_returned_logits_are_a_copy_of_the_static_buffer(tiny_config, tiny_weights):
+def test_returned_logits_are_a_copy_of_the_static_buffer(
+    tiny_config, tiny_weights, emulate_decode_graphs
+):
     engine = build_engine(tiny_config, tiny_weights, "cpu", Variant(cache="slab"))
-    graphs = _emulated(engine, largest=2)
+    graphs = emulate_decode_graphs(engine, largest=2)
     engine.prefill([1, 2], [torch.tensor([1, 2, 3]), torch.tensor([4, 5])])
     first = engine.decode([1], torch.tensor([7]))
     kept = first.clone()
@@ -90,9 +65,11 @@ def test_returned_logits_are_a_copy_of_the_static_buffer(tiny_config, tiny_weigh
         assert first.untyped_storage().data_ptr() != views[-1].untyped_storage().data_ptr()
 
 
-def test_cache_growth_recaptures_the_buckets_calls_need(tiny_config, tiny_weights):
+def test_cache_growth_recaptures_the_buckets_calls_need(
+    tiny_config, tiny_weights, emulate_decode_graphs
+):
     engine = build_engine(tiny_config, tiny_weights, "cpu", Variant(cache="slab"))
-    graphs = _emulated(engine, largest=2)
+    graphs = emulate_decode_graphs(engine, largest=2)
     graphs.captured.clear()
     slots = engine.cache.slots
     ids = list(range(slots + 1))  # one more request than slots: the slab grows
@@ -106,7 +83,7 @@ def test_cache_growth_recaptures_the_buckets_calls_need(tiny_config, tiny_weight
 
 @pytest.mark.parametrize("check_ids", [False, True], ids=["engine-check", "graph-check"])
 def test_a_bad_id_raises_by_name_and_leaves_the_requests_as_they_were(
-    check_ids, tiny_config, sharp_weights, monkeypatch
+    check_ids, tiny_config, sharp_weights, monkeypatch, emulate_decode_graphs
 ):
     """Ids on a GPU are checked after the step is queued: by the engine before the replay, or
     inside the graph (and before the eager step beyond the largest bucket). A bad id raises by
@@ -115,7 +92,7 @@ def test_a_bad_id_raises_by_name_and_leaves_the_requests_as_they_were(
     reference."""
     ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
     engine = build_engine(tiny_config, sharp_weights, "cpu", Variant(cache="paged", block_size=16))
-    graphs = _emulated(engine, largest=4, check_ids=check_ids)
+    graphs = emulate_decode_graphs(engine, largest=4, check_ids=check_ids)
     engine.check_device_tokens = False  # the deferred check of ids on a GPU:
     monkeypatch.setattr(variants.engine, "token_ids_on_host", lambda ids: False)
     assert engine.decode_runner.check_ids is check_ids
@@ -138,7 +115,7 @@ def test_a_bad_id_raises_by_name_and_leaves_the_requests_as_they_were(
 
 
 def test_triton_attention_graphs_fix_their_splits_per_context_bucket(
-    tiny_config, sharp_weights, monkeypatch
+    tiny_config, sharp_weights, monkeypatch, emulate_decode_graphs
 ):
     """On Hopper the Triton attention asks for two context buckets (LONG_CONTEXT lowered to 64
     here, the capability and SM count the H200's): steps up to 64 tokens of context replay the
@@ -160,7 +137,7 @@ def test_triton_attention_graphs_fix_their_splits_per_context_bucket(
     ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
     variant = Variant(cache="slab", attention="triton")
     engine = build_engine(tiny_config, sharp_weights, "cpu", variant)
-    graphs = _emulated(engine, largest=2)
+    graphs = emulate_decode_graphs(engine, largest=2)
     assert graphs.contexts == [64, tiny_config["max_position_embeddings"]]
     history = list(range(1, 63))
     engine.prefill([0], [torch.tensor(history)])
@@ -173,16 +150,18 @@ def test_triton_attention_graphs_fix_their_splits_per_context_bucket(
         assert (out[0] - want).abs().max().item() < 1e-4
 
 
-def test_triton_attention_graphs_before_hopper_keep_one_context_bucket(tiny_config, tiny_weights):
+def test_triton_attention_graphs_before_hopper_keep_one_context_bucket(
+    tiny_config, tiny_weights, emulate_decode_graphs
+):
     pytest.importorskip("triton")
     engine = build_engine(
         tiny_config, tiny_weights, "cpu", Variant(cache="slab", attention="triton")
     )
-    graphs = _emulated(engine, largest=2)
+    graphs = emulate_decode_graphs(engine, largest=2)
     assert graphs.contexts == [tiny_config["max_position_embeddings"]]
 
 
-def _gathering_engine(config, weights, cache: str, largest: int = 4):
+def _gathering_engine(config, weights, cache: str, emulate, largest: int = 4):
     """The fused layers on the Triton attention with the checked embedding: the emulated graphs
     read the call's ids in place and their metadata from the host buffer (prompt_gather.py),
     and the first layer reads its positions after the inputs kernel wrote them."""
@@ -200,7 +179,7 @@ def _gathering_engine(config, weights, cache: str, largest: int = 4):
         config, weights, "cpu", cache_cls=cache_cls, attention_cls=TritonAttention,
         stack=run_fused_stack, head=fused_head,
     )  # fmt: skip
-    graphs = _emulated(
+    graphs = emulate(
         engine, largest=largest, checked_embedding=checked_embedding,
         gathered_embedding=gathered_embedding,
     )  # fmt: skip
@@ -210,12 +189,14 @@ def _gathering_engine(config, weights, cache: str, largest: int = 4):
 
 
 @pytest.mark.parametrize("cache", ["slab", "paged"])
-def test_gathering_graphs_read_the_ids_where_they_are(cache, tiny_config, sharp_weights):
+def test_gathering_graphs_read_the_ids_where_they_are(
+    cache, tiny_config, sharp_weights, emulate_decode_graphs
+):
     """Ids as a tensor, a slice at an offset, a strided view, int32 and a list; batches that pad
     to a bucket and one past the largest (eager). Every row matches the reference, and no call
     wrote the token buffer."""
     ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
-    engine, graphs = _gathering_engine(tiny_config, sharp_weights, cache)
+    engine, graphs = _gathering_engine(tiny_config, sharp_weights, cache, emulate_decode_graphs)
     gen = torch.Generator().manual_seed(6)
     vocab = tiny_config["vocab_size"]
     history = {}
@@ -244,13 +225,13 @@ def test_gathering_graphs_read_the_ids_where_they_are(cache, tiny_config, sharp_
 
 
 def test_a_bad_gathered_id_raises_and_leaves_the_requests_as_they_were(
-    tiny_config, sharp_weights, monkeypatch
+    tiny_config, sharp_weights, monkeypatch, emulate_decode_graphs
 ):
     """A bad id read in place raises by name after the step, the lengths are restored, and the
     next steps in the same bucket match the reference."""
     monkeypatch.setattr(variants.engine, "token_ids_on_host", lambda ids: False)
     ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
-    engine, graphs = _gathering_engine(tiny_config, sharp_weights, "paged")
+    engine, graphs = _gathering_engine(tiny_config, sharp_weights, "paged", emulate_decode_graphs)
     vocab = tiny_config["vocab_size"]
     history = {rid: [rid + 1, 2, 3] for rid in range(3)}
     engine.prefill(list(history), [torch.tensor(h) for h in history.values()])

@@ -5,37 +5,12 @@ import pytest
 import torch
 
 from evaluator.reference_model import ReferenceModel
-from variants.execution.cuda_graphs import DecodeGraphs
-
-
-def _emulate_graphs(engine, largest_batch: int = 4) -> None:
-    """Route the engine's decode steps through DecodeGraphs with each 'replay' running the
-    captured body eagerly (what a graph replays), so the CPU exercises the static buffers."""
-    graphs = DecodeGraphs(engine, "pow2", largest_batch=largest_batch)
-
-    class Replay:
-        def __init__(self, b, c):
-            self.b, self.c = b, c
-
-        def replay(self):
-            graphs._body(engine, self.b, self.c)
-
-    def capture_one(engine, b, c):
-        graphs._fill([], [], b)
-        graphs._body(engine, b, c)  # the outputs' views, as a capture makes them
-        graphs.graphs[b, c] = Replay(b, c)
-
-    graphs._capture_one = capture_one
-    for c in graphs.contexts:
-        for b in graphs.batches:
-            capture_one(engine, b, c)
-    graphs.generation = engine.cache.generation
-    engine.run_with(decode=graphs)
 
 
 @pytest.fixture
-def emulate_graphs():
-    return _emulate_graphs
+def emulate_graphs(emulate_decode_graphs):
+    """engine -> its decode steps routed through emulated graphs (buckets up to 4 rows)."""
+    return lambda engine, largest_batch=4: emulate_decode_graphs(engine, largest_batch, warm=True)
 
 
 @pytest.fixture
