@@ -15,8 +15,11 @@ import argparse
 import logging
 import shlex
 import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
 
-from search.trial_worker import DEFAULT_RENDERER, OBJECTIVE_TRACES
+from search.trial import DEFAULT_RENDERER, OBJECTIVE_TRACES
 
 log = logging.getLogger("search")
 
@@ -207,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--output", required=True, help="engine file to write")
     render.add_argument("--renderer", default=DEFAULT_RENDERER, help="module:function")
 
-    from search.sweep_command import add_arguments
+    from sweep.command import add_arguments
 
     sweep = sub.add_parser(
         "sweep",
@@ -263,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     """The command's exit code: 0 done, 1 its job failed, 2 a user error (one line; the
     traceback with --debug)."""
     from evaluator.engine_loader import EngineLoadError
-    from search.errors import UserError
+    from search.setup import UserError
 
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
@@ -284,15 +287,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def dispatch(args) -> int:
     if args.command == "run":
-        from search.pipeline import run
-
-        return run(args)
+        return RunJob(args).run()
     if args.command == "worker":
-        from search.worker import worker
+        from search.study import worker
 
         return worker(args)
     if args.command == "sweep":
-        from search.sweep_command import sweep_command
+        from sweep.command import sweep_command
 
         return sweep_command(args)
     if args.command == "import-gguf":
@@ -307,6 +308,148 @@ def dispatch(args) -> int:
         from serving.serve import serve_command
 
         return serve_command(args)
-    from search.browse import render, report
+    from search.report import render, report
 
     return report(args) if args.command == "report" else render(args)
+
+
+# --- the main job: `python -m search run` (what `bash run.sh` does) ------------------------------
+
+
+class PhaseClock:
+    def __init__(self):
+        self.phases: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str):
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self.phases[name] = self.phases.get(name, 0.0) + time.monotonic() - start
+
+
+class RunJob:
+    """One run's state: `set_up` fills in the device, target, space and runner; the search the
+    study and its storage; the later phases read them and add notes for the results log."""
+
+    def __init__(self, args):
+        self.args = args
+        self.start = time.monotonic()
+        self.clock = PhaseClock()
+        self.notes: list[str] = []
+        self.workspace = Path(args.workspace)
+        self.storage_url = self.study_name = self.dashboard = None
+        self.study = None
+
+    def seconds_left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def run(self) -> int:
+        """The phases in order: set-up, the search, the full-protocol re-measurement of the
+        leaders, verify-and-write, a short shape sweep of the leaders for the report's figures,
+        the figures and the results log. A study that already holds a verified best and no newer
+        trials is not searched again: its best is rendered, re-verified and written in seconds.
+        (The phases' modules are imported here: the other commands need none of them.)"""
+        from search.setup import set_up
+        from search.study import search_trials
+        from search.trial import load_renderer
+        from search.write import (
+            candidates,
+            common_failure,
+            header,
+            installed,
+            rank,
+            remeasure,
+            remember,
+            set_aside,
+            verify,
+            write_verified,
+        )
+
+        with self.clock("set-up"):
+            set_up(self)
+        with self.clock("search"):
+            records, standing = search_trials(self)
+        if standing is None:
+            with self.clock("full-protocol re-measure"):
+                try:
+                    remeasure(self, records)
+                except Exception as exc:  # numbers lost, not the engine: go on to write one
+                    log.exception("the full-protocol re-measurement failed")
+                    self.notes.append(f"the full-protocol re-measurement failed: {exc!r}")
+        ranked = rank(records)
+        with self.clock("verify and write"):
+            first = [standing] if standing is not None else []
+            rest = [
+                r
+                for r in candidates(self, records, ranked)
+                if r.number not in {f.number for f in first}
+            ]
+            render = load_renderer(self.args.renderer)
+            budget, weights = self.runner.engine_budget_gib, self.target.weights_format
+            attempts = write_verified(
+                first + rest,
+                lambda variant, path, text: render(variant, path, text, budget, weights=weights),
+                self.workspace,
+                verify(self, benchmark=standing is None),
+                lambda record: header(self, record),
+            )
+        done = installed(attempts)
+        if done is not None:
+            remember(self, done.record)
+            log.info("wrote %s: %s", self.workspace / "engine.py", done.record.name)
+        else:
+            aside = set_aside(self)
+            self.notes.append(aside)
+        if done is not None and self.study is not None:
+            from sweep.command import sweep_leaders
+
+            with self.clock("shape sweep"):
+                self.notes += sweep_leaders(self, reuse=standing is not None)
+        self.write_figures()
+        self.clock.phases["total"] = time.monotonic() - self.start
+        self.write_log(records, ranked, attempts)
+        if done is None:  # the last line says why
+            log.error(
+                "no engine written: no candidate passed verification (most often: %s); %s",
+                common_failure(records, attempts),
+                aside,
+            )
+        return 0 if done is not None else 1
+
+    def write_figures(self) -> None:
+        """The study report (PNG figures, summary.md) next to the study; never fails the job."""
+        if self.study is None:
+            return
+        try:
+            from search.report import default_report_dir, write_report
+
+            out = default_report_dir(self.storage_url, self.study_name, self.args.studies_dir)
+            paths = write_report(self.study, out)
+            self.notes.append(f"figures and summary in {out}: " + ", ".join(p.name for p in paths))
+        except Exception as exc:  # a diagram is not worth the engine
+            log.warning("could not write the study figures: %r", exc)
+            self.notes.append(f"the study figures could not be written: {exc!r}")
+
+    def write_log(self, records, ranked, attempts) -> None:
+        from search.report import RunSummary, write_log
+
+        summary = RunSummary(
+            command="python -m search " + self.args.command_line,
+            environment=self.environment,
+            target=self.target.describe(),
+            capabilities=self.caps.to_dict(),
+            space=self.space.describe(),
+            space_size=self.space.size,
+            records=records,
+            ranked=ranked,
+            attempts=attempts,
+            phases=self.clock.phases,
+            storage=self.storage_url,
+            study=self.study_name,
+            dashboard=self.dashboard,
+            notes=self.notes + self.target.notes,
+        )
+        write_log(self.workspace / "results.log", summary)
+        log.info("wrote %s", self.workspace / "results.log")
