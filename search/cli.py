@@ -151,8 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--fresh", action="store_true", help="delete the study and start over")
     run.add_argument("--workspace", default="workspace", help="where engine.py and results.log go")
     run.add_argument(
-        "--traces",
-        help=f"comma-separated objective traces (default {','.join(OBJECTIVE_TRACES)})",
+        "--traces", help=f"comma-separated objective traces (default {','.join(OBJECTIVE_TRACES)})"
     )
     run.add_argument(
         "--no-optuna",

@@ -369,10 +369,7 @@ def write_report(
             axis_effects_figure(records),
             "tokens/s by choice on each variant axis that varies",
         ),
-        "history.png": (
-            history_figure(records),
-            "tokens/s per trial and the best so far",
-        ),
+        "history.png": (history_figure(records), "tokens/s per trial and the best so far"),
         "floor_efficiency.png": (
             floor_figure(ranked, top),
             "floor efficiency per trace of the top assemblies",
@@ -434,12 +431,12 @@ def _markdown(study, records: list[Record], ranked, best: dict, figs, missing, t
         parts += [
             f"**Chosen engine:** trial {best['trial']} `{best['variant_name']}`, "
             f"{best['tokens_per_s']:,.1f} tokens/s, peak {best.get('peak_mib', 0):,.0f} MiB "
-            f"(verified {best.get('verified_at', '?')}).",
+            f"(verified {best.get('verified_at', '?')})."
         ]
     elif ranked:
         parts += [
             f"**No verified best stored;** the leader is trial {ranked[0].number} "
-            f"`{ranked[0].name}` ({ranked[0].tokens_per_s:,.1f} tokens/s).",
+            f"`{ranked[0].name}` ({ranked[0].tokens_per_s:,.1f} tokens/s)."
         ]
     else:
         parts += ["**No correct trial.**"]
@@ -631,12 +628,7 @@ def floor_figure(ranked: list[Record], top: int = 5) -> Figure | None:
         for i, r in enumerate(leaders):
             eff = _floor(r)
             xs = [k + (i - (len(leaders) - 1) / 2) * width for k in range(len(traces))]
-            ax.bar(
-                xs,
-                [eff.get(t, 0.0) for t in traces],
-                width,
-                label=f"#{r.number} {r.name}",
-            )
+            ax.bar(xs, [eff.get(t, 0.0) for t in traces], width, label=f"#{r.number} {r.name}")
         ax.set_xticks(range(len(traces)))
         ax.set_xticklabels(traces)
         ax.set_xlabel("trace")

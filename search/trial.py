@@ -484,12 +484,7 @@ def _floor_efficiency(trace, config: dict, device: str, ceilings, seconds: float
     if not ceilings:
         return None
     try:
-        from evaluator.floor import (
-            Ceilings,
-            dtype_bytes_for,
-            floor_efficiency,
-            trace_floor_seconds,
-        )
+        from evaluator.floor import Ceilings, dtype_bytes_for, floor_efficiency, trace_floor_seconds
 
         floor = trace_floor_seconds(
             trace, config, Ceilings(**ceilings), dtype_bytes_for(config, device)
