@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -133,6 +134,35 @@ def set_up(job) -> None:
         job.device,
         job.space.size,
     )
+
+
+@dataclass
+class Budget:
+    """Wall-clock deadline for the loop and what must stay in reserve after it: the full-protocol
+    re-measurement of three leaders (about one trial each on an H200) and the final verification
+    (a third of a trial there), in typical trials, plus `after_s` (the shape sweep's limit),
+    never more than `max_reserve_share` of the whole budget."""
+
+    deadline: float  # time.monotonic() value
+    trial_timeout_s: float
+    total_s: float = 0.0
+    reserve_trials: float = 4.0
+    max_reserve_share: float = 0.35
+    first_guess_s: float = 20.0
+    after_s: float = 0.0
+
+    def typical_trial_s(self, durations: list[float]) -> float:
+        return statistics.median(durations) if durations else self.first_guess_s
+
+    def time_for_trial(self, durations: list[float]) -> float | None:
+        """Seconds the next trial may take, or None when the budget is spent."""
+        typical = self.typical_trial_s(durations)
+        wanted = self.reserve_trials * typical + self.after_s
+        reserve = min(wanted, self.max_reserve_share * self.total_s)
+        left = self.deadline - time.monotonic() - reserve
+        if left < 0.75 * typical:
+            return None
+        return min(self.trial_timeout_s, left)
 
 
 def choose_gate(asked: str, target):

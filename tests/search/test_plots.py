@@ -8,7 +8,8 @@ import optuna
 import pytest
 
 from search import study as st
-from search.report import default_report_dir, param_importances, pareto_front, write_report
+from search.figures import param_importances, pareto_front, write_report
+from search.report import default_report_dir
 from search.study import create_demo_study
 from search.trial import Record
 

@@ -7,7 +7,7 @@ import matplotlib.image as mpimg
 import optuna
 
 from search import study as st
-from search.report import write_report
+from search.figures import write_report
 from sweep.plots import (
     DECODE_FLOOR,
     DECODE_LABELS,
