@@ -19,9 +19,11 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from search.report import RunSummary, default_report_dir, write_log
 from search.setup import (
     Budget,
     UserError,
+    device_kind,
     measure_ceilings,
     set_up,
     warm_first,
@@ -428,7 +430,6 @@ class RunJob:
             return
         try:
             from search.figures import write_report
-            from search.report import default_report_dir
 
             out = default_report_dir(self.storage_url, self.study_name, self.args.studies_dir)
             paths = write_report(self.study, out)
@@ -438,8 +439,6 @@ class RunJob:
             self.notes.append(f"the study figures could not be written: {exc!r}")
 
     def write_log(self, records, ranked, attempts) -> None:
-        from search.report import RunSummary, write_log
-
         summary = RunSummary(
             command="python -m search " + self.args.command_line,
             environment=self.environment,
@@ -470,7 +469,7 @@ def sweep_s(job) -> float:
     """What the shape sweep after the search may take at most (its engines' builds aside)."""
     from sweep.command import PIPELINE_LIMIT_S
 
-    return PIPELINE_LIMIT_S["cuda" if job.device.startswith("cuda") else "cpu"]
+    return PIPELINE_LIMIT_S[device_kind(job.device)]
 
 
 def optuna_available() -> bool:
@@ -562,16 +561,11 @@ def check_same_model(job, study) -> None:
 
 
 def prepare_study(job, study) -> None:
-    from search.study import hardware_key
+    from search.study import model_attrs
 
     attrs = {
-        "weights_fingerprint": job.target.fingerprint,
+        **model_attrs(job.target, job.gate, job.caps),
         "weights_file": job.target.weights_file,
-        "gate": job.gate,
-        "model_config": job.target.config,
-        "model_config_path": str(job.target.config_path),
-        "weight_dir": str(job.target.weight_dir),
-        "hardware": hardware_key(job.caps),
         "capabilities": job.caps.to_dict(),
         "space": {name: list(choices) for name, choices in job.space.describe()},
         "traces": list(job.runner.traces),

@@ -1,12 +1,9 @@
 """What a run leaves for people: `workspace/results.log` (what was searched, what every trial did,
-what won and why), the study report on disk (PNG figures and `summary.md` next to the study's
-storage, `studies/<name>/` by default), and the commands that read a stored study back: `report`
-(tables and the report) and `render` (one trial's engine file). Plain text for people; the study
-storage is the data (open it with the dashboard command at the end of the log).
-
-The figures are bare matplotlib Figures (drawn by Agg when saved, no display or pyplot backend
-involved), each None when the records hold nothing to draw; `report` and tradeoffs.ipynb share
-them.
+what won and why) and its tables, and the commands that read a stored study back: `report`
+(tables, and the figures and summary.md of search.figures next to the study's storage,
+`studies/<name>/` by default) and `render` (one trial's engine file). Plain text for people; the
+study storage is the data (open it with the dashboard command at the end of the log). Neither
+Optuna nor matplotlib is needed to write the results log.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Set-up, before any trial: the target pre-flighted, this machine described, the device, gate,
-budget and memory budget resolved, the capabilities, the search space and the trial runner; then,
-on a GPU, the queued assemblies' Triton kernels compiled side by side before the first trial.
-The worker, `sweep`, `render` and `generate` resolve their device and target here too.
+budget (`Budget`) and memory budget resolved, the capabilities, the search space and the trial
+runner; then, on a GPU, the queued assemblies' Triton kernels compiled side by side before the
+first trial. The worker, `sweep`, `render` and `generate` resolve their device and target here too.
 """
 
 from __future__ import annotations
@@ -76,6 +76,11 @@ def resolve_device(text: str) -> str:
     return text
 
 
+def device_kind(device: str) -> str:
+    """ "cuda" or "cpu": what the defaults (budget, trial limit, traces, sweep) depend on."""
+    return "cuda" if device.startswith("cuda") else "cpu"
+
+
 def measure_ceilings(device: str) -> dict | None:
     try:
         from evaluator.floor import measure_ceilings as measure
@@ -91,7 +96,7 @@ def set_up(job) -> None:
     environment and trial runner (from `job.args`, counted from `job.start`)."""
     args = job.args
     job.device = resolve_device(args.device)
-    kind = "cuda" if job.device.startswith("cuda") else "cpu"
+    kind = device_kind(job.device)
     job.target = resolve_target(args.model_config, args.weight_dir)
     check_dtype(job.target, job.device)
     gate, why = choose_gate(args.gate, job.target)
@@ -383,14 +388,13 @@ def stored_shapes(path: str) -> dict:
     """Every stored tensor of a weight file (or a sharded index's shards) as a meta tensor of
     its shape and dtype: the headers read, not the data."""
     if path.endswith(".index.json"):
-        folder = Path(path).parent
         try:
-            shards = sorted(set(json.loads(Path(path).read_text())["weight_map"].values()))
+            shards = shard_files(path)
         except (OSError, ValueError, KeyError, AttributeError) as exc:
             raise TargetError(f"{path} is not a weight index json ({exc})") from None
         state: dict = {}
         for shard in shards:
-            state.update(stored_shapes(str(folder / shard)))
+            state.update(stored_shapes(str(shard)))
         return state
     try:
         if path.endswith(".safetensors"):
@@ -413,13 +417,18 @@ def stored_shapes(path: str) -> dict:
     }
 
 
+def shard_files(index: str) -> list[Path]:
+    """The files a sharded checkpoint's index json names, in order."""
+    names = json.loads(Path(index).read_text())["weight_map"].values()
+    return [Path(index).parent / name for name in sorted(set(names))]
+
+
 def weights_fingerprint(path: str, chunk: int = 4 << 20) -> str:
     """A short hash of the weight files' sizes and contents: their first, middle and last 4 MiB
     (other weights of one shape differ there; a whole file's hash would cost seconds a GB)."""
     files = [Path(path)]
     if path.endswith(".index.json"):
-        names = sorted(set(json.loads(Path(path).read_text())["weight_map"].values()))
-        files = [Path(path).parent / n for n in names]
+        files = shard_files(path)
     digest = hashlib.blake2b(digest_size=8)
     for f in files:
         size = f.stat().st_size

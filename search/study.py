@@ -1,5 +1,6 @@
 """The study and the search in it: the study's name, storage and sampler, the ask-and-tell loop,
-the search phase of the main job, the worker command, and a synthetic demo study.
+the worker command, and a synthetic demo study. (The main job's search phase, which runs the
+ranked defaults alone without Optuna, is `search_trials` in search.cli: this module needs Optuna.)
 
 The storage URL is the single source of truth: trials, the model the study tunes (study user
 attributes) and the verified best all live there, so a second run resumes and several workers
@@ -41,6 +42,7 @@ from search.setup import (
     SearchSpace,
     UserError,
     choose_gate,
+    device_kind,
     measure_ceilings,
     resolve_device,
     resolve_target,
@@ -95,6 +97,18 @@ def study_name(config: dict, caps, fingerprint: str = "", gate: str = "") -> str
     parts += [f"w{fingerprint[:6]}"] if fingerprint else []
     parts += [gate] if gate else []
     return "-".join([*parts, hardware_key(caps)])
+
+
+def model_attrs(target, gate: str, caps) -> dict:
+    """The study attributes that say what it measures: model, weights, gate and machine."""
+    return {
+        "model_config": target.config,
+        "model_config_path": str(target.config_path),
+        "weight_dir": str(target.weight_dir),
+        "weights_fingerprint": target.fingerprint,
+        "gate": gate,
+        "hardware": hardware_key(caps),
+    }
 
 
 def default_storage_url(name: str, studies_dir: str | Path = "studies") -> str:
@@ -575,26 +589,17 @@ def worker(args) -> int:
             hardware_key(caps),
             attrs["hardware"],
         )
-    recorded = {
-        "model_config": target.config,
-        "model_config_path": str(target.config_path),
-        "weight_dir": str(target.weight_dir),
-        "weights_fingerprint": target.fingerprint,
-        "gate": gate,
-        "hardware": hardware_key(caps),
-    }
-    for key, value in recorded.items():
+    for key, value in model_attrs(target, gate, caps).items():
         if not attrs.get(key):
             study.set_user_attr(key, value)
-    config, weight_dir = target.config, target.weight_dir
     space = SearchSpace(caps)
     enqueue_known_good(study, space, caps, storage, study.study_name, hardware_key(caps), None)
-    kind = "cuda" if device.startswith("cuda") else "cpu"
+    kind = device_kind(device)
     timeout = args.trial_timeout or DEFAULT_TRIAL_TIMEOUT_S[kind]
     fail_stale_trials(study, older_than_s=2 * timeout + 120)  # a dead worker's trials
     runner = TrialRunner(
-        config,
-        str(weight_dir),
+        target.config,
+        str(target.weight_dir),
         device,
         renderer=args.renderer,
         traces=tuple(attrs.get("traces") or OBJECTIVE_TRACES),

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from search.setup import device_kind
 from search.trial import Record, run_child, tail
 from variants.presets import ranked_defaults
 from variants.variant import Variant
@@ -259,7 +260,7 @@ def after_remeasure_s(job) -> float:
     typical = 20.0  # no trial yet: Budget's first guess (search.study imports Optuna; not here)
     if job.runner.durations:
         typical = statistics.median(job.runner.durations)
-    return typical + least_sweep_s("cuda" if job.device.startswith("cuda") else "cpu")
+    return typical + least_sweep_s(device_kind(job.device))
 
 
 def candidates(job, records: list[Record], ranked: list[Record]) -> list[Record]:

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from search.setup import UserError, resolve_device, resolve_target
+from search.setup import UserError, device_kind, resolve_device, resolve_target
 from search.trial import Record, run_child, tail, write_atomic
 from search.write import rank
 from variants.presets import PRESETS
@@ -235,7 +235,7 @@ def sweep_leaders(job, reuse: bool) -> list[str]:
 
     out = default_report_dir(job.storage_url, job.study_name, job.args.studies_dir) / SWEEP_FILE
     try:
-        kind = "cuda" if job.device.startswith("cuda") else "cpu"
+        kind = device_kind(job.device)
         chosen = study_variants(job.study, PIPELINE_TOP, PIPELINE_COMPILE[kind])
         wanted = [v.to_dict() for _, v in chosen]
         left_out = "" if PIPELINE_COMPILE[kind] else " (torch.compile variants left out on a CPU)"
