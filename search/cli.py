@@ -338,19 +338,6 @@ def dispatch(args) -> int:
 # --- the main job: `python -m search run` (what `bash run.sh` does) ------------------------------
 
 
-class PhaseClock:
-    def __init__(self):
-        self.phases: dict[str, float] = {}
-
-    @contextmanager
-    def __call__(self, name: str):
-        start = time.monotonic()
-        try:
-            yield
-        finally:
-            self.phases[name] = self.phases.get(name, 0.0) + time.monotonic() - start
-
-
 class RunJob:
     """One run's state: `set_up` fills in the device, target, space and runner; the search the
     study and its storage; the later phases read them and add notes for the results log."""
@@ -358,7 +345,7 @@ class RunJob:
     def __init__(self, args):
         self.args = args
         self.start = time.monotonic()
-        self.clock = PhaseClock()
+        self.phases: dict[str, float] = {}  # seconds per phase, for the results log
         self.notes: list[str] = []
         self.workspace = Path(args.workspace)
         self.storage_url = self.study_name = self.dashboard = None
@@ -367,25 +354,33 @@ class RunJob:
     def seconds_left(self) -> float:
         return self.deadline - time.monotonic()
 
+    @contextmanager
+    def phase(self, name: str):
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self.phases[name] = self.phases.get(name, 0.0) + time.monotonic() - start
+
     def run(self) -> int:
         """The phases in order: set-up, the search, the full-protocol re-measurement of the
         leaders, verify-and-write, a short shape sweep of the leaders for the report's figures,
         the figures and the results log. A study that already holds a verified best and no newer
         trials is not searched again: its best is rendered, re-verified and written in seconds.
         """
-        with self.clock("set-up"):
+        with self.phase("set-up"):
             set_up(self)
-        with self.clock("search"):
+        with self.phase("search"):
             records, standing = search_trials(self)
         if standing is None:
-            with self.clock("full-protocol re-measure"):
+            with self.phase("full-protocol re-measure"):
                 try:
                     remeasure(self, records)
                 except Exception as exc:  # numbers lost, not the engine: go on to write one
                     log.exception("the full-protocol re-measurement failed")
                     self.notes.append(f"the full-protocol re-measurement failed: {exc!r}")
         ranked = rank(records)
-        with self.clock("verify and write"):
+        with self.phase("verify and write"):
             first = [standing] if standing is not None else []
             rest = [
                 r
@@ -411,10 +406,10 @@ class RunJob:
         if done is not None and self.study is not None:
             from sweep.command import sweep_leaders
 
-            with self.clock("shape sweep"):
+            with self.phase("shape sweep"):
                 self.notes += sweep_leaders(self, reuse=standing is not None)
         self.write_figures()
-        self.clock.phases["total"] = time.monotonic() - self.start
+        self.phases["total"] = time.monotonic() - self.start
         self.write_log(records, ranked, attempts)
         if done is None:  # the last line says why
             log.error(
@@ -449,7 +444,7 @@ class RunJob:
             records=records,
             ranked=ranked,
             attempts=attempts,
-            phases=self.clock.phases,
+            phases=self.phases,
             storage=self.storage_url,
             study=self.study_name,
             dashboard=self.dashboard,

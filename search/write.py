@@ -57,37 +57,6 @@ def rank(records: list[Record]) -> list[Record]:
     return _order([r for r in unique if r.has_full]) + _order([r for r in unique if not r.has_full])
 
 
-def remeasure_leaders(records, runner, top_k: int, seconds_left) -> dict[int, dict]:
-    """Time the `top_k` leaders with the grader's protocol (warm-up, a fresh engine per repeat,
-    median); returns `{trial number: full_* attrs}` for the ones measured now."""
-    leaders = rank(records)[:top_k]
-    measured: dict[int, dict] = {}
-    for record in leaders:
-        if record.has_full:
-            continue
-        # A full measurement skips the gate but builds a fresh engine per repeat: on an H200 it
-        # took about one screening trial; 1.5 leaves a margin.
-        expected = 1.5 * (record.attrs.get("trial_seconds") or 30.0)
-        if seconds_left() < expected:
-            log.info("no time left to re-measure trial %d with the full protocol", record.number)
-            break
-        outcome = runner.run(
-            Variant.from_dict(record.variant), protocol="full", check=False, timeout_s=3 * expected
-        )
-        if outcome.status == "ok":
-            full = {k: v for k, v in outcome.attrs.items() if k.startswith("full_")}
-            full["full_status"] = "ok"
-        else:
-            full = {"full_status": "failed", "full_reason": outcome.reason}
-        log.info(
-            "trial %d full protocol: %s",
-            record.number,
-            f"{full['full_tokens_per_s']:.1f} tokens/s" if "full_tokens_per_s" in full else full,
-        )
-        measured[record.number] = full
-    return measured
-
-
 @dataclass
 class Verification:
     passed: bool
@@ -228,16 +197,36 @@ def installed(attempts: list[Attempt]) -> Attempt | None:
 
 
 def remeasure(job, records: list[Record]) -> None:
-    """The leaders with the full protocol, in the time that the steps after it leave."""
+    """The `--remeasure` leaders timed with the grader's protocol (warm-up, a fresh engine per
+    repeat, median) in the time that the steps after it leave; their `full_*` numbers go into
+    the records and the study."""
     after = after_remeasure_s(job)
-    measured = remeasure_leaders(
-        records, job.runner, job.args.remeasure, lambda: job.seconds_left() - after
-    )
-    left = [
-        r
-        for r in rank(records)[: job.args.remeasure]
-        if not r.has_full and r.number not in measured
-    ]
+    leaders = rank(records)[: job.args.remeasure]
+    measured: dict[int, dict] = {}
+    for record in leaders:
+        if record.has_full:
+            continue
+        # A full measurement skips the gate but builds a fresh engine per repeat: on an H200 it
+        # took about one screening trial; 1.5 leaves a margin.
+        expected = 1.5 * (record.attrs.get("trial_seconds") or 30.0)
+        if job.seconds_left() - after < expected:
+            log.info("no time left to re-measure trial %d with the full protocol", record.number)
+            break
+        outcome = job.runner.run(
+            Variant.from_dict(record.variant), protocol="full", check=False, timeout_s=3 * expected
+        )
+        if outcome.status == "ok":
+            full = {k: v for k, v in outcome.attrs.items() if k.startswith("full_")}
+            full["full_status"] = "ok"
+        else:
+            full = {"full_status": "failed", "full_reason": outcome.reason}
+        log.info(
+            "trial %d full protocol: %s",
+            record.number,
+            f"{full['full_tokens_per_s']:.1f} tokens/s" if "full_tokens_per_s" in full else full,
+        )
+        measured[record.number] = full
+    left = [r for r in leaders if not r.has_full and r.number not in measured]
     if left:
         job.notes.append(
             f"full-protocol re-measure: {len(left)} leader(s) keep their screening numbers; the "
