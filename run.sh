@@ -34,7 +34,8 @@ if [[ " $* " != *" --help "* && " $* " != *" -h "* ]]; then
             pip_install "$pkg" || say "could not install $pkg (offline?); going on without it"
         fi
     done
-    if ! importable evaluator || ! importable variants || ! importable search; then
+    if ! importable evaluator || ! importable variants || ! importable search \
+        || ! importable sweep; then
         # `python -m` from the repository root finds the packages anyway; this makes the
         # installed project point here too, without touching its dependencies.
         pip_install --no-deps -e . >/dev/null 2>&1 || true

@@ -20,7 +20,9 @@ case "${1:-}" in
 prepare)
     base=${2:?usage: ab_bench.sh prepare BASE}
     rm -rf .ab/base && mkdir -p .ab/base
-    git archive "$base" variants evaluator search target | tar -x -C .ab/base
+    # sweep/ where BASE has it (it left search/ later)
+    git archive "$base" variants evaluator search target $(git ls-tree --name-only "$base" sweep) \
+        | tar -x -C .ab/base
     echo "$base $(git rev-parse "$base")" > .ab/base/COMMIT
     ;;
 run)

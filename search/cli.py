@@ -15,8 +15,35 @@ import argparse
 import logging
 import shlex
 import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
 
-from search.trial_worker import DEFAULT_RENDERER, OBJECTIVE_TRACES
+from search.report import RunSummary, default_report_dir, write_log
+from search.setup import (
+    Budget,
+    UserError,
+    device_kind,
+    measure_ceilings,
+    set_up,
+    warm_first,
+    warm_queued,
+)
+from search.trial import DEFAULT_RENDERER, OBJECTIVE_TRACES, Record, load_renderer
+from search.write import (
+    candidates,
+    common_failure,
+    header,
+    installed,
+    rank,
+    remeasure,
+    remember,
+    set_aside,
+    verify,
+    write_verified,
+)
+from variants.presets import ranked_defaults
+from variants.variant import Variant
 
 log = logging.getLogger("search")
 
@@ -148,8 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--fresh", action="store_true", help="delete the study and start over")
     run.add_argument("--workspace", default="workspace", help="where engine.py and results.log go")
     run.add_argument(
-        "--traces",
-        help=f"comma-separated objective traces (default {','.join(OBJECTIVE_TRACES)})",
+        "--traces", help=f"comma-separated objective traces (default {','.join(OBJECTIVE_TRACES)})"
     )
     run.add_argument(
         "--no-optuna",
@@ -207,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--output", required=True, help="engine file to write")
     render.add_argument("--renderer", default=DEFAULT_RENDERER, help="module:function")
 
-    from search.sweep_command import add_arguments
+    from sweep.command import add_arguments
 
     sweep = sub.add_parser(
         "sweep",
@@ -263,7 +289,6 @@ def main(argv: list[str] | None = None) -> int:
     """The command's exit code: 0 done, 1 its job failed, 2 a user error (one line; the
     traceback with --debug)."""
     from evaluator.engine_loader import EngineLoadError
-    from search.errors import UserError
 
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
@@ -284,15 +309,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def dispatch(args) -> int:
     if args.command == "run":
-        from search.pipeline import run
-
-        return run(args)
+        return RunJob(args).run()
     if args.command == "worker":
-        from search.worker import worker
+        from search.study import worker
 
         return worker(args)
     if args.command == "sweep":
-        from search.sweep_command import sweep_command
+        from sweep.command import sweep_command
 
         return sweep_command(args)
     if args.command == "import-gguf":
@@ -307,6 +330,284 @@ def dispatch(args) -> int:
         from serving.serve import serve_command
 
         return serve_command(args)
-    from search.browse import render, report
+    from search.report import render, report
 
     return report(args) if args.command == "report" else render(args)
+
+
+# --- the main job: `python -m search run` (what `bash run.sh` does) ------------------------------
+
+
+class RunJob:
+    """One run's state: `set_up` fills in the device, target, space and runner; the search the
+    study and its storage; the later phases read them and add notes for the results log."""
+
+    def __init__(self, args):
+        self.args = args
+        self.start = time.monotonic()
+        self.phases: dict[str, float] = {}  # seconds per phase, for the results log
+        self.notes: list[str] = []
+        self.workspace = Path(args.workspace)
+        self.storage_url = self.study_name = self.dashboard = None
+        self.study = None
+
+    def seconds_left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    @contextmanager
+    def phase(self, name: str):
+        start = time.monotonic()
+        try:
+            yield
+        finally:
+            self.phases[name] = self.phases.get(name, 0.0) + time.monotonic() - start
+
+    def run(self) -> int:
+        """The phases in order: set-up, the search, the full-protocol re-measurement of the
+        leaders, verify-and-write, a short shape sweep of the leaders for the report's figures,
+        the figures and the results log. A study that already holds a verified best and no newer
+        trials is not searched again: its best is rendered, re-verified and written in seconds.
+        """
+        with self.phase("set-up"):
+            set_up(self)
+        with self.phase("search"):
+            records, standing = search_trials(self)
+        if standing is None:
+            with self.phase("full-protocol re-measure"):
+                try:
+                    remeasure(self, records)
+                except Exception as exc:  # numbers lost, not the engine: go on to write one
+                    log.exception("the full-protocol re-measurement failed")
+                    self.notes.append(f"the full-protocol re-measurement failed: {exc!r}")
+        ranked = rank(records)
+        with self.phase("verify and write"):
+            first = [standing] if standing is not None else []
+            rest = [
+                r
+                for r in candidates(self, records, ranked)
+                if r.number not in {f.number for f in first}
+            ]
+            render = load_renderer(self.args.renderer)
+            budget, weights = self.runner.engine_budget_gib, self.target.weights_format
+            attempts = write_verified(
+                first + rest,
+                lambda variant, path, text: render(variant, path, text, budget, weights=weights),
+                self.workspace,
+                verify(self, benchmark=standing is None),
+                lambda record: header(self, record),
+            )
+        done = installed(attempts)
+        if done is not None:
+            remember(self, done.record)
+            log.info("wrote %s: %s", self.workspace / "engine.py", done.record.name)
+        else:
+            aside = set_aside(self)
+            self.notes.append(aside)
+        if done is not None and self.study is not None:
+            from sweep.command import sweep_leaders
+
+            with self.phase("shape sweep"):
+                self.notes += sweep_leaders(self, reuse=standing is not None)
+        self.write_figures()
+        self.phases["total"] = time.monotonic() - self.start
+        self.write_log(records, ranked, attempts)
+        if done is None:  # the last line says why
+            log.error(
+                "no engine written: no candidate passed verification (most often: %s); %s",
+                common_failure(records, attempts),
+                aside,
+            )
+        return 0 if done is not None else 1
+
+    def write_figures(self) -> None:
+        """The study report (PNG figures, summary.md) next to the study; never fails the job."""
+        if self.study is None:
+            return
+        try:
+            from search.figures import write_report
+
+            out = default_report_dir(self.storage_url, self.study_name, self.args.studies_dir)
+            paths = write_report(self.study, out)
+            self.notes.append(f"figures and summary in {out}: " + ", ".join(p.name for p in paths))
+        except Exception as exc:  # a diagram is not worth the engine
+            log.warning("could not write the study figures: %r", exc)
+            self.notes.append(f"the study figures could not be written: {exc!r}")
+
+    def write_log(self, records, ranked, attempts) -> None:
+        summary = RunSummary(
+            command="python -m search " + self.args.command_line,
+            environment=self.environment,
+            target=self.target.describe(),
+            capabilities=self.caps.to_dict(),
+            space=self.space.describe(),
+            space_size=self.space.size,
+            records=records,
+            ranked=ranked,
+            attempts=attempts,
+            phases=self.phases,
+            storage=self.storage_url,
+            study=self.study_name,
+            dashboard=self.dashboard,
+            notes=self.notes + self.target.notes,
+        )
+        write_log(self.workspace / "results.log", summary)
+        log.info("wrote %s", self.workspace / "results.log")
+
+
+# --- the search phase of the main job ----------------------------------------------------------
+# The Optuna study (resumed, its model recorded, known-good assemblies first, their Triton
+# kernels compiled side by side on a GPU, then the sampler inside the budget) or, without Optuna,
+# the ranked defaults alone. A study whose verified best still stands is not searched again.
+
+
+def sweep_s(job) -> float:
+    """What the shape sweep after the search may take at most (its engines' builds aside)."""
+    from sweep.command import PIPELINE_LIMIT_S
+
+    return PIPELINE_LIMIT_S[device_kind(job.device)]
+
+
+def optuna_available() -> bool:
+    try:
+        import optuna  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def search_trials(job) -> tuple[list[Record], Record | None]:
+    """The study (or the defaults alone); if the machinery itself breaks, whatever trials
+    finished, so that an engine is still verified and written."""
+    try:
+        if job.args.no_optuna or not optuna_available():
+            why = "--no-optuna" if job.args.no_optuna else "Optuna cannot be imported"
+            job.notes.append(f"{why}: evaluated the ranked default candidates only")
+            log.warning("%s: evaluating the ranked default candidates only", why)
+            return search_defaults(job), None
+        return search_with_optuna(job)
+    except UserError:  # the storage, the study or the model is wrong: say so, write nothing
+        raise
+    except Exception as exc:
+        log.exception("the search failed; writing the best verified candidate found so far")
+        job.notes.append(f"the search failed ({exc!r}); candidates: the trials so far")
+        try:
+            from search.study import load_records
+
+            return (load_records(job.study) if job.study is not None else []), None
+        except Exception:
+            return [], None
+
+
+def search_with_optuna(job) -> tuple[list[Record], Record | None]:
+    """Records of the study, and the verified best when it stands (no search was needed)."""
+    from search import study as st
+
+    args = job.args
+    target = job.target
+    name = args.study or st.study_name(target.config, job.caps, target.fingerprint, job.gate)
+    url = args.storage or st.default_storage_url(name, args.studies_dir)
+    job.storage_url, job.study_name, job.dashboard = url, name, st.dashboard_command(url)
+    storage = st.open_storage(url, heartbeat_s=args.heartbeat)
+    study = job.study = st.open_study(storage, name, fresh=args.fresh, seed=args.seed)
+    check_same_model(job, study)
+    if args.storage is None:
+        st.remember_last_run(args.studies_dir, url, name)
+    st.fail_stale_trials(study, older_than_s=2 * job.trial_timeout + 120)
+    records = st.load_records(study)
+    best = standing_best(job, study, records)
+    if best is not None:
+        job.notes.append(
+            f"resumed study {name}: its verified best (trial {best.number}) stands; "
+            "no new trials were run, the best was re-rendered and re-verified"
+        )
+        return records, best
+    job.runner.ceilings = study.user_attrs.get("ceilings") or measure_ceilings(job.device)
+    prepare_study(job, study)
+    hardware = st.hardware_key(job.caps)
+    studies_dir = Path(args.studies_dir) if args.storage is None else None
+    queued = st.enqueue_known_good(study, job.space, job.caps, storage, name, hardware, studies_dir)
+    if queued:
+        job.notes.append("enqueued first: " + "; ".join(queued))
+    elif records:
+        job.notes.append(f"resumed study {name} with {len(records)} earlier trial(s)")
+    job.runner.durations += [
+        r.attrs["trial_seconds"]
+        for r in records
+        if r.status in ("ok", "infeasible") and r.attrs.get("trial_seconds")
+    ]
+    warmed = warm_queued(job, study)
+    if warmed:
+        job.notes.append(warmed)
+    budget = Budget(job.deadline, job.trial_timeout, total_s=job.budget_s, after_s=sweep_s(job))
+    st.optimize(study, job.space, job.runner, budget, n_trials=args.trials)
+    return st.load_records(study), None
+
+
+def check_same_model(job, study) -> None:
+    """A study resumes only over the weights and gate it measured (its name says so unless
+    --study named it)."""
+    for key, now in (("weights_fingerprint", job.target.fingerprint), ("gate", job.gate)):
+        then = study.user_attrs.get(key)
+        if then is not None and then != now:
+            raise UserError(
+                f"study {study.study_name} measured another {key.replace('_', ' ')} ({then}; "
+                f"this run: {now}): pass --fresh to start it over, or another --study"
+            )
+
+
+def prepare_study(job, study) -> None:
+    from search.study import model_attrs
+
+    attrs = {
+        **model_attrs(job.target, job.gate, job.caps),
+        "weights_file": job.target.weights_file,
+        "capabilities": job.caps.to_dict(),
+        "space": {name: list(choices) for name, choices in job.space.describe()},
+        "traces": list(job.runner.traces),
+        "objectives": "maximize geometric-mean tokens/s over the traces; minimize peak MiB",
+        "ceilings": job.runner.ceilings,
+        "memory_budget_gib": job.memory_budget_gib,
+    }
+    for key, value in attrs.items():
+        if study.user_attrs.get(key) != value:
+            study.set_user_attr(key, value)
+
+
+def standing_best(job, study, records: list[Record]) -> Record | None:
+    from search.study import started_trials
+
+    best = study.user_attrs.get("verified_best")
+    if not best or best["trial"] < 0 or job.args.fresh:
+        return None  # none, or an unmeasured default written when every trial failed
+    started = len(started_trials(study))
+    if best.get("n_trials") != started or (job.args.trials or 0) > started:
+        return None  # newer trials (other workers), or more trials asked for
+    variant = Variant.from_dict(best["variant"])
+    if job.caps.why_invalid(variant) is not None:
+        return None
+    for r in records:
+        if r.number == best["trial"]:
+            return r
+    return Record(best["trial"], "ok", best["variant"], {"variant_name": variant.name})
+
+
+def search_defaults(job) -> list[Record]:
+    """No Optuna: the ranked defaults, each in its own process, inside the budget."""
+    job.runner.ceilings = measure_ceilings(job.device)
+    budget = Budget(job.deadline, job.trial_timeout, total_s=job.budget_s, after_s=sweep_s(job))
+    defaults = ranked_defaults(job.caps)[: job.args.trials or None]
+    defaults = [job.space.canonical(v) for v in defaults]
+    warmed = warm_first(job, defaults)
+    if warmed:
+        job.notes.append(warmed)
+    records = []
+    for number, variant in enumerate(defaults):
+        limit = budget.time_for_trial(job.runner.durations)
+        if limit is None:
+            break
+        outcome = job.runner.run(variant, timeout_s=limit)
+        log.info("default %d %s: %s", number, variant.name, outcome.status)
+        records.append(
+            Record(number, outcome.status, variant.to_dict(), outcome.attrs, outcome.values)
+        )
+    return records

@@ -1,12 +1,29 @@
-"""Plain-text tables of a study's trials: the top-N table, per-trace numbers, one line per trial.
-
-Shared by `python -m search report` (reading any storage) and `workspace/results.log`.
+"""What a run leaves for people: `workspace/results.log` (what was searched, what every trial did,
+what won and why) and its tables, and the commands that read a stored study back: `report`
+(tables, and the figures and summary.md of search.figures next to the study's storage,
+`studies/<name>/` by default) and `render` (one trial's engine file). Plain text for people; the
+study storage is the data (open it with the dashboard command at the end of the log). Neither
+Optuna nor matplotlib is needed to write the results log.
 """
 
 from __future__ import annotations
 
-from search.records import Record
-from search.trial_worker import OBJECTIVE_TRACES
+import json
+import logging
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from search.setup import ENGINES_ALIVE, UserError
+from search.trial import OBJECTIVE_TRACES, Record, load_renderer, write_atomic
+from search.write import Attempt, installed, rank
+from variants.variant import Variant
+
+log = logging.getLogger(__name__)
+
+
+# --- plain-text tables (`report` and results.log) --------------------------------------------
 
 
 def _num(value, digits: int = 1) -> str:
@@ -130,13 +147,222 @@ def failure_details(records: list[Record]) -> str:
     return "\n".join(parts) or "(none)"
 
 
+def status_counts(records: list[Record]) -> str:
+    """`failed 1, ok 20, ...`: how many trials ended in each status."""
+    counts = Counter(r.status for r in records)
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+
+
 def summary(records: list[Record], ranked: list[Record], n: int = 5) -> str:
-    counts: dict[str, int] = {}
-    for r in records:
-        counts[r.status] = counts.get(r.status, 0) + 1
-    status = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+    status = status_counts(records)
     parts = [f"{len(records)} trials: {status}", "", f"Top {n}:", top_table(ranked, n)]
     if ranked:
         parts += ["", f"Per trace, trial {ranked[0].number} ({ranked[0].name}):"]
         parts.append(trace_table(ranked[0]))
     return "\n".join(parts)
+
+
+# --- workspace/results.log -------------------------------------------------------------------
+
+
+@dataclass
+class RunSummary:
+    command: str
+    environment: dict
+    target: dict  # config path, weight dir, the config itself, notes
+    capabilities: dict
+    space: list[tuple[str, tuple]]
+    space_size: int
+    records: list[Record]
+    ranked: list[Record]
+    attempts: list[Attempt]
+    phases: dict[str, float]
+    storage: str | None = None
+    study: str | None = None
+    dashboard: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _section(title: str, body: str) -> str:
+    return f"== {title} ==\n{body.rstrip()}\n"
+
+
+RANKING = (
+    "Ranking: correct trials only (within half the tolerance), one per assembly; the leaders "
+    "re-measured with the grader's full protocol first, by those numbers, then the others by "
+    "their screening numbers; within 1 % the smaller peak memory first. The first that passes "
+    "verification is written."
+)
+
+
+def _compare(chosen: Record, other: Record) -> tuple[float, float, str]:
+    """Both trials' throughput from one protocol: the full one when both have it."""
+    if chosen.has_full and other.has_full:
+        return chosen.tokens_per_s, other.tokens_per_s, "full protocol"
+    return chosen.screening_tokens_per_s, other.screening_tokens_per_s, "screening"
+
+
+def _why(chosen: Record, ranked: list[Record]) -> str:
+    if chosen.number < 0:
+        return (
+            f"{chosen.name}: a ranked default that was not measured here; no measured trial "
+            "passed verification, so the safest default that passes it was written."
+        )
+    protocol = "full protocol" if chosen.has_full else "screening"
+    text = (
+        f"{chosen.name} (trial {chosen.number}): {chosen.tokens_per_s:.1f} tokens/s "
+        f"(geometric mean, {protocol}), peak {chosen.peak_mib:.0f} MiB, "
+        f"max error {chosen.attrs.get('max_abs_err', float('nan')):.3g} "
+        f"({chosen.attrs.get('tol_share', float('nan')):.2f} of the tolerance)."
+    )
+    others = [r for r in ranked if r.number != chosen.number]
+    if not others:
+        return text + "\nIt was the only correct candidate.\n" + RANKING
+    up = others[0]
+    mine, theirs, protocol = _compare(chosen, up)
+    ratio = mine / theirs if theirs else float("inf")
+    text += (
+        f"\nRunner-up: {up.name} (trial {up.number}): {theirs:.1f} against {mine:.1f} tokens/s "
+        f"({protocol}, both), peak {up.peak_mib:.0f} MiB: the chosen one is {ratio:.3f}x its "
+        "throughput"
+    )
+    if abs(ratio - 1) < 0.01:
+        text += " (a tie within 1 %: the smaller peak memory decided)"
+    text += "."
+    if ranked and ranked[0].number != chosen.number:
+        text += "\nHigher-ranked trial(s) failed verification: see below."
+    return text + "\n" + RANKING
+
+
+def _verification(attempts: list[Attempt]) -> str:
+    if not attempts:
+        return "(nothing was verified)"
+    parts = []
+    for a in attempts:
+        head = f"-- trial {a.record.number} {a.record.name}: "
+        if a.verification is None:
+            parts.append(head + (a.error or "not verified"))
+            continue
+        v = a.verification
+        head += f"{'PASSED' if v.passed else 'FAILED'} in {v.seconds:.1f} s ({'; '.join(v.steps)})"
+        parts.append(f"{head}\n{v.output}")
+    return "\n".join(parts)
+
+
+def render_log(s: RunSummary) -> str:
+    out = [f"# results of: {s.command}\n"]
+    out.append(_section("environment", "\n".join(f"{k}: {v}" for k, v in s.environment.items())))
+    target = dict(s.target)
+    config = target.pop("config", {})
+    body = "\n".join(f"{k}: {v}" for k, v in target.items())
+    out.append(_section("target", body + "\nconfig: " + json.dumps(config, sort_keys=True)))
+    space = "\n".join(f"{name}: {', '.join(str(c) for c in choices)}" for name, choices in s.space)
+    space += f"\n({s.space_size} assemblies; capabilities: {json.dumps(s.capabilities)})"
+    out.append(_section("search space (axes and the choices offered here)", space))
+    if s.notes:
+        out.append(_section("notes", "\n".join(s.notes)))
+    trials = "\n".join(trial_line(r) for r in sorted(s.records, key=lambda r: r.number))
+    out.append(_section(f"trials ({len(s.records)})", trials or "(none)"))
+    out.append(_section("top 5", top_table(s.ranked, 5)))
+    done = installed(s.attempts)
+    if done is not None:
+        chosen = done.record
+        body = _why(chosen, s.ranked) + "\nvariant: " + json.dumps(chosen.variant, sort_keys=True)
+        body += "\n\n" + trace_table(chosen)
+        out.append(_section("chosen", body))
+    else:
+        out.append(
+            _section("chosen", "NONE: no candidate passed verification; engine.py untouched")
+        )
+    out.append(_section("verification", _verification(s.attempts)))
+    phases = "\n".join(f"{name}: {secs:.1f} s" for name, secs in s.phases.items())
+    out.append(_section("time per phase", phases))
+    if s.storage:
+        where = f"storage: {s.storage}\nstudy: {s.study}"
+        out.append(_section("study", f"{where}\ndashboard: {s.dashboard}"))
+    out.append(_section("failure details", failure_details(s.records)))
+    return "\n".join(out)
+
+
+def write_log(path: Path, summary: RunSummary) -> None:
+    write_atomic(path, render_log(summary))
+
+
+# --- the study report on disk: figures and summary.md ----------------------------------------
+
+
+def default_report_dir(url: str, study_name: str, studies_dir: str | Path = "studies") -> Path:
+    """`<dir of the SQLite file or journal>/<study>/`, else (a database server)
+    `<studies_dir>/<study>/`."""
+    from search.study import storage_file
+
+    path = storage_file(url)
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", study_name)
+    return (path.parent if path else Path(studies_dir)) / safe
+
+
+# --- `python -m search report` and `render` --------------------------------------------------
+
+
+def report(args) -> int:
+    from search.study import dashboard_command, load_records, locate_study
+
+    study, url = locate_study(args.storage, args.study, args.studies_dir)
+    records = load_records(study)
+    print(f"study {study.study_name} in {url}")
+    print(summary(records, rank(records), args.top))
+    best = study.user_attrs.get("verified_best")
+    if best:
+        print(
+            f"\nverified best: trial {best['trial']} {best['variant_name']} "
+            f"({best['tokens_per_s']:.1f} tokens/s, verified {best['verified_at']})"
+        )
+    if args.all:
+        print("\nAll trials:")
+        for r in records:
+            print(trial_line(r))
+    if not getattr(args, "no_plots", False):
+        from search.figures import write_report
+
+        out = (
+            Path(args.out)
+            if args.out
+            else default_report_dir(url, study.study_name, args.studies_dir)
+        )
+        paths = write_report(study, out, args.top, getattr(args, "sweep", None))
+        print(f"\nwrote {len(paths)} file(s) in {out}: " + ", ".join(p.name for p in paths))
+    print(f"\ndashboard: {dashboard_command(url)}")
+    return 0
+
+
+def _pick(study, records: list[Record], number: int | None) -> Record:
+    if number is None:
+        best = study.user_attrs.get("verified_best")
+        number = best["trial"] if best else None
+    if number is None:
+        ranked = rank(records)
+        if not ranked:
+            raise UserError("the study has no correct trial to render; run more trials")
+        return ranked[0]
+    for r in records:
+        if r.number == number and r.variant:
+            return r
+    best = study.user_attrs.get("verified_best") or {}
+    if best.get("trial") == number:
+        return Record(number, "ok", best["variant"], {"variant_name": best["variant_name"]})
+    raise UserError(f"trial {number} has no variant in study {study.study_name}; see `report`")
+
+
+def render(args) -> int:
+    from search.study import load_records, locate_study
+
+    study, _ = locate_study(args.storage, args.study, args.studies_dir)
+    record = _pick(study, load_records(study), args.trial)
+    variant = Variant.from_dict(record.variant)
+    header = f"variant {variant.name} from study {study.study_name}, trial {record.number}"
+    budget = study.user_attrs.get("memory_budget_gib")
+    engine_budget = None if budget is None else budget / ENGINES_ALIVE
+    path = load_renderer(args.renderer)(variant, Path(args.output), header, engine_budget)
+    print(f"wrote {path or args.output}: trial {record.number} {variant.name}")
+    print(json.dumps(variant.to_dict(), sort_keys=True))
+    return 0

@@ -1,9 +1,17 @@
-"""The study: its name, its storage, its sampler, and reading it back as records.
+"""The study and the search in it: the study's name, storage and sampler, the ask-and-tell loop,
+the worker command, and a synthetic demo study. (The main job's search phase, which runs the
+ranked defaults alone without Optuna, is `search_trials` in search.cli: this module needs Optuna.)
 
 The storage URL is the single source of truth: trials, the model the study tunes (study user
 attributes) and the verified best all live there, so a second run resumes and several workers
 share one study. The default is `studies/<name>.db`, the name from the model's shape, the GPU (or
 cpu) and the torch version: a study is only resumed on the hardware and software it measured.
+
+The loop: known-good assemblies first, then the sampler, inside a time budget. Each trial runs in
+a child process (`search.trial`); its numbers become user attributes, its correctness margin the
+constraint. A variant seen before is not run again: the trial copies the earlier result. Several
+processes may run this loop on one storage; a trial target is then shared (a trial asked for
+after the target was reached is marked "skipped" and not run).
 """
 
 from __future__ import annotations
@@ -11,19 +19,38 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import random
 import re
 import threading
+import time
 import warnings
 from contextlib import contextmanager
 from datetime import datetime
+from itertools import product
 from pathlib import Path
 
 import optuna
+from optuna.distributions import CategoricalDistribution
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.trial import TrialState
 
-from search.records import Record
+from search.setup import (
+    DEFAULT_TRIAL_TIMEOUT_S,
+    ENGINES_ALIVE,
+    Budget,
+    SearchSpace,
+    UserError,
+    choose_gate,
+    device_kind,
+    measure_ceilings,
+    resolve_device,
+    resolve_target,
+)
+from search.trial import OBJECTIVE_TRACES, Record, TrialRunner, geometric_mean
+from variants.presets import PRESETS
+from variants.probe import probe_capabilities
+from variants.variant import Variant
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +99,18 @@ def study_name(config: dict, caps, fingerprint: str = "", gate: str = "") -> str
     return "-".join([*parts, hardware_key(caps)])
 
 
+def model_attrs(target, gate: str, caps) -> dict:
+    """The study attributes that say what it measures: model, weights, gate and machine."""
+    return {
+        "model_config": target.config,
+        "model_config_path": str(target.config_path),
+        "weight_dir": str(target.weight_dir),
+        "weights_fingerprint": target.fingerprint,
+        "gate": gate,
+        "hardware": hardware_key(caps),
+    }
+
+
 def default_storage_url(name: str, studies_dir: str | Path = "studies") -> str:
     Path(studies_dir).mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{Path(studies_dir) / name}.db"
@@ -86,8 +125,11 @@ def remember_last_run(studies_dir: str | Path, url: str, name: str) -> None:
     path.write_text(json.dumps({"storage": url, "study": name}) + "\n")
 
 
-def _sqlite_path(url: str) -> Path | None:
-    return Path(url[len("sqlite:///") :]) if url.startswith("sqlite:///") else None
+def storage_file(url: str) -> Path | None:
+    """The file of a SQLite or journal storage; None for a database server."""
+    if url.startswith("sqlite:///"):
+        return Path(url[len("sqlite:///") :])
+    return Path(journal_path(url)) if _is_journal(url) else None
 
 
 def known_studies(studies_dir: str | Path = "studies") -> list[str]:
@@ -105,8 +147,6 @@ def locate_study(storage: str | None, name: str | None, studies_dir="studies"):
     """(study, storage URL) of an existing study, creating nothing: --storage and --study as
     given; without --storage, the study's default SQLite file; without either, the study the
     last `run` wrote, else the only one there is. A wrong name lists the studies that exist."""
-    from search.errors import UserError
-
     if storage is None and name is None:
         last = Path(studies_dir) / LAST_RUN
         if last.is_file():
@@ -119,10 +159,8 @@ def locate_study(storage: str | None, name: str | None, studies_dir="studies"):
                 raise UserError(f"which study? {studies_dir}/ holds: {found}; pass --study NAME")
             name = names[0]
     url = storage or f"sqlite:///{Path(studies_dir) / name}.db"
-    path = _sqlite_path(url)
+    path = storage_file(url)
     exists = path.is_file() if path is not None else True
-    if _is_journal(url):
-        exists = Path(journal_path(url)).is_file()
     opened = open_storage(url) if exists else None  # a missing driver: one line
     names = optuna.get_all_study_names(opened) if opened is not None else []
     if name is None:
@@ -154,8 +192,6 @@ def open_storage(url: str, heartbeat_s: int | None = None):
     """An Optuna storage for a database URL or a journal file (`journal:PATH` or a plain path).
     With `heartbeat_s`, a database records the heartbeats of the trials this process runs."""
     if heartbeat_s is not None and heartbeat_s < 0:
-        from search.errors import UserError
-
         raise UserError(f"--heartbeat must be 0 (off) or more seconds, got {heartbeat_s}")
     if not _is_journal(url):
         kwargs = {}
@@ -182,7 +218,6 @@ def open_storage(url: str, heartbeat_s: int | None = None):
 
 
 def _missing_driver(url: str, exc: ImportError):
-    from search.errors import UserError
 
     dialect = url.split(":", 1)[0].split("+")[0]
     cause = exc.__cause__ or exc
@@ -367,3 +402,338 @@ def earlier_best_variants(storage, name: str, hardware: str, studies_dir: Path |
             if summary.study_name != name and attrs.get("hardware") == hardware and best:
                 found.append((summary.study_name, best["variant"]))
     return found
+
+
+# --- the loop -------------------------------------------------------------------------------------
+
+
+def enqueue_known_good(study, space, caps, storage, name, hardware, studies_dir) -> list[str]:
+    """Enqueue the ranked defaults and earlier verified bests on this hardware (once per study)."""
+    if study.get_trials(deepcopy=False):
+        return []
+    candidates = [(f"preset:{key}", v) for key, v in PRESETS.items()]
+    for other, values in earlier_best_variants(storage, name, hardware, studies_dir):
+        candidates.insert(0, (f"best of {other}", Variant.from_dict(values)))
+    seen, queued = set(), []
+    for source, variant in candidates:
+        if caps.why_invalid(variant) is not None:
+            continue
+        variant = space.canonical(variant)
+        if variant in seen:
+            continue
+        seen.add(variant)
+        attrs = {"source": source, "variant": variant.to_dict(), "variant_name": variant.name}
+        study.enqueue_trial(space.params_for(variant), user_attrs=attrs)
+        queued.append(f"{source} ({variant.name})")
+    log.info("enqueued %d known-good assemblies: %s", len(queued), "; ".join(queued))
+    return queued
+
+
+def find_duplicate(study, variant: Variant):
+    """An earlier finished trial of the same variant whose result still stands."""
+    values = variant.to_dict()
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
+        attrs = trial.user_attrs
+        if attrs.get("variant") != values or attrs.get("status") in ("skipped", None):
+            continue
+        if trial.state == TrialState.FAIL and attrs.get("timed_out"):
+            continue  # a timeout may have been a short budget, not the variant
+        return trial
+    return None
+
+
+def copy_result(study, trial, earlier) -> str:
+    for key, value in earlier.user_attrs.items():
+        if key not in ("source", "status"):
+            trial.set_user_attr(key, value)
+    trial.set_user_attr("duplicate_of", earlier.number)
+    if earlier.state == TrialState.FAIL:
+        trial.set_user_attr("status", "failed")
+        study.tell(trial, state=TrialState.FAIL)
+        return "failed"
+    status = "duplicate" if earlier.user_attrs.get("status") == "ok" else "infeasible"
+    trial.set_user_attr("status", status)
+    set_constraint(trial, earlier.user_attrs.get("constraint", [1.0])[0])
+    study.tell(trial, values=earlier.values)
+    return status
+
+
+def tell_outcome(study, trial, outcome) -> None:
+    for key, value in outcome.attrs.items():
+        if key != "constraint":
+            trial.set_user_attr(key, value)
+    set_constraint(trial, outcome.constraint)
+    if outcome.status == "failed":
+        study.tell(trial, state=TrialState.FAIL)
+    else:
+        study.tell(trial, values=list(outcome.values))
+
+
+def _over_target(study, trial, n_trials: int | None) -> bool:
+    if n_trials is None:
+        return False
+    earlier = [t for t in started_trials(study) if t.number < trial.number]
+    return len(earlier) >= n_trials
+
+
+def _progress(total, initial):
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(
+        total=total, initial=initial, desc="trials", unit="trial", dynamic_ncols=True, disable=None
+    )
+
+
+def optimize(study, space, runner, budget: Budget, n_trials: int | None = None) -> int:
+    """Run trials until `n_trials` have started in the study or the budget is spent; returns
+    how many this process ran (duplicates included)."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    done = 0
+    bar = _progress(n_trials, len(started_trials(study)))
+    try:
+        while n_trials is None or len(started_trials(study)) < n_trials:
+            limit = budget.time_for_trial(runner.durations)
+            if limit is None:
+                log.info("search budget spent after %d trial(s) in this process", done)
+                break
+            fail_stale_trials(study, older_than_s=2 * budget.trial_timeout_s + 120)
+            with warnings.catch_warnings():
+                # Optuna would beat only inside study.optimize; `heartbeat` does it here.
+                warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used")
+                trial = study.ask()
+            with heartbeat(study, trial):
+                if _over_target(study, trial, n_trials):
+                    trial.set_user_attr("status", "skipped")
+                    trial.set_user_attr("reason", "the study reached its trial target meanwhile")
+                    study.tell(trial, state=TrialState.FAIL)
+                    break
+                variant, summary = _run_one(study, space, runner, trial, limit)
+            done += 1
+            log.info("trial %d %s: %s", trial.number, variant.name, summary)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix_str(summary[:60])
+    finally:
+        if bar is not None:
+            bar.close()
+    return done
+
+
+def _run_one(study, space, runner, trial, limit: float) -> tuple[Variant, str]:
+    """Run (or copy) the trial's variant and tell the study: the variant, a one-line summary."""
+    variant = space.suggest(trial)
+    earlier = find_duplicate(study, variant)
+    if earlier is not None:
+        status = copy_result(study, trial, earlier)
+        return variant, f"same as trial {earlier.number}: {status}"
+    try:
+        outcome = runner.run(variant, timeout_s=limit)
+    except Exception as exc:  # the runner itself broke: record it, stop cleanly
+        trial.set_user_attr("status", "failed")
+        trial.set_user_attr("reason", f"trial runner error: {exc!r}")
+        study.tell(trial, state=TrialState.FAIL)
+        raise
+    tell_outcome(study, trial, outcome)
+    return variant, _summary(outcome)
+
+
+def _summary(outcome) -> str:
+    if outcome.status == "ok":
+        return f"{outcome.values[0]:.1f} tokens/s, {outcome.values[1]:.0f} MiB"
+    reason = (outcome.reason or "").strip().splitlines()
+    return f"{outcome.status}: {reason[0] if reason else '?'}"
+
+
+# --- the worker: `python -m search worker` -----------------------------------------------------
+# More trials for a study that lives in a storage; run one per GPU, or one per machine on a
+# shared database; they share the study's trial target. The model comes from the study (recorded
+# by `run`) unless `--model-config`/`--weight-dir` say otherwise (weights at another path on
+# another machine). Workers never write `engine.py`: the next `run` on the storage chooses,
+# verifies and writes it. A worker that dies leaves its trial RUNNING until the next process fails
+# it: on a database when its heartbeat stops, on a journal file when it is older than any trial
+# limit (`fail_stale_trials`).
+
+
+def worker(args) -> int:
+    start = time.monotonic()
+    device = resolve_device(args.device)
+    if args.study is None and not args.model_config:
+        raise UserError("name the study to add trials to with --study (or give --model-config)")
+    storage = open_storage(args.storage, heartbeat_s=args.heartbeat)
+    name = args.study
+    known = name is not None and name in optuna.get_all_study_names(storage)
+    attrs = load_study(storage, name).user_attrs if known else {}
+    config_path = args.model_config or attrs.get("model_config_path")
+    if not config_path:
+        raise UserError(f"no study {name!r} in {args.storage}: create it with `python -m "
+                        "search run --storage ...`, or pass --model-config")  # fmt: skip
+    target = resolve_target(config_path, args.weight_dir or attrs.get("weight_dir"))
+    caps = probe_capabilities(device, target.config)
+    gate_spec, _ = choose_gate(attrs.get("gate") or "auto", target)  # the study's gate
+    gate = gate_spec.name
+    study = open_study(
+        storage, name or study_name(target.config, caps, target.fingerprint, gate),
+        seed=args.seed,
+    )  # fmt: skip
+    attrs = study.user_attrs
+    if attrs.get("weights_fingerprint") not in (None, target.fingerprint):
+        raise UserError(
+            f"the weights in {target.weight_dir} are not the ones study {study.study_name} "
+            "measured; pass --weight-dir with that study's weights"
+        )
+    if attrs.get("hardware") and attrs["hardware"] != hardware_key(caps):
+        log.warning(
+            "this worker runs on %s but the study measured %s: numbers will not compare",
+            hardware_key(caps),
+            attrs["hardware"],
+        )
+    for key, value in model_attrs(target, gate, caps).items():
+        if not attrs.get(key):
+            study.set_user_attr(key, value)
+    space = SearchSpace(caps)
+    enqueue_known_good(study, space, caps, storage, study.study_name, hardware_key(caps), None)
+    kind = device_kind(device)
+    timeout = args.trial_timeout or DEFAULT_TRIAL_TIMEOUT_S[kind]
+    fail_stale_trials(study, older_than_s=2 * timeout + 120)  # a dead worker's trials
+    runner = TrialRunner(
+        target.config,
+        str(target.weight_dir),
+        device,
+        renderer=args.renderer,
+        traces=tuple(attrs.get("traces") or OBJECTIVE_TRACES),
+        timeout_s=timeout,
+        ceilings=attrs.get("ceilings") or measure_ceilings(device),
+        gate=gate_spec.to_dict(),
+    )
+    if attrs.get("memory_budget_gib"):  # the study's, as `run` recorded it
+        runner.memory_budget_mib = 1024 * attrs["memory_budget_gib"]
+        runner.engine_budget_gib = attrs["memory_budget_gib"] / ENGINES_ALIVE
+    minutes = args.budget_minutes or 24 * 60
+    budget = Budget(start + 60 * minutes, timeout, reserve_trials=0.0)
+    ran = optimize(study, space, runner, budget, n_trials=args.trials)
+    log.info("worker done: %d trial(s) run here; the study now has %d", ran, len(study.trials))
+    return 0
+
+
+# --- a demo study -----------------------------------------------------------------------------
+# A small synthetic study stored the way the search stores one, without running any engine: for
+# tests of the report and the dashboard, and for tradeoffs.ipynb when no real study exists. The
+# numbers are made up but shaped like CPU trials of the tiny model: the attrs keys, the
+# constraint, the parameters, the metric names and the verified best match the search's.
+
+
+TRACES = ("short", "long_prompt", "batched")
+# Relative speed and memory of each choice (the shape of a real CPU study, not a measurement).
+SPEED = {
+    "cache": {"contiguous": 0.8, "slab": 1.0, "paged": 0.9},
+    "attention": {"manual": 0.7, "sdpa": 1.0},
+    "fuse_qkv": {True: 1.05, False: 1.0},
+    "fuse_gate_up": {True: 1.03, False: 1.0},
+}
+MEMORY = {"contiguous": 1.6, "slab": 1.0, "paged": 0.7}
+
+
+def demo_variants() -> list[Variant]:
+    out = []
+    for cache, attention, qkv, gate_up in product(
+        ("contiguous", "slab", "paged"), ("manual", "sdpa"), (True, False), (True, False)
+    ):
+        out.append(Variant(cache=cache, attention=attention, fuse_qkv=qkv, fuse_gate_up=gate_up))
+    return out
+
+
+def _attrs(variant: Variant, rng: random.Random, ok: bool) -> tuple[dict, tuple | None]:
+    v = variant.to_dict()
+    attrs: dict = {
+        "variant": v,
+        "variant_name": variant.name,
+        "status": "ok" if ok else "infeasible",
+        "protocol": "quick",
+        "atol": 0.01,
+        "rtol": 0.01,
+        "max_abs_err": 3e-4 if ok else 0.4,
+        "tol_share": 0.03 if ok else 40.0,
+        "constraint": [0.03 - 0.5 if ok else 40.0 - 0.5],
+        "trial_seconds": round(rng.uniform(8, 20), 3),
+    }
+    if not ok:
+        attrs["reason"] = "wrong logits: uses 40.00 of the tolerance (limit 0.5)"
+        return attrs, (0.0, 0.0)
+    speed = 1.0
+    for axis, table in SPEED.items():
+        speed *= table[v[axis]]
+    tps = {}
+    for i, trace in enumerate(TRACES):
+        tps[trace] = (400.0 + 300 * i) * speed * rng.uniform(0.92, 1.08)
+        attrs[f"tps_{trace}"] = tps[trace]
+        attrs[f"decode_tps_{trace}"] = tps[trace] * 0.8
+        attrs[f"seconds_{trace}"] = 64 / tps[trace]
+        attrs[f"floor_eff_{trace}"] = min(0.95, 0.05 * speed * (i + 1) * rng.uniform(0.9, 1.1))
+    attrs["tokens_per_s"] = geometric_mean(list(tps.values()))
+    attrs["peak_mib"] = 40.0 * MEMORY[v["cache"]] * rng.uniform(0.97, 1.03)
+    attrs["create_s"] = 0.2
+    attrs["peak_kind"] = "rss"
+    return attrs, (attrs["tokens_per_s"], attrs["peak_mib"])
+
+
+def create_demo_study(url: str, name: str = "demo", seed: int = 0) -> optuna.Study:
+    """A study of 24 trials (two infeasible, one failed) with a verified best, at `url`."""
+    rng = random.Random(seed)
+    study = open_study(open_storage(url), name, fresh=True)
+    dists = {
+        "cache": CategoricalDistribution(["contiguous", "slab", "paged"]),
+        "attention": CategoricalDistribution(["manual", "sdpa"]),
+        "fuse_qkv": CategoricalDistribution([True, False]),
+        "fuse_gate_up": CategoricalDistribution([True, False]),
+    }
+    variants = demo_variants()
+    rng.shuffle(variants)
+    for number, variant in enumerate(variants):
+        params = {k: getattr(variant, k) for k in dists}
+        if number == 5:
+            attrs = {
+                "variant": variant.to_dict(),
+                "variant_name": variant.name,
+                "status": "failed",
+                "reason": "timed out after 180 s during timing",
+                "timed_out": True,
+                "constraint": [1e6],
+            }
+            trial = optuna.trial.create_trial(
+                state=TrialState.FAIL, params=params, distributions=dists, user_attrs=attrs
+            )
+        else:
+            ok = not (
+                variant.attention == "manual" and variant.cache == "contiguous" and number % 2
+            )
+            attrs, values = _attrs(variant, rng, ok)
+            trial = optuna.trial.create_trial(
+                state=TrialState.COMPLETE,
+                params=params,
+                distributions=dists,
+                values=list(values),
+                user_attrs=attrs,
+            )
+        study.add_trial(trial)
+    study.set_user_attr("traces", list(TRACES))
+    study.set_user_attr("hardware", "cpu-demo")
+    best = max(
+        (t for t in study.get_trials() if t.user_attrs.get("status") == "ok"),
+        key=lambda t: t.values[0],
+    )
+    study.set_user_attr(
+        "verified_best",
+        {
+            "trial": best.number,
+            "variant": best.user_attrs["variant"],
+            "variant_name": best.user_attrs["variant_name"],
+            "tokens_per_s": best.values[0],
+            "peak_mib": best.values[1],
+            "n_trials": len(study.get_trials()),
+            "engine_sha256": "0" * 64,
+            "verified_at": "2026-01-01 00:00:00",
+        },
+    )
+    return study

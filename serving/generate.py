@@ -16,8 +16,7 @@ from pathlib import Path
 
 import torch
 
-from search.errors import UserError
-from search.run_setup import resolve_device
+from search.setup import UserError, resolve_device
 from variants.serving.sampling import SamplingParams, TokenSampler
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ import optuna
 import pytest
 
 from search import study as st
-from search.optimize import tell_outcome
+from search.study import tell_outcome
 from search.trial import TrialRunner, outcome_from_result
 from variants.variant import Variant
 

@@ -16,8 +16,8 @@ import optuna
 import pytest
 
 from search import study as st
-from search.optimize import tell_outcome
-from search.space import SearchSpace
+from search.setup import SearchSpace
+from search.study import tell_outcome
 from search.trial import TrialRunner, outcome_from_result
 from variants.presets import PRESETS
 from variants.probe import probe_capabilities

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from evaluator.toy_weights import make_toy_weights
-from search.run_write import FINGERPRINT, common_failure, engine_fingerprint, set_aside
+from search.write import FINGERPRINT, common_failure, engine_fingerprint, set_aside
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -131,7 +131,7 @@ def test_set_aside_keeps_an_engine_of_these_weights_and_moves_another(tmp_path):
 
 
 def test_the_last_line_names_the_most_common_cause():
-    from search.records import Record
+    from search.trial import Record
 
     records = [
         Record(0, "failed", {}, {"reason": "KeyError: 'x'\ntraceback..."}),
@@ -153,7 +153,7 @@ def test_a_written_engine_is_readable_by_all(tmp_path):
 
 
 def _record(number, screening, full=None, **extra):
-    from search.records import Record
+    from search.trial import Record
 
     attrs = {"variant_name": f"v{number}", "tokens_per_s": screening, "peak_mib": 100.0}
     attrs |= {"constraint": [-0.1], "max_abs_err": 0.001, "tol_share": 0.1, **extra}
@@ -165,8 +165,8 @@ def _record(number, screening, full=None, **extra):
 def test_the_log_compares_the_chosen_and_the_runner_up_on_one_protocol():
     """A chosen engine with full-protocol numbers against a runner-up without: both by their
     screening numbers, never 6,991 (full) against 59,000 (screening)."""
-    from search.results_log import RANKING, _why
-    from search.select import rank
+    from search.report import RANKING, _why
+    from search.write import rank
 
     chosen, runner_up = _record(1, 80_033.0, full=6_991.0), _record(2, 59_000.0)
     ranked = rank([chosen, runner_up])

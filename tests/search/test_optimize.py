@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from search.optimize import Budget
+from search.study import Budget
 
 
 def budget(total_s: float, trial_timeout_s: float = 1000.0, **kw) -> Budget:

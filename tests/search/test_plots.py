@@ -8,10 +8,10 @@ import optuna
 import pytest
 
 from search import study as st
-from search import trial_plots
-from search.demo_study import create_demo_study
-from search.records import Record
-from search.summary_md import default_report_dir, param_importances, write_report
+from search.figures import param_importances, pareto_front, write_report
+from search.report import default_report_dir
+from search.study import create_demo_study
+from search.trial import Record
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -58,7 +58,7 @@ def test_pareto_front_keeps_only_undominated_trials():
         return Record(n, "ok", {}, attrs, (tps, mib))
 
     records = [rec(0, 100, 10), rec(1, 90, 20), rec(2, 200, 30), rec(3, 150, 5), rec(4, 200, 40)]
-    assert [r.number for r in trial_plots.pareto_front(records)] == [3, 2]
+    assert [r.number for r in pareto_front(records)] == [3, 2]
 
 
 def test_importances_need_enough_feasible_trials(tmp_path):

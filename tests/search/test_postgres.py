@@ -21,7 +21,7 @@ import pytest
 from optuna.trial import TrialState
 
 from search import study as st
-from search.space import SearchSpace
+from search.setup import SearchSpace
 from variants.probe import probe_capabilities
 from variants.variant import Variant
 

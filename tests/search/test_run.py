@@ -12,7 +12,7 @@ import optuna
 import pytest
 
 from search import study as st
-from search.space import SearchSpace
+from search.setup import SearchSpace
 from variants.presets import PRESETS
 from variants.probe import probe_capabilities
 from variants.variant import Variant
@@ -110,7 +110,7 @@ def test_planted_failures_are_recorded_and_the_engine_is_correct(planted):
 def test_verification_says_a_triton_engine_compiles_its_kernels(
     planted, micro_config_path, tiny_weights, tmp_path
 ):
-    from search.select import verify_engine
+    from search.write import verify_engine
 
     engine = tmp_path / "engine.py"
     text = (planted["tmp"] / "ws" / "engine.py").read_text()

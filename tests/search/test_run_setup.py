@@ -5,10 +5,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from search.errors import UserError
-from search.run_setup import (
+from search.setup import (
     COURSE_GRADER_GIB,
     CPU_STRESS_MAX_POSITIONS,
+    UserError,
     device_memory_gib,
     gate_cases,
     memory_budget_gib,
@@ -68,7 +68,7 @@ def _job_dict(config, weights, tmp_path, budget_mib):
 def test_a_trial_over_the_memory_budget_in_the_graders_pattern_is_infeasible(
     tiny_config, tiny_weights, tmp_path
 ):
-    from search.trial_worker import Phases, run_job
+    from search.trial import Phases, run_job
 
     phases = Phases(tmp_path / "result.json")
     ok = run_job(_job_dict(tiny_config, tiny_weights, tmp_path, 10**6), phases)

@@ -2,8 +2,8 @@
 
 from types import SimpleNamespace
 
-from search.records import Record
-from search.run_write import after_remeasure_s, remeasure
+from search.trial import Record
+from search.write import after_remeasure_s, remeasure
 from variants.variant import Variant
 
 

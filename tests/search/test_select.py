@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from search.records import Record
-from search.select import Verification, installed, rank, write_verified
+from search.trial import Record
+from search.write import Verification, installed, rank, write_verified
 from variants.variant import Variant
 
 

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from search.shape_sweep import decode_context, prefill_lengths, sweep
+from sweep.measure import decode_context, prefill_lengths, sweep
 from variants.presets import PRESETS
 from variants.variant import Variant
 

@@ -6,8 +6,8 @@ import itertools
 import optuna
 import pytest
 
-from search import space as space_module
-from search.space import SearchSpace
+from search import setup as space_module
+from search.setup import SearchSpace
 from variants import registry
 from variants.presets import PRESETS
 from variants.probe import probe_capabilities

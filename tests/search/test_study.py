@@ -10,7 +10,7 @@ import pytest
 from optuna.trial import TrialState
 
 from search import study as st
-from search.optimize import copy_result, find_duplicate, tell_outcome
+from search.study import copy_result, find_duplicate, tell_outcome
 from search.trial import TrialRunner, constraint, outcome_from_result
 from variants.probe import probe_capabilities
 from variants.variant import Variant
@@ -184,7 +184,7 @@ def test_a_missing_database_driver_is_one_line_naming_the_extra(
     monkeypatch, capsys, tmp_path, micro_config_path, tiny_weights
 ):
     from search.cli import main
-    from search.errors import UserError
+    from search.setup import UserError
 
     monkeypatch.setitem(sys.modules, "psycopg", None)  # `import psycopg` raises ImportError
     url = "postgresql://someone:secret@127.0.0.1:1/optuna"
@@ -205,8 +205,8 @@ def test_a_missing_database_driver_is_one_line_naming_the_extra(
 
 
 def test_the_verified_best_of_an_earlier_study_on_this_hardware_is_enqueued_first(tmp_path, caps):
-    from search.optimize import enqueue_known_good
-    from search.space import SearchSpace
+    from search.setup import SearchSpace
+    from search.study import enqueue_known_good
 
     storage = st.open_storage(f"sqlite:///{tmp_path}/many.db")
     earlier_best = Variant(cache="paged", block_size=32, attention="sdpa", fuse_qkv=False)

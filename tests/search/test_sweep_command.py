@@ -8,14 +8,13 @@ import optuna
 import pytest
 
 from search.cli import main
-from search.demo_study import create_demo_study
-from search.errors import UserError
-from search.records import Record
-from search.select import rank
-from search.study import load_records
-from search.summary_md import default_report_dir
-from search.sweep_plots import DECODE_PNG, PREFILL_PNG
-from search.sweep_variants import leaders, study_variants, variant_from_spec
+from search.report import default_report_dir
+from search.setup import UserError
+from search.study import create_demo_study, load_records
+from search.trial import Record
+from search.write import rank
+from sweep.command import leaders, study_variants, variant_from_spec
+from sweep.plots import DECODE_PNG, PREFILL_PNG
 from variants.presets import PRESETS
 from variants.variant import Variant
 

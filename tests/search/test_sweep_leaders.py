@@ -1,6 +1,6 @@
 """The shape sweep after the search: its time limit follows what is left of the budget."""
 
-from search.sweep_leaders import sweep_limit
+from sweep.command import sweep_limit
 
 
 def test_a_gpu_sweep_gets_what_is_left_within_20_to_90_s():

@@ -7,8 +7,8 @@ import matplotlib.image as mpimg
 import optuna
 
 from search import study as st
-from search.summary_md import write_report
-from search.sweep_plots import (
+from search.figures import write_report
+from sweep.plots import (
     DECODE_FLOOR,
     DECODE_LABELS,
     DECODE_PNG,

@@ -8,9 +8,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-import search.target as target_module
+import search.setup as target_module
 from evaluator.toy_weights import make_toy_weights
-from search.target import TargetError, resolve_target
+from search.setup import TargetError, resolve_target
 
 
 def _tree_digest(folder) -> dict:

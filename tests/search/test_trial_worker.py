@@ -7,7 +7,7 @@ import sys
 import time
 
 CHILD = (
-    "from search.trial_worker import stop_with_parent; stop_with_parent(0.1); "
+    "from search.trial import stop_with_parent; stop_with_parent(0.1); "
     "import time; print('watching', flush=True); time.sleep(60)"
 )
 PARENT = (

@@ -9,19 +9,19 @@ import optuna
 import pytest
 import torch
 
-from search.space import SearchSpace
-from search.target import resolve_target
-from search.trial import TrialRunner
-from search.warm_kernels import (
+from search.setup import (
+    SearchSpace,
     default_workers,
     has_triton_kernels,
     memory_workers,
     queued_variants,
+    resolve_target,
     warm_kernels,
     warm_queued,
     workers_for,
     workers_in_memory,
 )
+from search.trial import TrialRunner
 from variants.presets import PRESETS
 from variants.probe import probe_capabilities
 from variants.variant import Variant
@@ -74,7 +74,7 @@ def test_the_job_file_asks_for_the_gate_alone(tiny_config, tmp_path):
     runner = TrialRunner(tiny_config, "/weights", "cuda")
     cmd = runner.command(CORRECT, tmp_path, protocol="quick", check=True, traces=())
     job = json.loads((tmp_path / "job.json").read_text())
-    assert cmd[-3:] == ["-m", "search.trial_worker", str(tmp_path / "job.json")]
+    assert cmd[-3:] == ["-m", "search.trial", str(tmp_path / "job.json")]
     assert job["traces"] == [] and job["check"] is True
     assert job["variant"] == CORRECT.to_dict() and job["engine_path"] == str(tmp_path / "engine.py")
     runner.command(CORRECT, tmp_path)  # a trial's job: the runner's traces

@@ -10,8 +10,8 @@ import optuna
 from optuna.trial import TrialState
 
 from search import study as st
-from search.optimize import enqueue_known_good
-from search.space import SearchSpace
+from search.setup import SearchSpace
+from search.study import enqueue_known_good
 from variants.probe import probe_capabilities
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -65,7 +65,7 @@ def test_two_workers_complete_the_target_together(
     assert not [t for t in trials if t.state == TrialState.RUNNING]
     # Each trial was run by exactly one worker: the numbers in their logs are disjoint and
     # together they are the study's trials.
-    ran = [set(map(int, re.findall(r"search.optimize: trial (\d+) ", log))) for log in logs]
+    ran = [set(map(int, re.findall(r"search.study: trial (\d+) ", log))) for log in logs]
     assert not ran[0] & ran[1]
     assert ran[0] | ran[1] == {t.number for t in run}
     # The enqueued presets were each popped once.

@@ -1,6 +1,6 @@
-"""Figures of a shape sweep (`python -m search sweep`, search.shape_sweep): decode step time
+"""Figures of a shape sweep (`python -m search sweep`, sweep.measure): decode step time
 against batch size and prefill tokens/s against prompt length, one line per engine, the floor of
-evaluator/floor.py's cost model as a dashed line. Bare matplotlib Figures, like search.plots.
+evaluator/floor.py's cost model as a dashed line. Bare matplotlib Figures, like search.figures'.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullLocator
 
-from search.plots import STYLE, save
+from search.figures import STYLE, save
 
 DECODE_PNG = "decode_vs_batch.png"
 PREFILL_PNG = "prefill_vs_length.png"

@@ -1,0 +1,429 @@
+"""The study report on disk: PNG figures and `summary.md` (the chosen engine, the leaders, what
+each figure shows) next to the study's storage (`studies/<name>/` by default), written by
+`python -m search report` and at the end of run.sh. The figures are bare matplotlib Figures
+(drawn by Agg when saved, no display or pyplot backend involved), each None when the records hold
+nothing to draw; `report` and tradeoffs.ipynb share them.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from pathlib import Path
+
+import matplotlib
+import optuna
+from matplotlib.figure import Figure
+from optuna.trial import TrialState
+
+from search.report import status_counts, top_table
+from search.study import load_records
+from search.trial import Record
+from search.write import rank
+from variants.registry import AXES_BY_NAME
+
+MIN_TRIALS_FOR_IMPORTANCE = 4
+
+
+def param_importances(study: optuna.Study) -> tuple[dict[str, float], str]:
+    """Importances for tokens/s over the feasible complete trials, or ({}, why not)."""
+    records = {r.number: r for r in load_records(study)}
+    trials = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+        if t.params and records[t.number].feasible
+    ]
+    if len(trials) < MIN_TRIALS_FOR_IMPORTANCE:
+        return {}, (
+            f"only {len(trials)} feasible complete trial(s) with parameters; importances need "
+            f"at least {MIN_TRIALS_FOR_IMPORTANCE}"
+        )
+    # A copy holding only the feasible trials: an infeasible trial's 0 tokens/s says it was
+    # wrong, not slow, and would dominate the variance.
+    verbosity = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    copy = optuna.create_study(directions=study.directions)
+    optuna.logging.set_verbosity(verbosity)
+    copy.add_trials(trials)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            values = optuna.importance.get_param_importances(copy, target=lambda t: t.values[0])
+    except Exception as exc:  # e.g. no parameter common to all trials
+        return {}, f"importances could not be computed: {exc}"
+    if not values:
+        return {}, "no parameter is shared by all feasible trials"
+    return dict(values), f"from {len(trials)} feasible complete trials (fANOVA)"
+
+
+def write_report(
+    study: optuna.Study, out_dir: Path, top: int = 5, sweep_path: Path | None = None
+) -> list[Path]:
+    """Write the PNG figures and summary.md into `out_dir`; return the written paths. The shape
+    sweep (`python -m search sweep`) at `sweep_path`, default `out_dir/sweep.json` when there,
+    adds decode_vs_batch.png and prefill_vs_length.png."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    records = load_records(study)
+    ranked = rank(records)
+    best = study.user_attrs.get("verified_best") or {}
+    chosen = best.get("trial")
+    importances, why = param_importances(study)
+
+    figures = {
+        "tradeoff.png": (
+            tradeoff_figure(records, chosen),
+            "throughput vs peak memory of the feasible trials, the Pareto front and the chosen "
+            "engine",
+        ),
+        "axis_effects.png": (
+            axis_effects_figure(records),
+            "tokens/s by choice on each variant axis that varies",
+        ),
+        "history.png": (history_figure(records), "tokens/s per trial and the best so far"),
+        "floor_efficiency.png": (
+            floor_figure(ranked, top),
+            "floor efficiency per trace of the top assemblies",
+        ),
+        "importances.png": (
+            importance_figure(importances),
+            f"parameter importances for tokens/s ({why})",
+        ),
+    }
+    written, lines, missing = [], [], []
+    for name, (fig, caption) in figures.items():
+        if fig is None:
+            missing.append(f"- `{name}`: not drawn ({_why_missing(name, why)})")
+            continue
+        written.append(save(fig, out_dir / name))
+        lines.append(f"- [`{name}`]({name}): {caption}")
+    paths, sweep_lines = _sweep_figures(out_dir, sweep_path)
+    written += paths
+    lines += sweep_lines
+
+    md = out_dir / "summary.md"
+    md.write_text(_markdown(study, records, ranked, best, lines, missing, top))
+    written.append(md)
+    return written
+
+
+def _sweep_figures(out_dir: Path, sweep_path: Path | None) -> tuple[list[Path], list[str]]:
+    """The shape-sweep PNGs and their summary lines, when a sweep JSON is there."""
+    from sweep import plots as sweep_plots
+
+    path = Path(sweep_path) if sweep_path else out_dir / "sweep.json"
+    if sweep_path is None and not path.is_file():
+        return [], []
+    sweep = sweep_plots.load_sweep(path)
+    if sweep is None:
+        return [], [f"- shape sweep: `{path}` could not be read"]
+    drawn = sweep_plots.write_sweep_figures(sweep, out_dir)
+    source = f"measured by `python -m search sweep` on {sweep_plots.where(sweep)} (`{path.name}`)"
+    lines = [f"- [`{p.name}`]({p.name}): {caption}, {source}" for p, caption in drawn]
+    if not drawn:
+        lines = [f"- shape sweep `{path.name}`: no measured point to draw"]
+    return [p for p, _ in drawn], lines
+
+
+def _why_missing(name: str, why_importance: str) -> str:
+    return {
+        "tradeoff.png": "no feasible trial",
+        "axis_effects.png": "no variant axis takes two values among the feasible trials",
+        "history.png": "no finished trial",
+        "floor_efficiency.png": "the trials carry no floor_eff_<trace> numbers",
+        "importances.png": why_importance,
+    }[name]
+
+
+def _markdown(study, records: list[Record], ranked, best: dict, figs, missing, top: int) -> str:
+    status = status_counts(records)
+    parts = [f"# Study `{study.study_name}`", "", f"{len(records)} trials: {status}.", ""]
+    if best:
+        parts += [
+            f"**Chosen engine:** trial {best['trial']} `{best['variant_name']}`, "
+            f"{best['tokens_per_s']:,.1f} tokens/s, peak {best.get('peak_mib', 0):,.0f} MiB "
+            f"(verified {best.get('verified_at', '?')})."
+        ]
+    elif ranked:
+        parts += [
+            f"**No verified best stored;** the leader is trial {ranked[0].number} "
+            f"`{ranked[0].name}` ({ranked[0].tokens_per_s:,.1f} tokens/s)."
+        ]
+    else:
+        parts += ["**No correct trial.**"]
+    front = pareto_front(feasible(records))
+    if front:
+        parts += ["", "Pareto front of the screening numbers (least memory first):", ""]
+        parts += [
+            f"- trial {r.number} `{r.name}`: {r.screening_tokens_per_s:,.1f} tokens/s, "
+            f"{float(r.attrs.get('peak_mib') or 0):,.0f} MiB"
+            for r in front
+        ]
+    parts += ["", f"## Top {top}", "", "```", top_table(ranked, top), "```", "", "## Figures", ""]
+    parts += figs + missing
+    return "\n".join(parts) + "\n"
+
+
+# --- the figures -----------------------------------------------------------------------------
+
+
+STYLE = {
+    "font.size": 12,
+    "axes.titlesize": 14,
+    "axes.labelsize": 12,
+    "xtick.labelsize": 11,
+    "ytick.labelsize": 11,
+    "legend.fontsize": 11,
+    "figure.dpi": 100,
+}
+
+
+def bare_figure(width: float, height: float, **kwargs):
+    """A bare Figure, not registered with pyplot: no backend is switched and nothing leaks when
+    many are drawn; callers hold STYLE (rc_context) while they draw."""
+    fig = Figure(figsize=(width, height))
+    return fig, fig.subplots(**kwargs)
+
+
+def feasible(records: list[Record]) -> list[Record]:
+    return [r for r in records if r.feasible and r.tokens_per_s > 0]
+
+
+def save(fig: Figure, path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def png_bytes(fig: Figure) -> bytes:
+    """The figure as PNG bytes (for IPython.display.Image in notebooks)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    return buffer.getvalue()
+
+
+CHOSEN_COLOR = "tab:red"
+
+
+def _tps(r: Record) -> float:
+    """The screening throughput: every measured trial has one, from the same protocol."""
+    return r.screening_tokens_per_s
+
+
+def _peak(r: Record) -> float:
+    return float(r.attrs.get("peak_mib") or 0.0)
+
+
+def pareto_front(records: list[Record]) -> list[Record]:
+    """Records no other beats on both screening objectives (more tokens/s, less peak MiB), by
+    memory."""
+    front = []
+    for r in sorted(records, key=lambda r: (_peak(r), -_tps(r))):
+        if not front or _tps(r) > _tps(front[-1]):
+            front.append(r)
+    return front
+
+
+def tradeoff_figure(records: list[Record], chosen: int | None = None) -> Figure | None:
+    """Throughput against peak memory of every feasible trial, the front and the chosen engine,
+    all by their screening numbers (one protocol for every point)."""
+    points = feasible(records)
+    if not points:
+        return None
+    with matplotlib.rc_context(STYLE):
+        fig, ax = bare_figure(10, 6.5)
+        ax.scatter(
+            [_peak(r) for r in points],
+            [_tps(r) for r in points],
+            s=45,
+            alpha=0.6,
+            color="tab:blue",
+            label=f"feasible trials ({len(points)})",
+        )
+        front = pareto_front(points)
+        ax.plot(
+            [_peak(r) for r in front],
+            [_tps(r) for r in front],
+            "-o",
+            color="tab:orange",
+            lw=2,
+            ms=7,
+            drawstyle="steps-post",
+            label="Pareto front",
+        )
+        pick = next((r for r in points if r.number == chosen), None)
+        if pick is not None:
+            xs = [_peak(r) for r in points]
+            right = _peak(pick) > (min(xs) + max(xs)) / 2  # label to the left, inside the axes
+            ax.scatter(
+                [_peak(pick)],
+                [_tps(pick)],
+                s=260,
+                marker="*",
+                color=CHOSEN_COLOR,
+                zorder=5,
+                label="chosen engine",
+            )
+            ax.annotate(
+                f"#{pick.number} {pick.name}\n{_tps(pick):,.1f} tok/s, {_peak(pick):,.0f} MiB",
+                (_peak(pick), _tps(pick)),
+                xytext=(-12 if right else 12, -28),
+                textcoords="offset points",
+                ha="right" if right else "left",
+                fontsize=10,
+                color=CHOSEN_COLOR,
+                bbox={"boxstyle": "round", "fc": "white", "ec": CHOSEN_COLOR, "alpha": 0.9},
+            )
+        ax.set_xlabel("peak memory in the grader's pattern (MiB, screening)")
+        ax.set_ylabel("throughput (tokens/s, geometric mean over traces, screening)")
+        ax.set_ylim(bottom=0)
+        ax.set_title("Throughput vs peak memory of the feasible trials")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right")  # y starts at 0: the space under the trials is empty
+        fig.tight_layout()
+    return fig
+
+
+def history_figure(records: list[Record]) -> Figure | None:
+    """Tokens/s per trial number (infeasible and failed at zero) and the best so far."""
+    done = [r for r in records if r.status not in ("running", "waiting")]
+    done.sort(key=lambda r: r.number)
+    if not done:
+        return None
+    with matplotlib.rc_context(STYLE):
+        fig, ax = bare_figure(10, 5.5)
+        ok = [r for r in done if r.feasible]
+        bad = [r for r in done if not r.feasible]
+        ax.scatter(
+            [r.number for r in ok],
+            [r.tokens_per_s for r in ok],
+            s=40,
+            color="tab:blue",
+            label="feasible",
+        )
+        ax.scatter(
+            [r.number for r in bad],
+            [0] * len(bad),
+            s=40,
+            marker="x",
+            color="tab:gray",
+            label="infeasible / failed",
+        )
+        best, xs, ys = 0.0, [], []
+        for r in done:
+            if r.feasible:
+                best = max(best, r.tokens_per_s)
+            xs.append(r.number)
+            ys.append(best)
+        ax.step(xs, ys, where="post", color="tab:orange", lw=2, label="best so far")
+        ax.set_xlabel("trial number")
+        ax.set_ylabel("throughput (tokens/s)")
+        ax.set_ylim(bottom=0)
+        ax.set_title("Optimization history")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right")
+        fig.tight_layout()
+    return fig
+
+
+def floor_figure(ranked: list[Record], top: int = 5) -> Figure | None:
+    """Floor efficiency (measured time against the roofline floor) per trace, top assemblies."""
+    leaders = [r for r in ranked[:top] if _floor(r)]
+    if not leaders:
+        return None
+    traces = sorted({t for r in leaders for t in _floor(r)})
+    width = 0.8 / len(leaders)
+    with matplotlib.rc_context(STYLE):
+        fig, ax = bare_figure(max(10, 2.2 * len(traces)), 6)
+        for i, r in enumerate(leaders):
+            eff = _floor(r)
+            xs = [k + (i - (len(leaders) - 1) / 2) * width for k in range(len(traces))]
+            ax.bar(xs, [eff.get(t, 0.0) for t in traces], width, label=f"#{r.number} {r.name}")
+        ax.set_xticks(range(len(traces)))
+        ax.set_xticklabels(traces)
+        ax.set_xlabel("trace")
+        ax.set_ylabel("floor efficiency (floor time / measured time)")
+        ax.set_title(f"Floor efficiency per trace, top {len(leaders)} assemblies")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1, fontsize=10)
+        fig.tight_layout()
+    return fig
+
+
+def _floor(r: Record) -> dict[str, float]:
+    per = r.trace_numbers("full_" if r.has_full else "")
+    out = {t: v["floor_eff"] for t, v in per.items() if v.get("floor_eff") is not None}
+    if not out and r.has_full:
+        per = r.trace_numbers()
+        out = {t: v["floor_eff"] for t, v in per.items() if v.get("floor_eff") is not None}
+    return out
+
+
+# Axes of the Variant drawn in the per-axis figure, in registry order.
+VARIANT_AXES = tuple(AXES_BY_NAME)  # every axis of the registry, in its order
+
+
+def _applies(r: Record, axis: str) -> bool:
+    """The trial chose on this axis (a slab trial has no block size, an eager one no mode)."""
+    known = AXES_BY_NAME.get(axis)
+    return bool(r.variant) and axis in r.variant and (known is None or known.applies(r.variant))
+
+
+def varying_axes(records: list[Record]) -> list[str]:
+    """Variant axes taking more than one value among the feasible trials."""
+    out = []
+    for axis in VARIANT_AXES:
+        values = {str(r.variant.get(axis)) for r in records if _applies(r, axis)}
+        if len(values) > 1:
+            out.append(axis)
+    return out
+
+
+def axis_effects_figure(records: list[Record]) -> Figure | None:
+    """Tokens/s by choice, one panel per axis that varies: a box per choice, the trials as dots."""
+    points = [r for r in feasible(records) if r.variant]
+    axes_names = varying_axes(points)
+    if not axes_names:
+        return None
+    cols = min(3, len(axes_names))
+    rows = -(-len(axes_names) // cols)
+    with matplotlib.rc_context(STYLE):
+        fig, grid = bare_figure(5.2 * cols, 4.3 * rows, nrows=rows, ncols=cols, squeeze=False)
+        for ax, axis in zip(grid.flat, axes_names):
+            chose = [r for r in points if _applies(r, axis)]
+            choices = sorted({str(r.variant[axis]) for r in chose})
+            groups = [[r.tokens_per_s for r in chose if str(r.variant[axis]) == c] for c in choices]
+            ax.boxplot(groups, widths=0.5, showfliers=False)
+            for i, ys in enumerate(groups, 1):
+                xs = [i + 0.12 * ((j % 5) - 2) / 2 for j in range(len(ys))]
+                ax.scatter(xs, ys, s=22, alpha=0.7, color="tab:blue", zorder=3)
+            ax.set_xticks(range(1, len(choices) + 1))
+            ax.set_xticklabels([f"{c}\n(n={len(g)})" for c, g in zip(choices, groups)])
+            ax.set_title(axis)
+            ax.set_ylabel("tokens/s")
+            ax.grid(axis="y", alpha=0.3)
+        for ax in list(grid.flat)[len(axes_names) :]:
+            ax.set_visible(False)
+        fig.suptitle("Throughput by choice on each variant axis (feasible trials)", fontsize=15)
+        fig.tight_layout()
+    return fig
+
+
+def importance_figure(importances: dict[str, float]) -> Figure | None:
+    """Horizontal bars: the share of the tokens/s variance each parameter explains."""
+    if not importances:
+        return None
+    items = sorted(importances.items(), key=lambda kv: kv[1])
+    with matplotlib.rc_context(STYLE):
+        fig, ax = bare_figure(10, max(4, 0.6 * len(items) + 1.8))
+        ax.barh([k for k, _ in items], [v for _, v in items], color="tab:green")
+        for i, (_, v) in enumerate(items):
+            ax.text(v, i, f" {v:.2f}", va="center", fontsize=11)
+        ax.set_xlabel("importance for tokens/s (fANOVA share, sums to 1)")
+        ax.set_ylabel("parameter")
+        ax.set_title("Parameter importances")
+        ax.set_xlim(0, max(v for _, v in items) * 1.2 or 1)
+        ax.grid(axis="x", alpha=0.3)
+        fig.tight_layout()
+    return fig

@@ -1,0 +1,705 @@
+"""Set-up, before any trial: the target pre-flighted, this machine described, the device, gate,
+budget (`Budget`) and memory budget resolved, the capabilities, the search space and the trial
+runner; then, on a GPU, the queued assemblies' Triton kernels compiled side by side before the
+first trial. The worker, `sweep`, `render` and `generate` resolve their device and target here too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from evaluator.engine_loader import EngineLoadError, default_target_paths, load_model_config
+from evaluator.gate_choice import select_gate
+from search.trial import (
+    CPU_OBJECTIVE_TRACES,
+    OBJECTIVE_TRACES,
+    REPO_ROOT,
+    TrialRunner,
+    load_renderer,
+    run_child,
+)
+from variants.checkpoint.formats import Checkpoint, find_weight_file
+from variants.probe import probe_capabilities
+from variants.registry import AXES
+from variants.spec import ModelSpec
+from variants.variant import Variant
+
+log = logging.getLogger(__name__)
+
+
+# A user's mistake (a bad path, config, device or study name): the command prints its one-line
+# message, which names the problem and the fix, and exits 2; `--debug` shows the traceback.
+class UserError(ValueError):
+    """Bad input to a command; the message is one line: the problem and the fix."""
+
+
+DEFAULT_BUDGET_MIN = {"cuda": 20.0, "cpu": 5.0}
+# The course's grader runs on an RTX 3090: its target's memory budget by default.
+COURSE_GRADER_GIB = 24.0
+# Engines alive at once in the grader's pattern: the warm-up engine, the last repeat's and the
+# one being built. Each written engine gets this share of the memory budget (MEMORY_BUDGET_GIB).
+ENGINES_ALIVE = 3
+DEFAULT_TRIAL_TIMEOUT_S = {"cuda": 300.0, "cpu": 180.0}
+CPU_STRESS_MAX_POSITIONS = 1024  # above this, CPU trials skip the stress case (see gate_cases)
+
+
+def resolve_device(text: str) -> str:
+    if text == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cuda", "cpu"):
+        raise UserError(f"--device must be auto, cpu, cuda or cuda:N, got {text!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {text}, but torch sees no CUDA device; use --device cpu")
+    if device.type == "cuda" and device.index is not None:
+        if device.index >= torch.cuda.device_count():
+            count = torch.cuda.device_count()
+            raise UserError(f"--device {text}, but torch sees {count} CUDA device(s)")
+    return text
+
+
+def device_kind(device: str) -> str:
+    """ "cuda" or "cpu": what the defaults (budget, trial limit, traces, sweep) depend on."""
+    return "cuda" if device.startswith("cuda") else "cpu"
+
+
+def measure_ceilings(device: str) -> dict | None:
+    try:
+        from evaluator.floor import measure_ceilings as measure
+
+        return measure(device).to_dict()
+    except Exception as exc:  # floor efficiency is a diagnostic
+        log.warning("could not measure the device ceilings: %s", exc)
+        return None
+
+
+def set_up(job) -> None:
+    """The job's device, target, capabilities, space, budget and deadline, trial limit,
+    environment and trial runner (from `job.args`, counted from `job.start`)."""
+    args = job.args
+    job.device = resolve_device(args.device)
+    kind = device_kind(job.device)
+    job.target = resolve_target(args.model_config, args.weight_dir)
+    check_dtype(job.target, job.device)
+    gate, why = choose_gate(args.gate, job.target)
+    job.gate = gate.name
+    job.notes.append(why)
+    job.caps = probe_capabilities(job.device, job.target.config)
+    job.space = SearchSpace(job.caps)
+    minutes = args.budget_minutes if args.budget_minutes else DEFAULT_BUDGET_MIN[kind]
+    job.budget_s = 60 * minutes
+    job.deadline = job.start + job.budget_s
+    job.trial_timeout = args.trial_timeout or DEFAULT_TRIAL_TIMEOUT_S[kind]
+    job.notes.append(f"budget {minutes:g} min, trial limit {job.trial_timeout:.0f} s")
+    job.environment = describe_environment(job.device)
+    job.memory_budget_gib, why = memory_budget_gib(args, job.device)
+    job.notes.append(
+        f"memory budget {job.memory_budget_gib:g} GiB ({why}): an assembly whose peak in the "
+        "grader's pattern (a warm-up engine and two repeats alive) exceeds it is rejected; the "
+        f"written engine's MEMORY_BUDGET_GIB is a third of it"
+    )
+    job.runner = TrialRunner(
+        job.target.config,
+        str(job.target.weight_dir),
+        job.device,
+        renderer=args.renderer,
+        traces=objective_traces(job, kind),
+        timeout_s=job.trial_timeout,
+        gate_cases=gate_cases(job, kind),
+        gate=gate.to_dict(),
+        memory_budget_mib=1024 * job.memory_budget_gib,
+        engine_budget_gib=job.memory_budget_gib / ENGINES_ALIVE,
+    )
+    # Verification runs public and stress in a fresh process: on a CPU with a long context the
+    # stress case alone took over 10 minutes (public config, 2 cores).
+    job.stress_positions = stress_positions(job, kind)
+    long_cpu = job.runner.gate_cases == ("public",)
+    job.verify_timeout = max(600.0, 4 * job.trial_timeout, 2400.0 if long_cpu else 0.0)
+    log.info(
+        "target %s on %s; %d assemblies in the space",
+        job.target.config_path,
+        job.device,
+        job.space.size,
+    )
+
+
+@dataclass
+class Budget:
+    """Wall-clock deadline for the loop and what must stay in reserve after it: the full-protocol
+    re-measurement of three leaders (about one trial each on an H200) and the final verification
+    (a third of a trial there), in typical trials, plus `after_s` (the shape sweep's limit),
+    never more than `max_reserve_share` of the whole budget."""
+
+    deadline: float  # time.monotonic() value
+    trial_timeout_s: float
+    total_s: float = 0.0
+    reserve_trials: float = 4.0
+    max_reserve_share: float = 0.35
+    first_guess_s: float = 20.0
+    after_s: float = 0.0
+
+    def typical_trial_s(self, durations: list[float]) -> float:
+        return statistics.median(durations) if durations else self.first_guess_s
+
+    def time_for_trial(self, durations: list[float]) -> float | None:
+        """Seconds the next trial may take, or None when the budget is spent."""
+        typical = self.typical_trial_s(durations)
+        wanted = self.reserve_trials * typical + self.after_s
+        reserve = min(wanted, self.max_reserve_share * self.total_s)
+        left = self.deadline - time.monotonic() - reserve
+        if left < 0.75 * typical:
+            return None
+        return min(self.trial_timeout_s, left)
+
+
+def choose_gate(asked: str, target):
+    """(gate, one-line reason): --gate course or noise as asked; auto: the course's exact check
+    for the course's float16 target, the noise gate for every other model."""
+    from evaluator.gates import CourseGate, NoiseGate
+
+    if asked == "course":
+        return CourseGate(measure_noise=True), "course gate: asked for with --gate course"
+    if asked == "noise":
+        return NoiseGate(), "noise gate: asked for with --gate noise"
+    return select_gate(target.config_path, target.config)
+
+
+def check_dtype(target, device: str) -> None:
+    """The config's dtype must run here: bfloat16 needs a GPU that computes it."""
+    spec = ModelSpec.from_config(target.config)
+    if device.startswith("cuda") and spec.config_dtype == torch.bfloat16:
+        if not torch.cuda.is_bf16_supported():
+            raise UserError(
+                f"{target.config_path.name} says bfloat16, which this GPU does not compute; "
+                "use --device cpu (float32) or a GPU of compute capability 8.0 or newer"
+            )
+
+
+def device_memory_gib(device: str) -> float:
+    """The GPU's memory, or the host's (MemTotal) for a CPU."""
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_properties(torch.device(device)).total_memory / 2**30
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) / 2**20
+    return 16.0  # (not Linux: a laptop's worth)
+
+
+def memory_budget_gib(args, device: str) -> tuple[float, str]:
+    """--memory-budget-gib; else the course's grader's GPU for the course's target (no
+    --model-config); else this device's memory."""
+    if args.memory_budget_gib is not None:
+        if args.memory_budget_gib <= 0:
+            raise UserError(f"--memory-budget-gib must be > 0, got {args.memory_budget_gib}")
+        return args.memory_budget_gib, "--memory-budget-gib"
+    if args.model_config is None:
+        return COURSE_GRADER_GIB, "the course's target: its grader is a 24 GB RTX 3090"
+    return round(device_memory_gib(device), 1), "this device's memory"
+
+
+def stress_positions(job, kind: str) -> int | None:
+    """On a CPU with a long context the verification's stress case puts its longest request at
+    CPU_STRESS_MAX_POSITIONS: at the config's own limit the reference alone takes many minutes
+    there. None: the config's limit."""
+    most = job.target.config["max_position_embeddings"]
+    if kind == "cpu" and most > CPU_STRESS_MAX_POSITIONS:
+        job.notes.append(
+            f"CPU: the verification's stress case reaches {CPU_STRESS_MAX_POSITIONS} positions "
+            f"(the config allows {most}: its reference alone would take many minutes here)"
+        )
+        return CPU_STRESS_MAX_POSITIONS
+    return None
+
+
+def gate_cases(job, kind: str) -> tuple[str, ...]:
+    """Trials on a CPU with a long context are gated on the public case alone: the stress case's
+    near-limit prompt costs the float32 reference many minutes there (public config: over 5
+    minutes on 2 cores, against 38 s for the public case). The written engine still passes both
+    cases in verification."""
+    if kind == "cpu" and job.target.config["max_position_embeddings"] > CPU_STRESS_MAX_POSITIONS:
+        job.notes.append(
+            "CPU: trials are gated on the public correctness case (stress costs minutes per "
+            "trial at this context length); the written engine passes public and stress"
+        )
+        return ("public",)
+    return ("public", "stress")
+
+
+def objective_traces(job, kind: str) -> tuple[str, ...]:
+    if job.args.traces:
+        return tuple(t.strip() for t in job.args.traces.split(",") if t.strip())
+    if kind == "cpu":
+        job.notes.append(
+            "CPU: the objective times " + ", ".join(CPU_OBJECTIVE_TRACES) + " (the continuous"
+            " trace takes too long per trial on a CPU; add it with --traces)"
+        )
+        return CPU_OBJECTIVE_TRACES
+    return OBJECTIVE_TRACES
+
+
+# --- the target -------------------------------------------------------------------------------
+# `/target` on the grading machine; else the embedded default, `target/` (its toy weights
+# generated into `target/weights/` when missing: the only weights this project ever writes); else
+# the user's `--model-config` (a Hugging Face folder's config.json, or the course's
+# model_config.json) with `--weight-dir` (default: the config's folder). A user's folder is read,
+# never written. The pre-flight validates the config, finds the weights and checks them key by
+# key against the config from the files' headers (no tensor is read), within seconds; any problem
+# is a `TargetError` whose one line names the cause and the fix.
+
+# safetensors' dtype names
+_ST_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool,
+}  # fmt: skip
+
+
+class TargetError(UserError):
+    """A model the job cannot use; the message is one line: the cause and the fix."""
+
+
+# What the written engine's weight reader takes, by `Target.weights_format`.
+READERS = {
+    "course": "a course-layout model.pt only (its one reader: variants/checkpoint/course_file.py)",
+    "any": "any weight format (variants/checkpoint/reader.py)",
+}
+
+
+@dataclass
+class Target:
+    config_path: Path
+    weight_dir: Path
+    config: dict
+    notes: list[str] = field(default_factory=list)
+    embedded: bool = False  # the project's own target/ (toy weights), not a user's folder
+    course: bool = False  # the course's model: /target or target/
+    weights_file: str = ""
+    weights_format: str = "any"  # "course": a course-layout model.pt (the engine's reader)
+    fingerprint: str = ""  # of the weight files' contents (sampled), see `weights_fingerprint`
+
+    def describe(self) -> dict:
+        return {
+            "model_config": str(self.config_path),
+            "weight_dir": str(self.weight_dir),
+            "weights": f"{self.weights_file} (fingerprint {self.fingerprint})",
+            "engine reads": READERS[self.weights_format],
+            "notes": "; ".join(self.notes) or "-",
+            "config": self.config,
+        }
+
+
+def resolve_target(model_config: str | None, weight_dir: str | None) -> Target:
+    """The target of a run, pre-flighted (module docstring); raises TargetError."""
+    default_config, default_weights = default_target_paths(REPO_ROOT)
+    embedded_config = (REPO_ROOT / "target" / "model_config.json").resolve()
+    config_path = Path(model_config) if model_config else default_config
+    if weight_dir:
+        weights = Path(weight_dir)
+    elif model_config:
+        weights = config_path.parent  # a Hugging Face folder holds both
+    else:
+        weights = default_weights
+    course = model_config is None or config_path.resolve() == embedded_config
+    embedded = (
+        weight_dir is None
+        and model_config is None
+        and default_config.resolve() == (embedded_config)
+    )
+    config = _read_config(config_path)
+    notes = []
+    if model_config is None:
+        notes.append(f"model config found at {config_path}")
+    if embedded and not _has_weights(weights):
+        from evaluator.toy_weights import save_toy_weights
+
+        save_toy_weights(config, weights / "model.pt", seed=1234)
+        notes.append(f"generated the public toy weights (seed 1234) into {weights}")
+        log.info("generated toy weights into %s", weights)
+    target = Target(config_path.resolve(), weights.resolve(), config, notes, embedded, course)
+    check_weights(target)
+    target.fingerprint = weights_fingerprint(target.weights_file)
+    return target
+
+
+def _read_config(path: Path) -> dict:
+    try:
+        config = load_model_config(path)
+        ModelSpec.from_config(config)
+    except EngineLoadError as exc:
+        raise TargetError(f"{exc}; pass --model-config with a model's config.json") from None
+    except (ValueError, TypeError) as exc:
+        raise TargetError(f"model config {path}: {exc}; fix the config") from None
+    return config
+
+
+def _has_weights(folder: Path) -> bool:
+    try:
+        find_weight_file(folder)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def check_weights(target: Target) -> None:
+    """The weights found and their names and shapes checked against the config, from the files'
+    headers; fills in `target.weights_file` and `target.weights_format`."""
+    from variants.checkpoint.reader import course_layout, weights_format
+
+    folder = target.weight_dir
+    try:
+        path = find_weight_file(folder)
+    except (FileNotFoundError, ValueError) as exc:
+        fix = "pass --weight-dir with the model's weights (model.pt, safetensors or .bin)"
+        raise TargetError(f"{exc}; {fix}") from None
+    target.weights_file = path
+    spec = ModelSpec.from_config(target.config)
+    shapes = stored_shapes(path)
+    target.weights_format = weights_format(spec, path, shapes)
+    try:
+        course_layout(spec, Checkpoint(dict(shapes), path))
+    except (KeyError, ValueError) as exc:
+        reason = exc.args[0] if exc.args else str(exc)
+        raise TargetError(
+            f"the weights in {folder} do not fit {target.config_path.name}: {reason}; pass the "
+            "config and the weights of one model"
+        ) from None
+
+
+def stored_shapes(path: str) -> dict:
+    """Every stored tensor of a weight file (or a sharded index's shards) as a meta tensor of
+    its shape and dtype: the headers read, not the data."""
+    if path.endswith(".index.json"):
+        try:
+            shards = shard_files(path)
+        except (OSError, ValueError, KeyError, AttributeError) as exc:
+            raise TargetError(f"{path} is not a weight index json ({exc})") from None
+        state: dict = {}
+        for shard in shards:
+            state.update(stored_shapes(str(shard)))
+        return state
+    try:
+        if path.endswith(".safetensors"):
+            from safetensors import safe_open
+
+            with safe_open(path, "pt") as f:
+                slices = {k: f.get_slice(k) for k in f.keys()}  # noqa: SIM118
+                return {
+                    k: torch.empty(s.get_shape(), dtype=_ST_DTYPES[s.get_dtype()], device="meta")
+                    for k, s in slices.items()
+                }
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:  # a file of another kind, truncated or refused: say which
+        raise TargetError(f"cannot read the weights in {path}: {exc}") from None
+    if not isinstance(state, dict):
+        raise TargetError(f"{path} holds a {type(state).__name__}, expected a state dict")
+    return {
+        k: torch.empty(v.shape, dtype=v.dtype, device="meta") if isinstance(v, torch.Tensor) else v
+        for k, v in state.items()
+    }
+
+
+def shard_files(index: str) -> list[Path]:
+    """The files a sharded checkpoint's index json names, in order."""
+    names = json.loads(Path(index).read_text())["weight_map"].values()
+    return [Path(index).parent / name for name in sorted(set(names))]
+
+
+def weights_fingerprint(path: str, chunk: int = 4 << 20) -> str:
+    """A short hash of the weight files' sizes and contents: their first, middle and last 4 MiB
+    (other weights of one shape differ there; a whole file's hash would cost seconds a GB)."""
+    files = [Path(path)]
+    if path.endswith(".index.json"):
+        files = shard_files(path)
+    digest = hashlib.blake2b(digest_size=8)
+    for f in files:
+        size = f.stat().st_size
+        digest.update(f"{f.name}:{size}".encode())
+        with open(f, "rb") as fh:
+            for at in sorted({0, max(0, size // 2 - chunk // 2), max(0, size - chunk)}):
+                fh.seek(at)
+                digest.update(fh.read(chunk))
+    return digest.hexdigest()
+
+
+# --- this machine: GPU, driver, torch, CUDA, triton, Python (for the results log) --------------
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _driver() -> str | None:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = out.stdout.strip().splitlines()
+    return lines[0].strip() if out.returncode == 0 and lines else None
+
+
+def describe_environment(device: str) -> dict:
+    env = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "device": device,
+        "torch": torch.__version__,
+        "cuda_runtime": torch.version.cuda,
+        "triton": _version("triton") or _version("pytorch-triton"),
+        "optuna": _version("optuna"),
+    }
+    if torch.device(device).type == "cuda" and torch.cuda.is_available():
+        index = torch.device(device).index or 0
+        props = torch.cuda.get_device_properties(index)
+        env["gpu"] = props.name
+        env["gpu_memory_gib"] = round(props.total_memory / 2**30, 1)
+        env["compute_capability"] = f"{props.major}.{props.minor}"
+        env["gpu_count"] = torch.cuda.device_count()
+        env["driver"] = _driver()
+        env["cudnn"] = torch.backends.cudnn.version()
+    else:
+        env["gpu"] = None
+    return env
+
+
+# --- the search space -------------------------------------------------------------------------
+# The variant registry walked define-by-run, filtered by the capability probe. An axis is
+# suggested only when it applies to the choices made so far and this machine offers more than one
+# value for it. Optuna forbids one parameter name with two different choice lists, so when
+# earlier choices narrow an axis the parameter gets a qualified name (`sdpa_backend[auto|math]`).
+
+
+class EmptySpaceError(RuntimeError):
+    """Some reachable assembly leaves an axis with no valid choice on this machine."""
+
+
+class SearchSpace:
+    def __init__(self, caps):
+        self.caps = caps
+        self.offered: dict[str, tuple] = {axis.name: () for axis in AXES}
+        self.size = self._walk(0, {})
+        self.offered = {name: values for name, values in self.offered.items() if values}
+
+    def _walk(self, index: int, partial: dict) -> int:
+        """Record every choice reachable here; return how many complete variants there are."""
+        if index == len(AXES):
+            return 1
+        axis = AXES[index]
+        if not axis.applies(partial):
+            return self._walk(index + 1, partial)
+        choices = self.caps.choices(axis.name, partial)
+        seen = self.offered[axis.name]
+        self.offered[axis.name] = seen + tuple(c for c in choices if c not in seen)
+        return sum(self._walk(index + 1, {**partial, axis.name: c}) for c in choices)
+
+    def param_name(self, axis_name: str, choices: list) -> str:
+        full = [c for c in self.offered[axis_name] if c in choices]
+        if full == list(self.offered[axis_name]):
+            return axis_name
+        return f"{axis_name}[{'|'.join(str(c) for c in full)}]"
+
+    def _choose(self, pick) -> tuple[Variant, dict]:
+        partial: dict = {}
+        params: dict = {}
+        for axis in AXES:
+            if not axis.applies(partial):
+                continue
+            choices = self.caps.choices(axis.name, partial)
+            if not choices:
+                raise EmptySpaceError(f"no valid {axis.name} here after {partial}")
+            if len(choices) == 1:
+                partial[axis.name] = choices[0]
+                continue
+            name = self.param_name(axis.name, choices)
+            partial[axis.name] = params[name] = pick(axis.name, name, choices)
+        return Variant.from_dict(partial), params
+
+    def suggest(self, trial) -> Variant:
+        """The variant of an Optuna trial, suggesting one parameter per open axis."""
+        variant, _ = self._choose(
+            lambda axis, name, choices: trial.suggest_categorical(name, choices)
+        )
+        return variant
+
+    def params_for(self, variant: Variant) -> dict:
+        """The parameters `suggest` would record for `variant` (for `enqueue_trial`)."""
+        reason = self.caps.why_invalid(variant)
+        if reason is not None:
+            raise ValueError(f"{variant.name} is not offered here: {reason}")
+        values = variant.to_dict()
+        return self._choose(lambda axis, name, choices: values[axis])[1]
+
+    def canonical(self, variant: Variant) -> Variant:
+        """`variant` with the fields of axes that do not apply reset to their defaults."""
+        values = variant.to_dict()
+        return self._choose(lambda axis, name, choices: values[axis])[0]
+
+    def describe(self) -> list[tuple[str, tuple]]:
+        """(axis, choices offered on this machine) in registry order."""
+        return [(axis.name, self.offered[axis.name]) for axis in AXES if axis.name in self.offered]
+
+
+# --- the kernel warm-up -----------------------------------------------------------------------
+# An engine's first run compiles its Triton kernels on one CPU core: 46-70 s for the fused-pdl
+# preset on an H200 (scripts/compile_reuse.py), most of a trial. Triton keeps them on disk, keyed
+# by source and line, so a child that renders the same file and runs the correctness gate leaves
+# them for the trial. Several children run at once and nothing is timed meanwhile; one that fails
+# or runs out of time costs only its seconds (its trial compiles what is still missing).
+
+# At most this share of the job's budget goes to the warm-up (and never more than a trial).
+BUDGET_SHARE = 0.25
+
+
+@dataclass
+class Warmed:
+    name: str
+    status: str  # the gate's status (ok, infeasible, failed), "timed out" or "not started"
+    seconds: float
+
+
+# Beyond its weights and cache a child's engine takes up to about 0.9 GiB at a trial's peak
+# (graph pools, workspaces; scripts/engine_memory.py).
+CHILD_EXTRA_BYTES = 1 << 30
+
+
+def default_workers() -> int:
+    """Half the CPU cores, at most eight: each child compiles on one core, and six children on
+    16 cores take as long as the slowest of them alone."""
+    return max(1, min(8, (os.cpu_count() or 2) // 2))
+
+
+def workers_in_memory(free_bytes: int, weight_bytes: int, cache_bytes: int) -> int:
+    """How many children fit in 80% of the GPU's free memory, each as much as one engine alone
+    takes: its weights, a cache of `cache_bytes` and `CHILD_EXTRA_BYTES`. At least one."""
+    child = weight_bytes + cache_bytes + CHILD_EXTRA_BYTES
+    return max(1, int(0.8 * free_bytes) // child)
+
+
+def memory_workers(job) -> int:
+    """`workers_in_memory` for this job's GPU and model: the weights at their files' size (an
+    upper bound: float32 files load as float16), the cache as large as an engine's first one
+    (the gate's traces stay near it)."""
+    from variants.engine import FIRST_CACHE_TOKENS
+
+    device = torch.device(job.device)
+    free, _ = torch.cuda.mem_get_info(device)
+    spec = ModelSpec.from_config(job.target.config)
+    dtype = spec.compute_dtype(device)
+    cache = FIRST_CACHE_TOKENS * spec.kv_bytes_per_token(dtype)
+    weights = sum(p.stat().st_size for p in Path(job.target.weight_dir).iterdir() if p.is_file())
+    return workers_in_memory(free, weights, cache)
+
+
+def has_triton_kernels(variant, renderer: str) -> bool:
+    with tempfile.TemporaryDirectory(prefix="warm-") as tmp:
+        path = Path(tmp) / "engine.py"
+        load_renderer(renderer)(variant, path, "")
+        return "@triton.jit" in path.read_text()
+
+
+def queued_variants(study) -> list:
+    """The study's enqueued, not yet run assemblies, in queue order."""
+    from optuna.trial import TrialState
+
+    waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+    return [
+        Variant.from_dict(t.user_attrs["variant"]) for t in waiting if "variant" in t.user_attrs
+    ]
+
+
+def warm_kernels(runner, variants, limit_s: float, workers: int) -> list[Warmed]:
+    """Render each variant as its trial will and run the correctness gate alone, `workers` at a
+    time, all of it within `limit_s`; each child's outcome."""
+    deadline = time.monotonic() + limit_s
+
+    def one(variant) -> Warmed:
+        left = deadline - time.monotonic()
+        if left < 1.0:
+            return Warmed(variant.name, "not started", 0.0)
+        with tempfile.TemporaryDirectory(prefix="warm-") as tmp:
+            tmp = Path(tmp)
+            cmd = runner.command(variant, tmp, protocol="quick", check=True, traces=())
+            code, seconds = run_child(cmd, tmp / "log.txt", left)
+            result = tmp / "result.json"
+            if code is None:
+                status = "timed out"
+            elif result.is_file():
+                status = json.loads(result.read_text())["status"]
+            else:
+                status = f"exit code {code}"
+        log.info("warm-up of %s: %s in %.1f s", variant.name, status, seconds)
+        return Warmed(variant.name, status, seconds)
+
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        return list(pool.map(one, variants))
+
+
+def workers_for(job) -> int:
+    """How many children at once: `--warm-workers`, else `default_workers()` or as many as fit
+    in the GPU's memory, the fewer; 0 off a GPU."""
+    if not job.device.startswith("cuda"):
+        return 0
+    workers = job.args.warm_workers
+    if workers is not None:
+        return max(0, workers)
+    return min(default_workers(), memory_workers(job))
+
+
+def warm_queued(job, study) -> str | None:
+    """`warm_first` over the study's queued assemblies, those that `--trials` leaves room for."""
+    if not workers_for(job):
+        return None
+    from search.study import started_trials
+
+    queued = queued_variants(study)
+    if job.args.trials is not None:
+        queued = queued[: max(0, job.args.trials - len(started_trials(study)))]
+    return warm_first(job, queued)
+
+
+def warm_first(job, variants: list) -> str | None:
+    """Warm the kernels of those `variants` that have Triton kernels, on a GPU unless
+    `--warm-workers 0`; a note for the results log, or None when nothing ran."""
+    workers = workers_for(job)
+    if not workers:
+        return None
+    variants = [v for v in variants if has_triton_kernels(v, job.runner.renderer)]
+    if not variants:
+        return None
+    limit = min(job.trial_timeout, BUDGET_SHARE * job.budget_s, job.seconds_left())
+    start = time.monotonic()
+    warmed = warm_kernels(job.runner, variants, limit, workers)
+    outcomes = "; ".join(f"{w.name}: {w.status}, {w.seconds:.0f} s" for w in warmed)
+    return (
+        f"kernel warm-up: {len(variants)} {'assembly' if len(variants) == 1 else 'assemblies'} "
+        "with Triton kernels to run first, "
+        f"{min(workers, len(variants))} at a time, in {time.monotonic() - start:.0f} s "
+        f"(limit {limit:.0f} s): {outcomes}"
+    )
