@@ -60,7 +60,7 @@ class DeferredRangeCheck:
         if self.event is not None:
             self.event.record(torch.cuda.current_stream(self.index))
 
-    def record(self) -> None:
+    def record_written(self) -> None:
         """The check's event alone, after a kernel of the current stream wrote the extremes
         straight into `host` (kernels/token_check.py)."""
         self.event.record(torch.cuda.current_stream(self.index))

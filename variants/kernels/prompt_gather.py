@@ -113,5 +113,5 @@ def gathered_embedding(check, host, meta, base, rows, n_at, source_at, vocab, em
     event recorded (none off CUDA: its `error` then reads them at once)."""
     x = gather_check_embed(host, meta, base, rows, n_at, source_at, vocab, check.host, embed)
     if check.event is not None:
-        check.record()
+        check.record_written()
     return x

@@ -82,5 +82,5 @@ def checked_embedding(check, tokens: torch.Tensor, vocab: int, embed: torch.Tens
         check.start(tokens)
         return embed[torch.clamp(tokens, 0, vocab - 1, out=tokens)]
     x = check_clamp_embed(tokens, vocab, check.host, embed)
-    check.record()
+    check.record_written()
     return x
