@@ -21,10 +21,6 @@ _REQUIRED = (
 _HALF_NAMES = {"float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
 _BF16_NAMES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 _F32_NAMES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32}
-# Configs that name Hugging Face's LLaMA: its checkpoints pair q/k dims (j, j + d/2)
-# (rotate-half); the course's `tiny_llama` pairs (2j, 2j+1) (interleaved).
-ROTATE_HALF_ARCHITECTURES = ("LlamaForCausalLM",)
-ROTATE_HALF_MODEL_TYPES = ("llama",)
 
 
 def dtype_from_name(name: str) -> torch.dtype:
@@ -62,18 +58,6 @@ def rope_theta_of(config: dict) -> float:
     return thetas.pop() if thetas else 10000.0
 
 
-def rope_layout_of(config: dict) -> str:
-    """How the config's own checkpoints pair the rotary dims: 'rotate_half' or 'interleaved'."""
-    architectures = config.get("architectures") or []
-    if isinstance(architectures, str):
-        architectures = [architectures]
-    if config.get("model_type") in ROTATE_HALF_MODEL_TYPES or any(
-        a in ROTATE_HALF_ARCHITECTURES for a in architectures
-    ):
-        return "rotate_half"
-    return "interleaved"
-
-
 def check_supported_features(config: dict) -> None:
     """Refuse configs whose model differs from the one the engine computes."""
     act = config.get("hidden_act", "silu")
@@ -98,7 +82,8 @@ class ModelSpec:
     rope_theta: float
     config_dtype: torch.dtype
     tie_word_embeddings: bool = False
-    rope_layout: str = "interleaved"  # how an HF-format checkpoint pairs q/k dims
+    # the config as given: what a checkpoint reader may need of it (checkpoint/hf_llama.py)
+    config: dict | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_config(cls, config: dict) -> "ModelSpec":
@@ -132,7 +117,7 @@ class ModelSpec:
             rope_theta=rope_theta_of(config),
             config_dtype=dtype_from_name(config_dtype_name(config)),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            rope_layout=rope_layout_of(config),
+            config=config,
         )
         spec.check()
         return spec

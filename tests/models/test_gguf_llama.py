@@ -11,7 +11,7 @@ from models.gguf_llama import (
     hf_tensor_names,
     interleaved_to_rotate_half,
 )
-from variants.checkpoint.hf_llama import rotate_half_to_interleaved
+from variants.checkpoint.hf_llama import rope_layout_of, rotate_half_to_interleaved
 from variants.spec import ModelSpec
 
 SMOLLM2_META = {
@@ -60,7 +60,8 @@ def test_config_from_smollm2_metadata_reads_as_our_spec():
     assert (config["head_dim"], config["num_key_value_heads"]) == (64, 3)
     assert config["bos_token_id"] == 1 and "pad_token_id" not in config
     spec = ModelSpec.from_config(config)
-    assert (spec.num_layers, spec.hidden_size, spec.rope_layout) == (30, 576, "rotate_half")
+    assert (spec.num_layers, spec.hidden_size) == (30, 576)
+    assert rope_layout_of(spec.config) == "rotate_half"
     assert spec.tie_word_embeddings and spec.config_dtype == torch.bfloat16
     names = hf_tensor_names(config)
     assert len(names) == 2 + 30 * 9 and "lm_head.weight" not in names

@@ -15,7 +15,7 @@ from evaluator.engine_loader import load_engine_module
 from evaluator.toy_weights import save_toy_weights
 from variants import Variant, build_engine
 from variants.checkpoint.formats import find_weight_file, read_safetensors_weights
-from variants.checkpoint.hf_llama import rotate_half_to_interleaved
+from variants.checkpoint.hf_llama import rope_layout_of, rotate_half_to_interleaved
 from variants.checkpoint.reader import course_state_dict
 from variants.render import render_engine
 from variants.spec import ModelSpec
@@ -233,13 +233,13 @@ def test_hf_config_keys_are_read(untied_dir):
     assert "torch_dtype" not in config and config["dtype"] == "float32"  # transformers 5
     spec = ModelSpec.from_config(config)
     assert spec.config_dtype == torch.float32 and spec.rope_theta == 500.0
-    assert spec.rope_layout == "rotate_half"
+    assert rope_layout_of(spec.config) == "rotate_half"
     legacy = {**config, "torch_dtype": "bfloat16", "rope_theta": 500.0}
     del legacy["dtype"], legacy["rope_parameters"]
     assert ModelSpec.from_config(legacy).config_dtype == torch.bfloat16
-    assert ModelSpec.from_config({**legacy, "architectures": None}).rope_layout == "rotate_half"
+    assert rope_layout_of({**legacy, "architectures": None}) == "rotate_half"
     course = {**legacy, "model_type": "tiny_llama", "architectures": ["TinyLlamaForCausalLM"]}
-    assert ModelSpec.from_config(course).rope_layout == "interleaved"
+    assert rope_layout_of(ModelSpec.from_config(course).config) == "interleaved"
 
 
 @pytest.mark.parametrize(
@@ -273,7 +273,7 @@ def test_course_model_pt_is_never_converted(tiny):
     """The course contract fixes model.pt as interleaved, even if the config says llama."""
     config, folder, state = tiny
     spec = ModelSpec.from_config({**config, "model_type": "llama"})
-    assert spec.rope_layout == "rotate_half"
+    assert rope_layout_of(spec.config) == "rotate_half"
     loaded = course_state_dict(spec, str(folder))
     assert all(torch.equal(loaded[k], state[k]) for k in state)
 

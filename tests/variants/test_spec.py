@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from evaluator.reference_model import compute_dtype_for
+from variants.checkpoint.hf_llama import rope_layout_of
 from variants.probe import probe_capabilities
 from variants.registry import _resolved_dtype
 from variants.spec import ModelSpec, dtype_from_name
@@ -202,10 +203,9 @@ def test_unsupported_model_features_are_named(tiny_config, overrides, message):
 
 
 def test_rope_layout_from_the_config(tiny_config):
-    assert ModelSpec.from_config(tiny_config).rope_layout == "interleaved"
-    assert ModelSpec.from_config({**tiny_config, "model_type": "llama"}).rope_layout == (
-        "rotate_half"
-    )
+    assert rope_layout_of(ModelSpec.from_config(tiny_config).config) == "interleaved"
+    llama = ModelSpec.from_config({**tiny_config, "model_type": "llama"})
+    assert rope_layout_of(llama.config) == "rotate_half"
     theta = ModelSpec.from_config(
         {**tiny_config, "rope_theta": None, "rope_parameters": {"rope_theta": 500000.0}}
     ).rope_theta

@@ -7,6 +7,23 @@ interleaved RoPE compute the same scores (the inverse of convert_llama_weights_t
 import torch
 
 HF_PREFIX = "model."
+# Configs that name Hugging Face's LLaMA: its checkpoints pair q/k dims (j, j + d/2)
+# (rotate-half); the course's `tiny_llama` pairs (2j, 2j+1) (interleaved).
+ROTATE_HALF_ARCHITECTURES = ("LlamaForCausalLM",)
+ROTATE_HALF_MODEL_TYPES = ("llama",)
+
+
+def rope_layout_of(config: dict | None) -> str:
+    """How the config's own checkpoints pair the rotary dims: 'rotate_half' or 'interleaved'."""
+    config = config or {}
+    architectures = config.get("architectures") or []
+    if isinstance(architectures, str):
+        architectures = [architectures]
+    if config.get("model_type") in ROTATE_HALF_MODEL_TYPES or any(
+        a in ROTATE_HALF_ARCHITECTURES for a in architectures
+    ):
+        return "rotate_half"
+    return "interleaved"
 
 
 def strip_model_prefix(state: dict) -> tuple:

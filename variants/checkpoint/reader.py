@@ -8,14 +8,18 @@ import os
 
 from variants.checkpoint.checks import check_state_dict
 from variants.checkpoint.formats import read_checkpoint
-from variants.checkpoint.hf_llama import convert_rotate_half_qk, strip_model_prefix
+from variants.checkpoint.hf_llama import (
+    convert_rotate_half_qk,
+    rope_layout_of,
+    strip_model_prefix,
+)
 
 
 def uses_rotate_half(spec, path: str, prefixed: bool) -> bool:
     """HF LLaMA checkpoints (config says llama) are rotate-half; the course's `model.pt` with
     unprefixed keys is interleaved by the course contract, whatever the config's model_type."""
     course_file = os.path.basename(path) == "model.pt" and not prefixed
-    return spec.rope_layout == "rotate_half" and not course_file
+    return rope_layout_of(spec.config) == "rotate_half" and not course_file
 
 
 def course_state_dict(spec, weight_dir: str) -> dict:
