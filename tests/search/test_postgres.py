@@ -73,7 +73,9 @@ def trials_of(url: str, name: str, states=None) -> list:
 
 
 def ran_here(log: str) -> set[int]:
-    return set(map(int, re.findall(r"search\.optimize: trial (\d+) ", log)))
+    """The trials a process ran: "trial N <variant name>: ..." (not "trial N failed: ...", the
+    stale trials it failed)."""
+    return set(map(int, re.findall(r"search\.study: trial (\d+) [a-z0-9]+/", log)))
 
 
 def test_run_and_two_workers_share_the_study(
