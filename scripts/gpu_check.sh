@@ -2,7 +2,7 @@
 # The GPU check, run on the device machine (H200) over a copy of the tree:
 #   bash scripts/gpu_check.sh [STAGE...]   stages: env tests kernels fewrow tune tuneprefill
 #   profile timeline anatomy hostprofile sweep table compilereuse study grader
-#   realmodels replacement soak
+#   realmodels replacement soak cachesizes
 # (default: all). Writes logs and JSON under $OUT (or workspace/gpu_check) and a summary.txt.
 # Optuna is not installed there: wheels in .whl/ (carried) are installed into /tmp/site first.
 set -uo pipefail
@@ -97,6 +97,41 @@ if stage table; then
     timed variant_table "${TABLE_LIMIT:-560}" "$PY" scripts/variant_table.py --out "$OUT/table" \
         --timeout 150 \
         --variants "${TABLE_VARIANTS:-slab-sdpa,slab-triton-fused-allgraphs,paged64-triton-fused-allgraphs,paged64-triton-gemv-allgraphs,slab-triton-gemv-allgraphs}"
+fi
+# the first cache's size (a searched choice): CACHE_VARIANTS ("name json" lines) rendered with
+# the course target's budget (8 GiB: 24 GiB / 3 engines alive), each timed on every suite in the
+# grader's pattern in its own process; with .ab/base (ab_bench.sh prepare BASE) carried, BASE's
+# fastest preset too, timed by this tree's benchmark
+CACHE_VARIANTS=${CACHE_VARIANTS:-'slab8k {"cache":"slab","attention":"triton","layers":"fused-pdl","graphs":"pow2","prefill_graphs":"pow2"}
+slab128k {"cache":"slab","cache_tokens":131072,"attention":"triton","layers":"fused-pdl","graphs":"pow2","prefill_graphs":"pow2"}
+paged32k {"cache":"paged","block_size":64,"cache_tokens":32768,"attention":"triton","layers":"fused-pdl","graphs":"pow2","prefill_graphs":"pow2"}
+paged128k {"cache":"paged","block_size":64,"cache_tokens":131072,"attention":"triton","layers":"fused-pdl","graphs":"pow2","prefill_graphs":"pow2"}'}
+if stage cachesizes; then
+    mkdir -p workspace/cachesizes
+    while read -r name v; do
+        [ -n "$name" ] && "$PY" -c "
+import json, sys; from variants import Variant; from variants.render import render_engine
+render_engine(Variant.from_dict(json.loads(sys.argv[1])), 'workspace/cachesizes/$name.py', '', 8.0)" "$v"
+    done <<< "$CACHE_VARIANTS"
+    [ -d .ab/base ] && (cd .ab/base && PYTHONPATH=$PWD "$PY" -c "
+from variants.presets import PRESETS; from variants.render import render_engine
+render_engine(PRESETS['slab-triton-pdl-allgraphs'], '../../workspace/cachesizes/base.py')")
+    for engine in workspace/cachesizes/*.py; do
+        name=$(basename "$engine" .py)
+        timed "cache_$name" "${CACHE_LIMIT:-150}" "$PY" evaluator/benchmark_throughput.py \
+            --engine "$engine" --device cuda --suite "${CACHE_SUITE:-all}" \
+            --json "$OUT/cache_$name.json"
+    done
+    "$PY" - "$OUT" <<'PY' | tee -a "$SUMMARY"
+import json, pathlib, sys
+rows = {p.stem[6:]: json.loads(p.read_text()) for p in sorted(pathlib.Path(sys.argv[1]).glob("cache_*.json"))}
+traces = sorted({t for r in rows.values() for t in r["traces"]})
+print("engine".ljust(10) + "".join(t[:12].rjust(13) for t in traces) + "   (ms, median of 3 fresh engines; peak MiB)")
+for name, r in rows.items():
+    cells = [r["traces"].get(t) for t in traces]
+    print(name.ljust(10) + "".join(("%.3f" % (1e3 * c["seconds"]) if c else "-").rjust(13) for c in cells))
+    print("".ljust(10) + "".join(("%d" % c["peak_mib"] if c else "-").rjust(13) for c in cells))
+PY
 fi
 # the written engine reusing its trial's compiled kernels (an empty cache at the start), then
 # the fused layers without PDL on the slab, then on a paged cache (which adds only its own builds)

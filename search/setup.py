@@ -604,15 +604,15 @@ def workers_in_memory(free_bytes: int, weight_bytes: int, cache_bytes: int) -> i
 
 def memory_workers(job) -> int:
     """`workers_in_memory` for this job's GPU and model: the weights at their files' size (an
-    upper bound: float32 files load as float16), the cache as large as an engine's first one
-    (the gate's traces stay near it)."""
-    from variants.engine import FIRST_CACHE_TOKENS
+    upper bound: float32 files load as float16), the cache as large as the largest first one
+    an assembly may choose (the gate's traces stay near it)."""
+    from variants.registry import AXES_BY_NAME
 
     device = torch.device(job.device)
     free, _ = torch.cuda.mem_get_info(device)
     spec = ModelSpec.from_config(job.target.config)
     dtype = spec.compute_dtype(device)
-    cache = FIRST_CACHE_TOKENS * spec.kv_bytes_per_token(dtype)
+    cache = max(AXES_BY_NAME["cache_tokens"].values) * spec.kv_bytes_per_token(dtype)
     weights = sum(p.stat().st_size for p in Path(job.target.weight_dir).iterdir() if p.is_file())
     return workers_in_memory(free, weights, cache)
 

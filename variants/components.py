@@ -112,13 +112,14 @@ def component_parts(variant) -> dict:
     the options it is bound to). The library binds them with functools.partial; the renderer
     writes exactly that, so an engine carries no choice it does not use."""
     cache = PREFIX_CACHE if variant.prefix_cache else CACHES[variant.cache]
+    sized = {} if variant.cache == "contiguous" else {"capacity_tokens": variant.cache_tokens}
     attention = (ATTENTION[variant.attention], {})
     if variant.attention == "sdpa" and variant.sdpa_backend != "auto":
         attention = (SDPA_PINNED, {"backend": variant.sdpa_backend})
     parts = {
         "cache_cls": (
             cache,
-            {"block_size": variant.block_size} if variant.cache == "paged" else {},
+            {"block_size": variant.block_size, **sized} if variant.cache == "paged" else sized,
         ),
         "attention_cls": attention,
         "stack": (STACKS[variant.layers], {}),

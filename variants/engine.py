@@ -289,12 +289,6 @@ class EagerRunner:
         return e._logits(x)
 
 
-# The first KV cache holds this many tokens (the slab: slots of FIRST_SLOT_TOKENS, as many as
-# make it up); it grows by doubling when live requests need more. The course's traces need a
-# few thousand at most.
-FIRST_CACHE_TOKENS = 8192
-
-
 def _allocated(device: torch.device) -> int:
     return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
 
@@ -305,8 +299,9 @@ def assemble_engine(
     memory_budget_gib=None,
 ):  # fmt: skip
     """Build an engine from its chosen components; the standalone file calls this too.
-    `cache_cls(spec, device, dtype, capacity_tokens, limit_bytes)` makes the KV cache and
-    `attention_cls(spec, dtype)` the attention; `stack`, `wrap` and `head` are the Engine's;
+    `cache_cls(spec, device, dtype, limit_bytes=...)` makes the KV cache (its first size is
+    bound to it) and `attention_cls(spec, dtype)` the attention; `stack`, `wrap` and `head` are
+    the Engine's;
     `capture(engine)` and `capture_prefill(engine)`, when given, capture the decode and prefill
     CUDA graphs after the first warm-up. `dtype`: "config" (the reference's rule) or a dtype's
     name; `fuse_qkv`, `fuse_gate_up`: the projections' weights concatenated.
@@ -327,7 +322,7 @@ def assemble_engine(
             f"the engine's memory budget of {memory_budget_gib:g} GiB (MEMORY_BUDGET_GIB) does "
             f"not hold its weights ({weights.nbytes() / 2**30:.2f} GiB)"
         )
-    cache = cache_cls(spec, device, dtype, FIRST_CACHE_TOKENS, limit_bytes=limit)
+    cache = cache_cls(spec, device, dtype, limit_bytes=limit)
     attention = attention_cls(spec, dtype)
     engine = Engine(spec, weights, device, dtype, cache, attention, stack, wrap, head)
     engine.warm_up()

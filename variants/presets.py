@@ -6,13 +6,25 @@ from __future__ import annotations
 
 from variants.variant import Variant
 
+# The GPU presets start with a larger first cache (the largest the search offers for a slab, the
+# middle one for a paged pool): on the H200 the slab of 131072 tokens was as fast or faster than
+# one of 8192 on every trace, the serving traces by 10-23% (its pool does not move and its graphs
+# do not capture again inside a call), and a paged pool of 32768 holds all three serving traces
+# (docs/PERF.md).
+SLAB, PAGED = 131072, 32768
+
 PRESETS: dict[str, Variant] = {
     # Hopper and newer only: the same with each fused kernel launched with programmatic
     # dependent launch, its weights (and the attention's keys and values) prefetched into L2
     # while the kernel before runs (on the H200 the decode trace 8% faster, mixed 4%, prefill
     # within noise; scripts/variant_table.py).
     "slab-triton-pdl-allgraphs": Variant(
-        cache="slab", attention="triton", layers="fused-pdl", graphs="pow2", prefill_graphs="pow2"
+        cache="slab",
+        cache_tokens=SLAB,
+        attention="triton",
+        layers="fused-pdl",
+        graphs="pow2",
+        prefill_graphs="pow2",
     ),
     # GPU fast path first (the probe drops them elsewhere): whole-step CUDA graphs (decode, and
     # prefill at token buckets) over our fused Triton kernels, the fastest assemblies measured on
@@ -20,31 +32,43 @@ PRESETS: dict[str, Variant] = {
     # kernels with the norms, RoPE, SiLU and residual adds fused in (faster than the Triton
     # stack on the decode, mixed, continuous, wide and long traces).
     "slab-triton-gemv-allgraphs": Variant(
-        cache="slab", attention="triton", layers="fused", graphs="pow2", prefill_graphs="pow2"
+        cache="slab",
+        cache_tokens=SLAB,
+        attention="triton",
+        layers="fused",
+        graphs="pow2",
+        prefill_graphs="pow2",
     ),
     "paged64-triton-gemv-allgraphs": Variant(
         cache="paged",
         block_size=64,
+        cache_tokens=PAGED,
         attention="triton",
         layers="fused",
         graphs="pow2",
         prefill_graphs="pow2",
     ),  # fmt: skip
     "slab-triton-fused-allgraphs": Variant(
-        cache="slab", attention="triton", layers="triton", graphs="pow2", prefill_graphs="pow2"
+        cache="slab",
+        cache_tokens=SLAB,
+        attention="triton",
+        layers="triton",
+        graphs="pow2",
+        prefill_graphs="pow2",
     ),
     "paged64-triton-fused-allgraphs": Variant(
         cache="paged",
         block_size=64,
+        cache_tokens=PAGED,
         attention="triton",
         layers="triton",
         graphs="pow2",
         prefill_graphs="pow2",
     ),  # fmt: skip
     "slab-triton-fused-graphs": Variant(
-        cache="slab", attention="triton", layers="triton", graphs="pow2"
+        cache="slab", cache_tokens=SLAB, attention="triton", layers="triton", graphs="pow2"
     ),
-    "slab-sdpa-graphs": Variant(cache="slab", attention="sdpa", graphs="pow2"),
+    "slab-sdpa-graphs": Variant(cache="slab", cache_tokens=SLAB, attention="sdpa", graphs="pow2"),
     "slab-sdpa": Variant(cache="slab", attention="sdpa"),
     "paged-sdpa": Variant(cache="paged", block_size=64, attention="sdpa"),
     "slab-sdpa-compile": Variant(cache="slab", attention="sdpa", execution="compile"),

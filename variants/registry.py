@@ -20,6 +20,12 @@ def _cuda_only(caps, partial) -> str | None:
     return None if caps.cuda else "needs a CUDA device"
 
 
+def _moves_recapture(caps, partial) -> str | None:
+    """A larger first cache spares the moves of a growing pool, which cost most where CUDA
+    graphs must capture again after each (on a CPU a move is one copy)."""
+    return None if caps.cuda else "a larger first cache pays where CUDA graphs recapture"
+
+
 def _needs_half(caps, partial) -> str | None:
     if caps.device_type != "cuda":
         return "needs a CUDA device"
@@ -197,6 +203,11 @@ AXES: tuple[Axis, ...] = (
         "block_size",
         tuple(Choice(n) for n in (16, 32, 64, 128, 256)),
         applies=lambda p: p.get("cache") == "paged",
+    ),
+    Axis(
+        "cache_tokens",
+        (Choice(8192), Choice(32768, _moves_recapture), Choice(131072, _moves_recapture)),
+        applies=lambda p: p.get("cache") in ("slab", "paged"),
     ),
     Axis(
         "attention",

@@ -332,7 +332,9 @@ def render_source(
     docstring = '"""' + "\n".join(lines).replace('"""', "'''").rstrip() + '\n"""'
     moot = {"block_size": variant.cache != "paged", "prefix_cache": variant.cache != "paged"}
     moot.update(
-        sdpa_backend=variant.attention != "sdpa", compile_mode=variant.execution != "compile"
+        sdpa_backend=variant.attention != "sdpa",
+        compile_mode=variant.execution != "compile",
+        cache_tokens=variant.cache == "contiguous",
     )
     choices = "".join(
         f"#   {k} = {v!r}\n" for k, v in variant.to_dict().items() if not moot.get(k, False)

@@ -7,11 +7,16 @@ given partial choice and the capability probe says which choices this machine of
 import dataclasses
 from dataclasses import dataclass
 
+from variants.cache.pool import FIRST_CACHE_TOKENS
+
 
 @dataclass(frozen=True)
 class Variant:
     cache: str = "slab"  # contiguous | slab | paged
     block_size: int = 16  # paged only
+    cache_tokens: int = (
+        FIRST_CACHE_TOKENS  # the first pool's size (slab, paged); it grows when work needs more
+    )
     prefix_cache: bool = False  # paged, eager, torch layers only; set by hand, never searched
     attention: str = "sdpa"  # manual | sdpa | flex | triton
     sdpa_backend: str = "auto"  # sdpa only: auto | flash | efficient | math | cudnn

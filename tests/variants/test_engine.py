@@ -2,6 +2,8 @@
 the course interface's contract: fresh float32 [B, vocab] logits, only last tokens through the
 head, and bad calls that raise by name and leave every request as it was."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -103,15 +105,11 @@ def test_matches_the_reference(tiny_config, sharp_weights, script_and_expected, 
     ],
     ids=lambda v: v.name,
 )
-def test_pool_growth_with_live_requests(
-    monkeypatch, tiny_config, sharp_weights, script_and_expected, variant
-):
+def test_pool_growth_with_live_requests(tiny_config, sharp_weights, script_and_expected, variant):
     """A pool sized for one token must grow (slab: one slot, paged: one block) several times
     while requests are live; what they hold must survive every reallocation."""
-    import variants.engine as engine_module
-
-    monkeypatch.setattr(engine_module, "FIRST_CACHE_TOKENS", 1)
     calls, expected = script_and_expected
+    variant = dataclasses.replace(variant, cache_tokens=1)
     engine = build_engine(tiny_config, sharp_weights, "cpu", variant)
     # Fillers that stay live: the script's requests come on top and force growth.
     engine.prefill([900, 901, 902], [torch.arange(n) for n in (30, 2, 17)])

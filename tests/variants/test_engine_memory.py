@@ -13,7 +13,6 @@ from evaluator.reference_model import ReferenceModel
 from evaluator.toy_weights import save_toy_weights
 from variants import Variant, build_engine
 from variants.cache.pool import CacheFullError
-from variants.engine import FIRST_CACHE_TOKENS
 from variants.render import render_engine
 
 LAYOUTS = [Variant(cache="slab"), Variant(cache="paged"), Variant(cache="contiguous")]
@@ -106,9 +105,26 @@ def test_host_memory_returns_after_the_engine_goes(wide_model):
 def test_the_first_cache_is_sized_for_the_work_not_the_context(tiny_config, tiny_weights):
     config = {**tiny_config, "max_position_embeddings": 4096}
     slab = build_engine(config, tiny_weights, "cpu", Variant(cache="slab")).cache
-    assert (slab.slots, slab.max_len) == (FIRST_CACHE_TOKENS // 512, 512)
+    assert (slab.slots, slab.max_len) == (Variant().cache_tokens // 512, 512)
     paged = build_engine(config, tiny_weights, "cpu", Variant(cache="paged")).cache
-    assert paged.blocks * paged.block_size == FIRST_CACHE_TOKENS + paged.block_size  # + scratch
+    assert paged.blocks * paged.block_size == Variant().cache_tokens + paged.block_size  # + scratch
+
+
+def test_the_first_cache_takes_its_chosen_size_within_the_budget(tiny_config, tiny_weights):
+    """A larger first cache (a searched choice) is a slab of as many slots as the largest decode
+    graph's batch; a budget it does not fit in cuts it to 3/4 of what the budget leaves."""
+    config = {**tiny_config, "max_position_embeddings": 4096}
+    big = Variant(cache="slab", cache_tokens=131072)
+    slab = build_engine(config, tiny_weights, "cpu", big).cache
+    assert (slab.slots, slab.max_len) == (64, 2048)
+    paged = build_engine(config, tiny_weights, "cpu", Variant(cache="paged", cache_tokens=32768))
+    assert paged.cache.blocks * paged.cache.block_size == 32768 + paged.cache.block_size
+    per_token = 2 * 2 * 2 * 24 * 4  # K and V, 2 layers, 2 KV heads, head_dim 24, float32
+    limit = per_token * 20000
+    budget = paged.weights.nbytes() + limit
+    cut = build_engine(config, tiny_weights, "cpu", big, memory_budget_gib=budget / 2**30).cache
+    assert (cut.slots + 1) * cut.max_len * per_token <= limit
+    assert cut.slots * cut.max_len >= 3 * 20000 // 4 - cut.max_len
 
 
 def test_a_slab_grows_its_slots_to_the_longest_request(tiny_config, sharp_weights):
@@ -136,7 +152,7 @@ def test_a_call_past_the_budget_raises_and_changes_nothing(tiny_config, sharp_we
     is refused by name before any request changes; the live one decodes on as before."""
     ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
     per_token = 2 * 2 * 2 * 24 * 4  # K and V, 2 layers, 2 KV heads, head_dim 24, float32
-    first = per_token * (FIRST_CACHE_TOKENS + 512)
+    first = per_token * (Variant().cache_tokens + 512)
     engine = build_engine(
         tiny_config, sharp_weights, "cpu", variant, memory_budget_gib=(first + 2**20) / 2**30
     )
@@ -260,6 +276,24 @@ def test_a_slab_keeps_what_live_requests_hold_when_its_slots_shorten(tiny_spec):
     cache.reserve([3, 4], [20, 30], live={1: 10})  # a third slot: the pool changes anyway
     assert (cache.slots, cache.max_len) == (4, 512)
     assert torch.equal(cache.k[:, cache.token_slots(1, 0, 10)], torch.full((2, 10, 2, 24), 7.0))
+
+
+def test_a_slab_under_its_limit_keeps_its_memory_as_fewer_longer_slots(tiny_spec):
+    """64 slots of 512 tokens under a limit that does not hold 64 of 2048: a request of 1500
+    tokens gets slots of 2048, as many as the pool's memory held (15 and scratch), not the one
+    it needs: the next requests fit without another move."""
+    from variants.cache.pool import pool_bytes
+    from variants.cache.slab import SlabKVCache
+
+    spec = dataclasses.replace(tiny_spec, max_positions=2048)
+    limit = pool_bytes(spec, torch.float32, 40 * 2048)
+    cache = SlabKVCache(spec, torch.device("cpu"), torch.float32, 64 * 512, limit_bytes=limit)
+    assert (cache.slots, cache.max_len) == (64, 512)
+    cache.allocate(1, 1500)
+    assert (cache.slots, cache.max_len, cache.generation) == (15, 2048, 1)
+    for rid in range(2, 16):
+        cache.allocate(rid, 1000)
+    assert cache.generation == 1
 
 
 def test_a_slab_without_a_limit_grows_with_room_and_never_shortens(tiny_spec):

@@ -3,12 +3,12 @@ or 3 full blocks (and a partial one) compute only their suffix and give the refe
 through decode, remove, re-prefill and a full pool; the rendered standalone file does the same
 and passes the course gate."""
 
+import dataclasses
 import importlib.util
 
 import pytest
 import torch
 
-import variants.engine as engine_module
 from evaluator.correctness import check_prepared, prepare_check
 from evaluator.gates import CourseGate
 from evaluator.reference_model import ReferenceModel
@@ -118,16 +118,14 @@ def test_a_fully_cached_prompt_computes_its_last_token(
     session.decode([A, B])
 
 
-def test_full_pool_evicts_then_refuses_and_changes_nothing(
-    monkeypatch, tiny_config, sharp_weights, reference
-):
+def test_full_pool_evicts_then_refuses_and_changes_nothing(tiny_config, sharp_weights, reference):
     """A budget that holds the first pool only (4 blocks): released prompt blocks are evicted,
     oldest first, before a call is refused; a refused call leaves every request as it was."""
-    monkeypatch.setattr(engine_module, "FIRST_CACHE_TOKENS", 4 * BS)
-    probe = build_engine(tiny_config, sharp_weights, "cpu", VARIANTS[0])
+    variant = dataclasses.replace(VARIANTS[0], cache_tokens=4 * BS)
+    probe = build_engine(tiny_config, sharp_weights, "cpu", variant)
     budget = probe.weights.nbytes() + pool_bytes(probe.spec, torch.float32, 5 * BS + BS // 2)
     engine = build_engine(
-        tiny_config, sharp_weights, "cpu", VARIANTS[0], memory_budget_gib=budget / 2**30
+        tiny_config, sharp_weights, "cpu", variant, memory_budget_gib=budget / 2**30
     )
     session, cache = Session(engine, reference), engine.cache
     a = ids(30, 2 * BS + 1)

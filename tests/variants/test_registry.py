@@ -98,7 +98,10 @@ def test_pdl_layers_are_offered_only_where_the_gpu_and_triton_have_it(
 def test_component_parts_follow_the_variant():
     parts = component_parts(Variant(cache="paged", attention="manual", execution="compile"))
     assert parts == {
-        "cache_cls": ("variants.cache.paged:PagedKVCache", {"block_size": 16}),
+        "cache_cls": (
+            "variants.cache.paged:PagedKVCache",
+            {"block_size": 16, "capacity_tokens": 8192},
+        ),
         "attention_cls": ("variants.attention.manual:ManualAttention", {}),
         "stack": ("variants.layers.torch_stack:run_torch_stack", {}),
         "wrap": ("variants.execution.compiled:run_compiled", {"mode": "default"}),
@@ -217,8 +220,20 @@ def test_prefix_cache_is_opt_in_and_picks_its_cache_and_assembly(cpu_caps):
     parts = component_parts(variant)
     assert parts["cache_cls"] == (
         "variants.cache.prefix:PrefixCachedPagedKVCache",
-        {"block_size": 16},
+        {"block_size": 16, "capacity_tokens": 8192},
     )
     assert assembly_path(variant) == "variants.prefix_engine:assemble_prefix_caching_engine"
     assert assembly_path(Variant(cache="paged")) == "variants.engine:assemble_engine"
     assert component_parts(Variant(cache="paged"))["cache_cls"][0] == CACHES["paged"]
+
+
+def test_a_larger_first_cache_is_offered_on_cuda_for_a_pool(cpu_caps, fake_cuda_caps):
+    """The first cache's size: larger than the default only where graphs recapture after a move
+    (CUDA), and only for the caches with one pool (the contiguous cache has none)."""
+    big = Variant(cache="slab", cache_tokens=131072)
+    assert "recapture" in cpu_caps.why_invalid(big)
+    assert fake_cuda_caps().why_invalid(big) is None
+    assert cpu_caps.why_invalid(Variant(cache="paged")) is None
+    assert not AXES_BY_NAME["cache_tokens"].applies({"cache": "contiguous"})
+    parts = component_parts(Variant(cache="contiguous"))
+    assert parts["cache_cls"] == ("variants.cache.contiguous:ContiguousKVCache", {})

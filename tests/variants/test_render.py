@@ -247,6 +247,7 @@ def test_rendered_source_is_standalone(rendered, index):
         moot = key in ("block_size", "prefix_cache") and variant.cache != "paged"
         moot |= key == "sdpa_backend" and variant.attention != "sdpa"
         moot |= key == "compile_mode" and variant.execution != "compile"
+        moot |= key == "cache_tokens" and variant.cache == "contiguous"
         assert (f"\n#   {key} = {value!r}\n" in choices) != moot, key
     assert not re.search(r"^\s*(from|import)\s+(variants|evaluator|search)\b", text, re.M)
     allowed = {"torch"} | set(sys.stdlib_module_names)

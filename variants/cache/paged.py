@@ -11,13 +11,19 @@ import array
 
 import torch
 
-from variants.cache.pool import new_pools, pool_bytes
+from variants.cache.pool import FIRST_CACHE_TOKENS, first_pool_tokens, new_pools, pool_bytes
 from variants.staging import host_tensor, int_range
 
 
 class PagedKVCache:
     def __init__(
-        self, spec, device, dtype, capacity_tokens: int, block_size: int = 16, limit_bytes=None
+        self,
+        spec,
+        device,
+        dtype,
+        capacity_tokens: int = FIRST_CACHE_TOKENS,
+        block_size: int = 16,
+        limit_bytes=None,
     ):
         """`capacity_tokens`: the first pool's size; `limit_bytes`: the most the pool may take
         (None: what the device has)."""
@@ -33,7 +39,8 @@ class PagedKVCache:
         self.rows: dict = {}
         self._zero_row = array.array("q", [0]) * self.table_width(spec.max_positions)
         self.generation = 0  # bumped when the pool is reallocated (captured graphs go stale)
-        self._grow(1 + max(1, -(-capacity_tokens // block_size)), "the first pool's token slots")
+        tokens = first_pool_tokens(spec, dtype, capacity_tokens, limit_bytes)
+        self._grow(1 + max(1, -(-tokens // block_size)), "the first pool's token slots")
 
     def _grow(self, blocks: int, why: str) -> None:
         k, v = new_pools(

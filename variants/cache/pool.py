@@ -6,6 +6,10 @@ changes (Linux would otherwise kill the process; a GPU would raise a bare out-of
 
 import torch
 
+# The first pool's size (tokens) where none is chosen: the course's public traces need a few
+# thousand at most (the variant's cache_tokens chooses it).
+FIRST_CACHE_TOKENS = 8192
+
 
 class CacheFullError(MemoryError):
     """The KV cache cannot grow to what a call needs; the engine is as it was before the call."""
@@ -27,6 +31,14 @@ def pool_bytes(spec, dtype, token_slots: int) -> int:
     """K and V of every layer for `token_slots` slots."""
     per_slot = spec.num_layers * spec.num_kv_heads * spec.head_dim
     return 2 * per_slot * token_slots * torch.empty((), dtype=dtype).element_size()
+
+
+def first_pool_tokens(spec, dtype, tokens: int, limit_bytes) -> int:
+    """`tokens`, or where their pool is over `limit_bytes`, what 3/4 of it holds: a first pool
+    never takes the whole budget (the graphs and buffers made after it need some)."""
+    if limit_bytes is None or pool_bytes(spec, dtype, tokens) <= limit_bytes:
+        return tokens
+    return max(1, 3 * limit_bytes // 4 // pool_bytes(spec, dtype, 1))
 
 
 def check_limit(need: int, limit_bytes, why: str) -> None:

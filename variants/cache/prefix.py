@@ -10,12 +10,18 @@ import hashlib
 from collections import OrderedDict
 
 from variants.cache.paged import PagedKVCache
-from variants.cache.pool import pool_bytes
+from variants.cache.pool import FIRST_CACHE_TOKENS, pool_bytes
 
 
 class PrefixCachedPagedKVCache(PagedKVCache):
     def __init__(
-        self, spec, device, dtype, capacity_tokens: int, block_size: int = 16, limit_bytes=None
+        self,
+        spec,
+        device,
+        dtype,
+        capacity_tokens: int = FIRST_CACHE_TOKENS,
+        block_size: int = 16,
+        limit_bytes=None,
     ):
         self.refs: dict = {}  # block -> requests holding it (held blocks only)
         self.hash_of: dict = {}  # block -> chain hash, for indexed blocks (their K/V written)

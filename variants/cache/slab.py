@@ -1,37 +1,40 @@
 """Static slab KV cache (gpt-fast style): one slot per live request, every slot the same length.
 
 Wins when requests are few and long: a decode batch on consecutive slots reads a plain view,
-no gather. Sized to the work: slots start at FIRST_SLOT_TOKENS (or max_positions, if shorter),
-double in length when a request outgrows them and double in number when all are taken; each
-resize copies the contents into a new pool (`generation` tells captured graphs, which capture
-again: a resize inside a call costs it milliseconds, so the pool grows with room to spare).
+no gather. The first pool holds `capacity_tokens` as up to GRAPH_ROWS slots of at least
+FIRST_SLOT_TOKENS (at most max_positions); slots double in length when a request outgrows them
+and double in number when all are taken; each resize copies the contents into a new pool
+(`generation` tells captured graphs, which capture again: a resize inside a call costs it
+milliseconds, so the pool grows with room to spare, and the first size is a searched choice).
 One extra slot at the end is scratch: padding rows of a CUDA-graph batch write there."""
 
 import array
 
 import torch
 
-from variants.cache.pool import new_pools, pool_bytes
+from variants.cache.pool import FIRST_CACHE_TOKENS, first_pool_tokens, new_pools, pool_bytes
 from variants.staging import host_tensor, int_range
 
-FIRST_SLOT_TOKENS = 512  # a slot's first length: the course's traces stay under it
+FIRST_SLOT_TOKENS = 512  # a slot's shortest length
+GRAPH_ROWS = 64  # the first pool's most slots: the decode graphs' largest batch
 
 
 class SlabKVCache:
-    def __init__(self, spec, device, dtype, capacity_tokens: int, limit_bytes=None):
+    def __init__(
+        self, spec, device, dtype, capacity_tokens: int = FIRST_CACHE_TOKENS, limit_bytes=None
+    ):
         """`capacity_tokens`: the first pool's slots x slot length; `limit_bytes`: the most the
         pool may take (None: what the device has)."""
         self.spec, self.device, self.dtype = spec, device, dtype
         self.limit_bytes = limit_bytes
-        self.max_len = min(spec.max_positions, FIRST_SLOT_TOKENS)  # tokens a slot holds now
+        tokens = first_pool_tokens(spec, dtype, capacity_tokens, limit_bytes)
+        self.max_len = self._slot_length(tokens // GRAPH_ROWS)  # tokens a slot holds now
         self.slots = 0
         self.k = self.v = None
         self.free_slots: list = []
         self.slot_of: dict = {}
         self.generation = 0  # bumped when the pool is reallocated (captured graphs go stale)
-        self._resize(
-            max(1, capacity_tokens // self.max_len), self.max_len, "the first pool's token slots"
-        )
+        self._resize(max(1, tokens // self.max_len), self.max_len, "the first pool's token slots")
 
     def _resize(self, slots: int, slot_len: int, why: str) -> None:
         """A pool of `slots` slots of `slot_len` tokens (plus scratch). The live requests move to
@@ -71,9 +74,9 @@ class SlabKVCache:
         these and of the `live` ones (request id -> tokens held; None: as long as they are) with
         a quarter more to decode into: each change moves the pool and makes the captured graphs
         capture again. Where the limit forbids that, the slots become as long as the requests
-        need (shorter, after a long request left), then as few as they need (fewer than before
-        if need be). Raises CacheFullError, before any request changes, when even that does not
-        fit."""
+        need (shorter, after a long request left), then as many of those as the pool's memory
+        held before, then as few as they need (fewer than before if need be). Raises
+        CacheFullError, before any request changes, when even that does not fit."""
         longest = max(lengths)
         if len(rids) <= len(self.free_slots) and longest <= self.max_len:
             return  # (the call's usual case, on the hot path: nothing to count)
@@ -89,16 +92,21 @@ class SlabKVCache:
         while slots < needed:
             slots *= 2
         if self.limit_bytes is not None:
-            shapes = ((slots, slot_len), (slots, shortest), (needed, shortest))
+            same = min(slots, (self.slots + 1) * self.max_len // shortest - 1)
+            shapes = ((slots, slot_len), (slots, shortest), (same, shortest), (needed, shortest))
             for slots, slot_len in shapes:  # noqa: B007 (the first that fits is kept)
-                if pool_bytes(self.spec, self.dtype, (slots + 1) * slot_len) <= self.limit_bytes:
+                if (
+                    slots >= needed
+                    and pool_bytes(self.spec, self.dtype, (slots + 1) * slot_len)
+                    <= self.limit_bytes
+                ):
                     break  # (the last, the least that holds them, is new_pools' to refuse)
         if (slots, slot_len) != (self.slots, self.max_len):
             why = f"{needed} live requests of up to {wanted} tokens"
             self._resize(slots, slot_len, why)
 
     def _slot_length(self, tokens: int) -> int:
-        """The first slot length, doubled until it holds `tokens` (at most max_positions)."""
+        """FIRST_SLOT_TOKENS, doubled until it holds `tokens` (at most max_positions)."""
         most = self.spec.max_positions
         slot_len = min(FIRST_SLOT_TOKENS, most)
         while slot_len < min(tokens, most):
