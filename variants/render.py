@@ -13,6 +13,7 @@ import importlib
 import inspect
 import os
 import re
+import sys
 import tempfile
 from pathlib import Path
 
@@ -226,6 +227,62 @@ def _reachable_only(source: str, context: str) -> str:
     return re.sub(r"\n{4,}", "\n\n\n", "\n".join(kept_lines) + "\n")
 
 
+def _bindings(tree: ast.Module) -> dict:
+    """{import: the name it binds} of a module's top-level imports, an import as a key:
+    ("import", "torch.nn.functional as F") or ("from", "dataclasses", "dataclass")."""
+    found = {}
+    for node in tree.body:
+        if not isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        for alias in node.names:
+            clause = alias.name + (f" as {alias.asname}" if alias.asname else "")
+            if isinstance(node, ast.Import):  # `import a.b` binds a
+                found[("import", clause)] = alias.asname or alias.name.split(".")[0]
+            else:
+                found[("from", node.module, clause)] = alias.asname or alias.name
+    return found
+
+
+def _import_block(imports: list) -> str:
+    """The imports as ruff's isort writes them: the standard library's, then the others; in
+    each, `import x` before `from x import y`, one `from` line a module."""
+    sections = []
+    for stdlib in (True, False):
+        mine = [i for i in imports if (i[1].split(".")[0] in sys.stdlib_module_names) == stdlib]
+        lines = sorted(f"import {i[1]}" for i in mine if i[0] == "import")
+        for module in sorted({i[1] for i in mine if i[0] == "from"}):
+            clauses = sorted(i[2] for i in mine if i[0] == "from" and i[1] == module)
+            lines.append(f"from {module} import {', '.join(clauses)}")
+        if lines:
+            sections.append("\n".join(lines))
+    return "\n\n".join(sections)
+
+
+def _hoist_imports(rest: str, above: str) -> tuple:
+    """(`rest` without its top-level imports, those of them its code uses as one block): each
+    import once, none that `above` (the kernel modules, kept whole) already made. Two modules
+    binding one name to different things would not work in one file: ValueError."""
+    tree = ast.parse(rest)
+    imports = _bindings(tree)
+    named: dict = {}
+    for key, name in imports.items():
+        alias = key[0] == "from" or " as " in key[1]
+        if alias and named.setdefault(name, key) != key:
+            raise ValueError(f"{name!r} is imported as {named[name]} and as {key}")
+    lines = rest.splitlines()
+    drop = {
+        i
+        for node in tree.body
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for i in range(node.lineno - 1, node.end_lineno)
+    }
+    code = re.sub(r"\n{4,}", "\n\n\n", "\n".join(s for i, s in enumerate(lines) if i not in drop))
+    used = {n.id for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Name)}
+    made = _bindings(ast.parse(above)) if above else {}
+    wanted = [key for key, name in imports.items() if name in used and key not in made]
+    return code, _import_block(wanted)
+
+
 def _import_time_names(tree: ast.Module) -> set:
     """Names a module's top level evaluates when it runs: bases, decorators, defaults, class
     bodies and (no `from __future__ import annotations` here) annotations. Function bodies look
@@ -374,7 +431,12 @@ def render_source(
     order = ["entry", *_top_down([m for m in modules if m not in lead], first, sources)]
     sources["entry"] = tail
     rest = _reachable_only("\n\n".join(sources[m] for m in order), kernels + "\ncreate_engine")
-    body = kernels + ("\n\n" if kernels else "") + rest
+    # The rest's imports once, at its top (after the kernels, under a header of their own).
+    rest, imports = _hoist_imports(rest, kernels)
+    if imports and kernels:
+        imports = f"# {'-' * 20} imports {'-' * 20}\n{imports}"
+    body = "\n\n\n".join(part for part in (kernels.rstrip("\n"), imports) if part)
+    body += "\n\n\n" + rest
     # No `from __future__ import annotations`: string annotations make dataclasses look the
     # module up in sys.modules, and the grader's spec_from_file_location import never adds it.
     # The header goes last: every line above stays where a trial's render (no header) had it,

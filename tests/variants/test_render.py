@@ -272,6 +272,44 @@ def test_rendered_source_is_standalone(rendered, index):
     assert "run_compiled" not in names and "DecodeGraphs" not in names
 
 
+def _top_level_imports(text: str) -> list:
+    return [
+        ast.unparse(n) for n in ast.parse(text).body if isinstance(n, (ast.Import, ast.ImportFrom))
+    ]
+
+
+def test_the_imports_come_once_at_the_top_and_only_those_used():
+    """A person's file: each import once, above the code, none the kept code does not use (the
+    pinned SDPA's backend table, for one, only where it is chosen)."""
+    text = render_source(Variant(cache="slab", attention="sdpa"))
+    imports = _top_level_imports(text)
+    assert len(imports) == len(set(imports)) and "import torch" in imports
+    body = ast.parse(text).body[1:]  # (after the docstring)
+    kinds = [isinstance(n, (ast.Import, ast.ImportFrom)) for n in body]
+    assert kinds == sorted(kinds, reverse=True)  # the imports, then the code
+    assert not any("sdpa_kernel" in line for line in imports)
+    pinned = render_source(Variant(cache="slab", attention="sdpa", sdpa_backend="math"))
+    assert "from torch.nn.attention import SDPBackend, sdpa_kernel" in _top_level_imports(pinned)
+
+
+def test_the_kernel_modules_keep_their_imports_and_the_rest_adds_only_its_own():
+    """The kernel modules lead whole (their lines are Triton's cache key); the rest's imports
+    follow them under a header of their own, without those the kernels made already."""
+    text = render_source(Variant(cache="slab", attention="triton", layers="fused-pdl"))
+    kernels, rest = text.split("# -------------------- imports --------------------\n")
+    assert "import torch" in _top_level_imports(kernels)
+    assert "import triton" in _top_level_imports(kernels)
+    assert "import torch" not in _top_level_imports(rest)
+    assert not set(_top_level_imports(rest)) & set(_top_level_imports(kernels))
+
+
+def test_two_modules_binding_one_name_differently_are_refused():
+    from variants.render import _hoist_imports
+
+    with pytest.raises(ValueError, match="'F' is imported as"):
+        _hoist_imports("import torch.nn.functional as F\nfrom x import F\nF\n", "")
+
+
 def test_header_is_kept_and_source_is_deterministic(tmp_path):
     variant = Variant(cache="paged", block_size=32)
     header = 'Written by run.sh\ntrial 7 of "study"'
