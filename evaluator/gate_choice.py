@@ -11,7 +11,8 @@ from pathlib import Path
 import torch
 
 from evaluator.gates import CourseGate, Gate, NoiseGate
-from variants.spec import config_dtype_name, dtype_from_name
+from variants.checkpoint.hf_config import config_dtype_name
+from variants.spec import dtype_from_name
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 COURSE_CONFIG_PATHS = (

@@ -277,10 +277,12 @@ class TargetError(UserError):
     """A model the job cannot use; the message is one line: the cause and the fix."""
 
 
-# What the written engine's weight reader takes, by `Target.weights_format`.
+# What the written engine's config and weight readers take, by `Target.weights_format`.
 READERS = {
-    "course": "a course-layout model.pt only (its one reader: variants/checkpoint/course_file.py)",
-    "any": "any weight format (variants/checkpoint/reader.py)",
+    "course": "the course's config keys and a course-layout model.pt only (its readers: "
+    "variants/checkpoint/course_config.py, course_file.py)",
+    "any": "Hugging Face configs and any weight format (variants/checkpoint/hf_config.py, "
+    "reader.py)",
 }
 
 
@@ -293,7 +295,8 @@ class Target:
     embedded: bool = False  # the project's own target/ (toy weights), not a user's folder
     course: bool = False  # the course's model: /target or target/
     weights_file: str = ""
-    weights_format: str = "any"  # "course": a course-layout model.pt (the engine's reader)
+    # "course": the course's config keys and a course-layout model.pt (the engine's readers)
+    weights_format: str = "any"
     fingerprint: str = ""  # of the weight files' contents (sampled), see `weights_fingerprint`
 
     def describe(self) -> dict:
@@ -361,7 +364,9 @@ def _has_weights(folder: Path) -> bool:
 
 def check_weights(target: Target) -> None:
     """The weights found and their names and shapes checked against the config, from the files'
-    headers; fills in `target.weights_file` and `target.weights_format`."""
+    headers; fills in `target.weights_file` and `target.weights_format` ("course" where the
+    course's readers read the weights and the config as the library's do)."""
+    from variants.checkpoint.hf_config import reads_as_course
     from variants.checkpoint.reader import course_layout, weights_format
 
     folder = target.weight_dir
@@ -373,7 +378,8 @@ def check_weights(target: Target) -> None:
     target.weights_file = path
     spec = ModelSpec.from_config(target.config)
     shapes = stored_shapes(path)
-    target.weights_format = weights_format(spec, path, shapes)
+    course = weights_format(spec, path, shapes) == "course" and reads_as_course(target.config)
+    target.weights_format = "course" if course else "any"
     try:
         course_layout(spec, Checkpoint(dict(shapes), path))
     except (KeyError, ValueError) as exc:

@@ -31,12 +31,14 @@ KERNEL_ORDER = tuple(
     )
 )  # fmt: skip
 
-# How the engine reads its weights: a module defining course_state_dict(spec, weight_dir). The
-# library (and any engine rendered without a target) reads every format; an engine rendered for
-# a target whose weights are a course-layout `model.pt` carries only that reader.
-WEIGHT_READERS = {
-    "any": "variants.checkpoint.reader",
-    "course": "variants.checkpoint.course_file",
+# How the engine reads its config and weights: the modules defining course_keys(config) and
+# course_state_dict(spec, weight_dir). The library (and any engine rendered without a target)
+# reads Hugging Face configs and every weight format; an engine rendered for a target in the
+# course's own format (its config in the course's keys, its weights a course-layout `model.pt`)
+# carries only the course's readers, each in the place of the library's.
+READERS = {
+    "any": ("variants.checkpoint.hf_config", "variants.checkpoint.reader"),
+    "course": ("variants.checkpoint.course_config", "variants.checkpoint.course_file"),
 }
 
 CACHES = {

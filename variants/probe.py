@@ -119,7 +119,8 @@ class Capabilities:
 
 def _canonical_dtype(config: dict) -> str:
     """The config's dtype as the engine reads it (variants.spec), by canonical name."""
-    from variants.spec import config_dtype_name, dtype_from_name
+    from variants.checkpoint.hf_config import config_dtype_name
+    from variants.spec import dtype_from_name
 
     try:
         return str(dtype_from_name(config_dtype_name(config))).replace("torch.", "")

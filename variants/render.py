@@ -20,7 +20,7 @@ from pathlib import Path
 from variants.components import (
     CORE_MODULES,
     KERNEL_ORDER,
-    WEIGHT_READERS,
+    READERS,
     Ref,
     assembly_path,
     component_parts,
@@ -362,18 +362,17 @@ def render_source(
     variant, header: str = "", memory_budget_gib: float | None = None, weights: str = "any"
 ) -> str:
     """The engine's source; `memory_budget_gib` becomes its MEMORY_BUDGET_GIB (None: the
-    device's memory is its only bound); `weights` picks its weight reader (WEIGHT_READERS:
-    "course" for a target whose weights are a course-layout model.pt, else "any")."""
-    if weights not in WEIGHT_READERS:
-        raise ValueError(
-            f"unknown weights format {weights!r}; expected one of {list(WEIGHT_READERS)}"
-        )
+    device's memory is its only bound); `weights` picks its config and weight readers (READERS:
+    "course" for a target in the course's format, its config in the course's keys and its
+    weights a course-layout model.pt, else "any")."""
+    if weights not in READERS:
+        raise ValueError(f"unknown weights format {weights!r}; expected one of {list(READERS)}")
     parts = component_parts(variant)
     refs = [v.path for _, options in parts.values() for v in options.values() if isinstance(v, Ref)]
     assembly_module, assemble = assembly_path(variant).split(":")
     paths = [path for path, _ in parts.values()] + refs
     roots = list(CORE_MODULES) + [p.split(":")[0] for p in paths] + [assembly_module]
-    swap = {WEIGHT_READERS["any"]: WEIGHT_READERS[weights]}
+    swap = dict(zip(READERS["any"], READERS[weights]))
     modules = _kernels_first(_ordered_modules(roots, swap))
     sources = {m: _module_body(m) for m in modules}
     _check_unique_names(sources)

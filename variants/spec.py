@@ -1,71 +1,35 @@
 """ModelSpec: the validated model config, the one place that reads `model_config.json` keys.
 
-A missing or inconsistent key is an error that names it; `head_dim` defaults to hidden/heads.
-Hugging Face LLaMA configs are read too (`dtype` for `torch_dtype`, `rope_parameters`), and
-what the engine cannot compute (biases, scaled RoPE, another activation) is refused by name.
+It reads the course's keys; a missing or inconsistent one is an error that names it. A Hugging
+Face config is first given the course's keys by checkpoint/hf_config.py (`dtype`,
+`rope_parameters`, LLaMA's defaults, refusals by name); an engine written for a config in the
+course's keys alone carries checkpoint/course_config.py in its place.
 """
 
-import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-_REQUIRED = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "max_position_embeddings",
-)
-_HALF_NAMES = {"float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
-_BF16_NAMES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-_F32_NAMES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32}
+from variants.checkpoint.hf_config import course_keys
+
+# ModelSpec's sizes and counts, each read from its required config key
+SIZE_KEYS = {
+    "vocab_size": "vocab_size", "hidden_size": "hidden_size",
+    "intermediate_size": "intermediate_size", "num_layers": "num_hidden_layers",
+    "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads",
+    "head_dim": "head_dim", "max_positions": "max_position_embeddings",
+}  # fmt: skip
+# torch_dtype's names (and the variants' dtype names) -> the dtype
+DTYPES = {"float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
+DTYPES |= {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+DTYPES |= {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32}
 
 
 def dtype_from_name(name: str) -> torch.dtype:
-    table = {**_HALF_NAMES, **_BF16_NAMES, **_F32_NAMES}
     key = str(name).replace("torch.", "").lower()
-    if key not in table:
-        raise ValueError(f"unsupported torch_dtype {name!r}; expected one of {sorted(table)}")
-    return table[key]
-
-
-def config_dtype_name(config: dict) -> str:
-    """`torch_dtype`, or `dtype` as transformers >= 4.56 writes it; float16 when neither."""
-    for key in ("torch_dtype", "dtype"):
-        if config.get(key) is not None:
-            return str(config[key])
-    return "float16"
-
-
-def rope_theta_of(config: dict) -> float:
-    """`rope_theta`, or `rope_parameters["rope_theta"]` (transformers 5); only unscaled RoPE."""
-    params = config.get("rope_parameters") or {}
-    scaling = config.get("rope_scaling") or {}
-    for source, table in (("rope_parameters", params), ("rope_scaling", scaling)):
-        if not isinstance(table, dict):
-            raise ValueError(f"model_config: {source} must be an object, got {table!r}")
-        kind = table.get("rope_type", table.get("type", "default"))
-        if kind not in (None, "default"):
-            raise ValueError(
-                f"model_config: {source} type {kind!r} is not supported (only plain RoPE)"
-            )
-    given = (config.get("rope_theta"), params.get("rope_theta"))
-    thetas = {float(t) for t in given if t is not None}
-    if len(thetas) > 1:
-        raise ValueError(f"model_config: rope_theta and rope_parameters disagree: {sorted(thetas)}")
-    return thetas.pop() if thetas else 10000.0
-
-
-def check_supported_features(config: dict) -> None:
-    """Refuse configs whose model differs from the one the engine computes."""
-    act = config.get("hidden_act", "silu")
-    if act not in ("silu", "swish"):
-        raise ValueError(f"model_config: hidden_act {act!r} is not supported (only silu)")
-    for key in ("attention_bias", "mlp_bias"):
-        if config.get(key):
-            raise ValueError(f"model_config: {key} is true; layers with biases are not supported")
+    if key not in DTYPES:
+        raise ValueError(f"unsupported torch_dtype {name!r}; expected one of {sorted(DTYPES)}")
+    return DTYPES[key]
 
 
 @dataclass(frozen=True)
@@ -81,52 +45,30 @@ class ModelSpec:
     rms_norm_eps: float
     rope_theta: float
     config_dtype: torch.dtype
-    tie_word_embeddings: bool = False
     # the config as given: what a checkpoint reader may need of it (checkpoint/hf_llama.py)
-    config: dict | None = dataclasses.field(default=None, compare=False, repr=False)
+    config: dict | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_config(cls, config: dict) -> "ModelSpec":
         if not isinstance(config, dict):
             raise TypeError(f"model_config must be a dict, got {type(config).__name__}")
-        missing = [k for k in _REQUIRED if k not in config]
+        keys = course_keys(config)
+        missing = [key for key in SIZE_KEYS.values() if key not in keys]
         if missing:
             raise ValueError(f"model_config is missing required key(s): {', '.join(missing)}")
-        check_supported_features(config)
-        heads = int(config["num_attention_heads"])
-        kv_heads = int(config.get("num_key_value_heads", heads))
-        hidden = int(config["hidden_size"])
-        head_dim = config.get("head_dim")
-        if head_dim is None:
-            if heads <= 0 or hidden % heads:
-                raise ValueError(
-                    f"head_dim is absent and hidden_size {hidden} is not divisible by "
-                    f"num_attention_heads {heads}"
-                )
-            head_dim = hidden // heads
-        spec = cls(
-            vocab_size=int(config["vocab_size"]),
-            hidden_size=hidden,
-            intermediate_size=int(config["intermediate_size"]),
-            num_layers=int(config["num_hidden_layers"]),
-            num_heads=heads,
-            num_kv_heads=kv_heads,
-            head_dim=int(head_dim),
-            max_positions=int(config["max_position_embeddings"]),
-            rms_norm_eps=float(config.get("rms_norm_eps", 1e-5)),
-            rope_theta=rope_theta_of(config),
-            config_dtype=dtype_from_name(config_dtype_name(config)),
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        return cls(
+            **{name: int(keys[key]) for name, key in SIZE_KEYS.items()},
+            rms_norm_eps=float(keys.get("rms_norm_eps", 1e-5)),
+            rope_theta=float(keys.get("rope_theta", 10000.0)),
+            config_dtype=dtype_from_name(keys.get("torch_dtype") or "float16"),
             config=config,
         )
-        spec.check()
-        return spec
 
-    def check(self) -> None:
-        for field in dataclasses.fields(self):  # every size and count
-            if field.type in (int, "int") and getattr(self, field.name) <= 0:
-                value = getattr(self, field.name)
-                raise ValueError(f"model_config: {field.name} must be positive, got {value}")
+    def __post_init__(self) -> None:
+        """Every size and count positive, the heads grouped evenly, a rotary head."""
+        for name in SIZE_KEYS:
+            if (value := getattr(self, name)) <= 0:
+                raise ValueError(f"model_config: {name} must be positive, got {value}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_attention_heads {self.num_heads} is not a multiple of "
@@ -142,6 +84,11 @@ class ModelSpec:
         if torch.device(device).type != "cuda":
             return torch.float32
         return torch.bfloat16 if self.config_dtype == torch.bfloat16 else torch.float16
+
+    @property
+    def tie_word_embeddings(self) -> bool:
+        """The head is the embedding: a Hugging Face config's `tie_word_embeddings`."""
+        return bool((self.config or {}).get("tie_word_embeddings", False))
 
     @property
     def group_size(self) -> int:

@@ -51,6 +51,17 @@ def test_the_fingerprint_tells_other_weights_of_one_shape_apart(tiny_config, tmp
     assert resolve_target(str(a / "config.json"), None).weights_format == "course"
 
 
+@pytest.mark.parametrize("extra", [{"hidden_act": "silu"}, {"dtype": "float16"}])
+def test_a_course_model_pt_with_a_hugging_face_config_needs_the_full_readers(
+    tiny_config, tmp_path, extra
+):
+    """The course's config reader takes the course's keys alone: a config with another key is
+    read by the library's reader, in the written engine too."""
+    (tmp_path / "config.json").write_text(json.dumps({**tiny_config, **extra}))
+    torch.save(make_toy_weights(tiny_config), tmp_path / "model.pt")
+    assert resolve_target(str(tmp_path / "config.json"), None).weights_format == "any"
+
+
 def test_only_the_embedded_default_gets_toy_weights(tiny_config, tmp_path, monkeypatch):
     repo = tmp_path / "repo"
     (repo / "target").mkdir(parents=True)

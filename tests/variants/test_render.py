@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from evaluator.engine_loader import load_engine_module
 from evaluator.reference_model import ReferenceModel
 from variants import Variant, build_engine
 from variants.render import render_engine, render_source
@@ -190,17 +191,38 @@ def test_rendered_matches_the_reference(rendered, reference_outs, index):
         assert (got - want).abs().max().item() < 5e-4, step
 
 
-def test_an_engine_with_the_course_reader_carries_no_other_format(rendered):
-    """Rendered for a course-layout model.pt: the same logits as the engine that reads every
-    format, without the code for the others (safetensors, shards, .bin, HF conversions)."""
+def test_an_engine_with_the_course_readers_carries_no_other_format(rendered):
+    """Rendered for a course-format target (its config in the course's keys, its weights a
+    course-layout model.pt): the same logits as the engine that reads every format, without the
+    code for the others (safetensors, shards, .bin, HF conversions, HF config keys)."""
     got, want = rendered["outs"][-1], rendered["outs"][COURSE_READER]
     assert len(got) == len(want) == 5
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     course = rendered["engines"][-1].read_text()
     general = rendered["engines"][COURSE_READER].read_text()
-    for name in ("def read_checkpoint", "safetensors", "def strip_model_prefix"):
+    for name in (
+        "def read_checkpoint",
+        "safetensors",
+        "def strip_model_prefix",
+        "def rope_theta_of",
+    ):
         assert name not in course and name in general
     assert len(course.splitlines()) < len(general.splitlines()) - 150
+
+
+def test_an_engine_with_the_course_readers_refuses_another_config_key(rendered, tiny_config):
+    """It reads the course's keys alone; one of Hugging Face's is refused by name, not ignored
+    (the engine that reads every format reads it)."""
+    course = load_engine_module(rendered["engines"][-1])
+    general = load_engine_module(rendered["engines"][COURSE_READER])
+    assert repr(course.ModelSpec.from_config(tiny_config)) == repr(
+        general.ModelSpec.from_config(tiny_config)
+    )
+    gelu = {**tiny_config, "hidden_act": "gelu"}
+    with pytest.raises(ValueError, match="'hidden_act' is not one of the course's config keys"):
+        course.ModelSpec.from_config(gelu)
+    with pytest.raises(ValueError, match="hidden_act 'gelu' is not supported"):
+        general.ModelSpec.from_config(gelu)
 
 
 def test_an_unknown_weights_format_is_refused():
