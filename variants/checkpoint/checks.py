@@ -4,23 +4,15 @@ missing, misshapen or unexpected tensor is named."""
 
 def expected_shapes(spec) -> dict:
     h, i, v = spec.hidden_size, spec.intermediate_size, spec.vocab_size
-    q_rows, kv_rows = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    layer = {
+        "input_layernorm": (h,), "self_attn.q_proj": (q, h), "self_attn.k_proj": (kv, h),
+        "self_attn.v_proj": (kv, h), "self_attn.o_proj": (h, q), "post_attention_layernorm": (h,),
+        "mlp.gate_proj": (i, h), "mlp.up_proj": (i, h), "mlp.down_proj": (h, i),
+    }  # fmt: skip
     shapes = {"embed_tokens.weight": (v, h), "norm.weight": (h,), "lm_head.weight": (v, h)}
     for n in range(spec.num_layers):
-        p = f"layers.{n}."
-        shapes.update(
-            {
-                p + "input_layernorm.weight": (h,),
-                p + "self_attn.q_proj.weight": (q_rows, h),
-                p + "self_attn.k_proj.weight": (kv_rows, h),
-                p + "self_attn.v_proj.weight": (kv_rows, h),
-                p + "self_attn.o_proj.weight": (h, q_rows),
-                p + "post_attention_layernorm.weight": (h,),
-                p + "mlp.gate_proj.weight": (i, h),
-                p + "mlp.up_proj.weight": (i, h),
-                p + "mlp.down_proj.weight": (h, i),
-            }
-        )
+        shapes.update({f"layers.{n}.{name}.weight": shape for name, shape in layer.items()})
     return shapes
 
 
@@ -32,19 +24,16 @@ def check_state_dict(spec, state: dict) -> None:
         got = tuple(state[key].shape)
         if got != shape:
             raise ValueError(f"weight {key!r} has shape {list(got)}, expected {list(shape)}")
-        if not state[key].dtype.is_floating_point:
-            raise ValueError(
-                f"weight {key!r} has dtype {state[key].dtype}, expected floating point"
-            )
+        if not (dtype := state[key].dtype).is_floating_point:
+            raise ValueError(f"weight {key!r} has dtype {dtype}, expected floating point")
     for key in state:
         if key in shapes:
             continue
         if key.endswith(".bias"):
             raise ValueError(f"weight {key!r} is a bias; layers with biases are not supported")
-        parts = key.split(".")
-        if parts[0] == "layers" and len(parts) > 1 and parts[1].isdigit():
-            if int(parts[1]) >= spec.num_layers:
-                raise ValueError(
-                    f"weight {key!r} belongs to layer {parts[1]}, but num_hidden_layers is "
-                    f"{spec.num_layers}: config and checkpoint disagree"
-                )
+        layer = key.split(".")[1] if key.startswith("layers.") else ""
+        if layer.isdigit() and int(layer) >= spec.num_layers:
+            raise ValueError(
+                f"weight {key!r} belongs to layer {layer}, but num_hidden_layers is "
+                f"{spec.num_layers}: config and checkpoint disagree"
+            )
