@@ -5,6 +5,7 @@ that wraps the layer math. Prompts of a call are packed for the projections; onl
 last token goes through the head. Logits come back as a fresh float32 [B, vocab] tensor."""
 
 import functools
+import itertools
 
 import torch
 
@@ -68,7 +69,6 @@ class Engine:
         # graphs without the cyclic collector.
         self.eager = EagerRunner()
         self.prefill_runner = self.decode_runner = self.eager
-        self.in_place = attention.reads_cache_in_place
 
     # ----------------------------------------------------------------- the course interface
     @without_grad
@@ -138,14 +138,12 @@ class Engine:
                 f"decode: token_ids must be 1-D with one id per request ({len(rids)}), "
                 f"got shape {list(tokens.shape)}"
             )
+        most = self.spec.max_positions
         for rid in rids:
             if rid not in self.lengths:
                 raise KeyError(f"decode: unknown request id {rid} (not prefilled or removed)")
-            if self.lengths[rid] + 1 > self.spec.max_positions:
-                raise ValueError(
-                    f"request {rid}: decoding past max_position_embeddings "
-                    f"{self.spec.max_positions}"
-                )
+            if self.lengths[rid] + 1 > most:
+                raise ValueError(f"request {rid}: decoding past max_position_embeddings {most}")
         vocab, runner = self.spec.vocab_size, self.decode_runner
         deferred = not (self.check_device_tokens or token_ids_on_host(token_ids))
         if not deferred:
@@ -186,33 +184,24 @@ class Engine:
         """The embedding rows of in-range ids, a fresh [N, hidden] tensor."""
         return self.weights.embed[tokens]
 
-    def _layers(self, x, positions, plan, batch):
-        return self.stack(self, x, positions, plan, batch)
-
     def _logits(self, x) -> torch.Tensor:
-        logits = self.output_logits(x, self.weights.norm, self.weights.head)
-        return logits.float()  # a fresh tensor: the head's output is never a reused buffer
+        # a fresh tensor: the head's output is never a reused buffer
+        return self.output_logits(x, self.weights.norm, self.weights.head).float()
 
     def _index(self, values) -> torch.Tensor:
         return host_tensor(values, torch.long, self.device)
 
     def _prefill_batch(self, lengths) -> PrefillBatch:
         longest = max(lengths)
-        uniform = min(lengths) == longest
-        pad = (
-            None if uniform else [b * longest + p for b, n in enumerate(lengths) for p in range(n)]
-        )
-        starts = [0]
-        for n in lengths:
-            starts.append(starts[-1] + n)
-        return PrefillBatch(
-            lengths,
-            longest,
-            uniform,
-            None if pad is None else self._index(pad),
-            self._index([s - 1 for s in starts[1:]]),
-            host_tensor(starts, torch.int32, self.device) if self.in_place else None,
-        )
+        starts = list(itertools.accumulate(lengths, initial=0))
+        last = self._index([s - 1 for s in starts[1:]])  # each prompt's last token, packed
+        batch = PrefillBatch(lengths, longest, min(lengths) == longest, None, last)
+        if not batch.uniform:  # the row of each packed token in [batch * longest]
+            rows = [b * longest + p for b, n in enumerate(lengths) for p in range(n)]
+            batch.pad_index = self._index(rows)
+        if self.attention.reads_cache_in_place:
+            batch.cu_seqlens = host_tensor(starts, torch.int32, self.device)
+        return batch
 
     # ----------------------------------------------------------------- set-up
     def run_with(self, prefill=None, decode=None) -> None:
@@ -257,16 +246,12 @@ class EagerRunner:
     def prefill(self, e, rids: list, lengths: list, tokens) -> torch.Tensor:
         """The prompts' forward pass once the cache holds their slots: index tensors built for
         exactly this call."""
-        plan = CachePlan(
-            rids,
-            write_index=e._index(
-                [i for r, n in zip(rids, lengths) for i in e.cache.token_slots(r, 0, n)]
-            ),
-            segments=[(r, 0, n) for r, n in zip(rids, lengths)],
-        )
+        slots = [i for r, n in zip(rids, lengths) for i in e.cache.token_slots(r, 0, n)]
+        segments = [(r, 0, n) for r, n in zip(rids, lengths)]
+        plan = CachePlan(rids, write_index=e._index(slots), segments=segments)
         batch = e._prefill_batch(lengths)
         positions = e._index([p for n in lengths for p in range(n)])
-        x = e._layers(e.embed(e.in_vocab(tokens)), positions, plan, batch=batch)
+        x = e.stack(e, e.embed(e.in_vocab(tokens)), positions, plan, batch)
         return e._logits(x.index_select(0, batch.last_index))
 
     def decode(self, e, rids: list, tokens, positions: list) -> torch.Tensor:
@@ -281,11 +266,9 @@ class EagerRunner:
             rows=e.cache.read_rows(rids),
             segments=[(r, p, 1) for r, p in zip(rids, positions)],
         )
-        if e.in_place:
-            width = e.cache.table_width(plan.max_len)
-            table = [e.cache.table_row(r, width) for r in rids]
-            plan.table = host_tensor(table, torch.int32, e.device)
-        x = e._layers(e.embed(e.in_vocab(tokens)), e._index(positions), plan, None)
+        if e.attention.reads_cache_in_place:
+            plan.table = e.attention.block_table(e.cache, rids, plan.max_len, e.device)
+        x = e.stack(e, e.embed(e.in_vocab(tokens)), e._index(positions), plan, None)
         return e._logits(x)
 
 

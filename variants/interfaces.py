@@ -66,6 +66,10 @@ class InPlaceAttention(Attention, Protocol):
         """The context buckets its decode graphs are captured at."""
         ...
 
+    def block_table(self, cache: InPlaceKVCache, rids: list, max_len: int, device) -> torch.Tensor:
+        """The rows' block tables for an eager decode step (`plan.table`)."""
+        ...
+
 
 @runtime_checkable
 class PrefillRunner(Protocol):

@@ -13,6 +13,7 @@ from variants.kernels.decode_attention import paged_decode_attention
 from variants.kernels.decode_attention_rules import choose_num_splits, graph_context_buckets
 from variants.kernels.device import device_capability, device_sm_count
 from variants.kernels.prefill_attention import varlen_prefill_attention
+from variants.staging import host_tensor
 
 
 class TritonAttention:
@@ -31,6 +32,11 @@ class TritonAttention:
         splits for its bucket's longest context, and past LONG_CONTEXT few rows get more of
         them (`choose_num_splits`), which short contexts would pay for."""
         return graph_context_buckets(max_positions, device_capability(torch.device(device)))
+
+    def block_table(self, cache, rids: list, max_len: int, device) -> torch.Tensor:
+        """The rows' block tables, as wide as a context of max_len needs (an eager step's)."""
+        width = cache.table_width(max_len)
+        return host_tensor([cache.table_row(r, width) for r in rids], torch.int32, device)
 
     def _arrivals(self, batch: int, device) -> torch.Tensor:
         need = batch * self.kv_heads

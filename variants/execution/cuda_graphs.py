@@ -208,7 +208,7 @@ class DecodeGraphs:
                 x = graph_inputs(e, tokens, self.checked_embedding)
             else:
                 x = e.embed(e.in_vocab(tokens, out=tokens))
-        x = e._layers(x, positions, plan, batch=None)
+        x = e.stack(e, x, positions, plan, None)
         logits = e.output_logits(x, e.weights.norm, e.weights.head).float()
         self.outputs[b, ctx] = [logits[:n] for n in range(b + 1)]
 

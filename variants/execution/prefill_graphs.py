@@ -192,7 +192,7 @@ class PrefillGraphs:
                 x = graph_inputs(e, tokens, self.checked_embedding)
             else:
                 x = e.embed(e.in_vocab(tokens, out=tokens))
-        x = e._layers(x, positions, plan, batch=batch)
+        x = e.stack(e, x, positions, plan, batch)
         torch.index_select(x, 0, last, out=self.hidden)
 
     def _head(self, e, m: int) -> None:
