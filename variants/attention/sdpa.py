@@ -18,16 +18,12 @@ class SdpaAttention:
     def __init__(self, spec, dtype):
         self.group = spec.num_heads // spec.num_kv_heads
 
-    def _sdpa(self, masked: bool, *args, **kwargs):
-        """SDPA on the backend PyTorch picks (`masked`: the call has an attention mask)."""
-        return F.scaled_dot_product_attention(*args, **kwargs)
-
     def prefill(self, q, k, v, batch):
         q, k, v = to_padded(q, batch), to_padded(k, batch), to_padded(v, batch)
         if self.group > 1:
             k = k.repeat_interleave(self.group, dim=1)
             v = v.repeat_interleave(self.group, dim=1)
-        return from_padded(self._sdpa(False, q, k, v, is_causal=True), batch)
+        return from_padded(F.scaled_dot_product_attention(q, k, v, is_causal=True), batch)
 
     def decode_from_cache(self, q, cache, layer: int, plan):
         k, v = cache.read(layer, plan)
@@ -37,10 +33,10 @@ class SdpaAttention:
         b, kvh, _, d = k.shape
         qg = q.view(b, kvh, self.group, d)
         if plan.uniform:
-            out = self._sdpa(False, qg, k, v)
+            out = F.scaled_dot_product_attention(qg, k, v)
         else:
             live = torch.arange(plan.max_len, device=q.device) < plan.kv_lens[:, None]
-            out = self._sdpa(True, qg, k, v, attn_mask=live[:, None, None, :])
+            out = F.scaled_dot_product_attention(qg, k, v, attn_mask=live[:, None, None, :])
         return out.reshape(b, -1)
 
 
@@ -56,6 +52,10 @@ class PinnedSdpaAttention(SdpaAttention):
         self.pinned = [getattr(SDPBackend, table[backend])]
         self.masked = [getattr(SDPBackend, table[n]) for n in names]
 
-    def _sdpa(self, masked: bool, *args, **kwargs):
-        with sdpa_kernel(self.masked if masked else self.pinned):
-            return F.scaled_dot_product_attention(*args, **kwargs)
+    def prefill(self, q, k, v, batch):
+        with sdpa_kernel(self.pinned):
+            return super().prefill(q, k, v, batch)
+
+    def decode(self, q, k, v, plan):
+        with sdpa_kernel(self.pinned if plan.uniform else self.masked):
+            return super().decode(q, k, v, plan)
