@@ -42,8 +42,7 @@ def check_token_range(tokens: torch.Tensor, vocab: int, what: str) -> None:
     """One host read of min and max together; on CUDA it waits for the queue (the engine
     defers it instead where it can: variants/deferred_check.py)."""
     lo, hi = torch.stack(torch.aminmax(tokens)).tolist()
-    message = range_error(lo, hi, vocab, what)
-    if message is not None:
+    if message := range_error(lo, hi, vocab, what):
         raise ValueError(message)
 
 

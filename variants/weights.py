@@ -46,19 +46,17 @@ def load_weights(spec, weight_dir: str, device, dtype, fuse_qkv: bool, fuse_gate
         parts = [take(k) for k in keys]
         return [torch.cat(parts, dim=0)] if fuse else parts
 
-    layers = []
-    for n in range(spec.num_layers):
-        p = f"layers.{n}."
-        layers.append(
-            LayerWeights(
-                input_norm=take(p + "input_layernorm.weight"),
-                qkv=group([p + f"self_attn.{x}_proj.weight" for x in "qkv"], fuse_qkv),
-                o=take(p + "self_attn.o_proj.weight"),
-                post_norm=take(p + "post_attention_layernorm.weight"),
-                gate_up=group([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], fuse_gate_up),
-                down=take(p + "mlp.down_proj.weight"),
-            )
+    def layer(p: str) -> LayerWeights:  # p: the layer's key prefix
+        return LayerWeights(
+            input_norm=take(p + "input_layernorm.weight"),
+            qkv=group([p + f"self_attn.{x}_proj.weight" for x in "qkv"], fuse_qkv),
+            o=take(p + "self_attn.o_proj.weight"),
+            post_norm=take(p + "post_attention_layernorm.weight"),
+            gate_up=group([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], fuse_gate_up),
+            down=take(p + "mlp.down_proj.weight"),
         )
+
+    layers = [layer(f"layers.{n}.") for n in range(spec.num_layers)]
     tied = state["lm_head.weight"] is state["embed_tokens.weight"]
     embed = take("embed_tokens.weight")
     head = embed if tied else take("lm_head.weight")  # tied: one tensor on the device

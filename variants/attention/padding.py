@@ -23,11 +23,9 @@ class PrefillBatch:
 def to_padded(x: torch.Tensor, batch: PrefillBatch) -> torch.Tensor:
     """[tokens, heads, d] -> [batch, heads, max_len, d]."""
     b, heads, d = len(batch.lengths), x.shape[1], x.shape[2]
-    if batch.uniform:
-        return x.view(b, batch.max_len, heads, d).transpose(1, 2)
-    padded = x.new_zeros(b * batch.max_len, heads, d)
-    padded.index_copy_(0, batch.pad_index, x)
-    return padded.view(b, batch.max_len, heads, d).transpose(1, 2)
+    if not batch.uniform:
+        x = x.new_zeros(b * batch.max_len, heads, d).index_copy_(0, batch.pad_index, x)
+    return x.view(b, batch.max_len, heads, d).transpose(1, 2)
 
 
 def from_padded(o: torch.Tensor, batch: PrefillBatch) -> torch.Tensor:
