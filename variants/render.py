@@ -358,6 +358,13 @@ def _bound(path: str, options: dict) -> str:
     )
 
 
+def _default(module: str, name: str, key: str):
+    """The default of function `name`'s argument `key` (inspect's `empty` where it has none)."""
+    function = getattr(importlib.import_module(module), name)
+    parameter = inspect.signature(function).parameters.get(key)
+    return inspect.Parameter.empty if parameter is None else parameter.default
+
+
 def render_source(
     variant, header: str = "", memory_budget_gib: float | None = None, weights: str = "any"
 ) -> str:
@@ -398,8 +405,11 @@ def render_source(
     wiring = "".join(
         f"        {key}={_bound(path, options)},\n" for key, (path, options) in parts.items()
     )
+    # the model options (the choices above name them all) its assembly does not take by default
     wiring += "".join(
-        f"        {key}={value!r},\n" for key, value in model_options(variant).items()
+        f"        {key}={value!r},\n"
+        for key, value in model_options(variant).items()
+        if _default(assembly_module, assemble, key) != value
     )
     budget = None if memory_budget_gib is None else round(float(memory_budget_gib), 2)
     tail = (

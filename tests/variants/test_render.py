@@ -332,6 +332,19 @@ def test_two_modules_binding_one_name_differently_are_refused():
         _hoist_imports("import torch.nn.functional as F\nfrom x import F\nF\n", "")
 
 
+def test_create_engine_passes_the_model_options_that_differ_from_the_assembly_s_defaults():
+    """The choices in the comment above name them all; the call names only what it changes."""
+
+    def call(variant):  # create_engine, down to the blank lines after it
+        return render_source(variant).split("def create_engine")[1].split("\n\n\n")[0]
+
+    plain = call(Variant())
+    assert "fuse_qkv=" not in plain and "dtype=" not in plain
+    changed = call(Variant(fuse_qkv=False, dtype="float32"))
+    assert "        fuse_qkv=False,\n" in changed and "        dtype='float32',\n" in changed
+    assert "fuse_gate_up=" not in changed
+
+
 def test_header_is_kept_and_source_is_deterministic(tmp_path):
     variant = Variant(cache="paged", block_size=32)
     header = 'Written by run.sh\ntrial 7 of "study"'
