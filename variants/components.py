@@ -61,11 +61,11 @@ STACKS = {
     "torch": "variants.layers.torch_stack:run_torch_stack",
     "triton": "variants.layers.triton_stack:run_triton_stack",
     "fused": "variants.layers.fused_stack:run_fused_stack",
-    "fused-pdl": "variants.layers.fused_stack:run_fused_pdl_stack",
+    "fused-pdl": "variants.layers.fused_stack:run_fused_stack",  # bound to pdl=True
 }
 HEADS = {
     "fused": "variants.layers.fused_stack:fused_head",
-    "fused-pdl": "variants.layers.fused_stack:fused_pdl_head",
+    "fused-pdl": "variants.layers.fused_stack:fused_head",  # bound to pdl=True
 }
 # the Triton stacks' graphs check, clamp and embed their ids in one kernel (no copy node)
 CHECKS = {
@@ -115,6 +115,7 @@ def component_parts(variant) -> dict:
     writes exactly that, so an engine carries no choice it does not use."""
     cache = PREFIX_CACHE if variant.prefix_cache else CACHES[variant.cache]
     sized = {} if variant.cache == "contiguous" else {"capacity_tokens": variant.cache_tokens}
+    pdl = {"pdl": True} if variant.layers == "fused-pdl" else {}  # the fused layers' option
     attention = (ATTENTION[variant.attention], {})
     if variant.attention == "sdpa" and variant.sdpa_backend != "auto":
         attention = (SDPA_PINNED, {"backend": variant.sdpa_backend})
@@ -124,12 +125,12 @@ def component_parts(variant) -> dict:
             {"block_size": variant.block_size, **sized} if variant.cache == "paged" else sized,
         ),
         "attention_cls": attention,
-        "stack": (STACKS[variant.layers], {}),
+        "stack": (STACKS[variant.layers], pdl),
     }
     if variant.execution == "compile":
         parts["wrap"] = (COMPILE, {"mode": variant.compile_mode})
     if variant.layers in HEADS:
-        parts["head"] = (HEADS[variant.layers], {})
+        parts["head"] = (HEADS[variant.layers], pdl)
     checked = {"checked_embedding": Ref(CHECKS[variant.layers])} if variant.layers in CHECKS else {}
     if variant.graphs != "off":
         gathered = {"gathered_embedding": Ref(GATHERS[variant.layers])} if checked else {}

@@ -123,6 +123,11 @@ def test_component_parts_follow_the_variant():
     )
     assert fused["stack"][0] == "variants.layers.fused_stack:run_fused_stack"
     assert fused["head"] == (HEADS["fused"], {})
+    pdl = component_parts(
+        Variant(cache="slab", attention="triton", layers="fused-pdl", graphs="pow2")
+    )
+    assert pdl["stack"] == ("variants.layers.fused_stack:run_fused_stack", {"pdl": True})
+    assert pdl["head"] == ("variants.layers.fused_stack:fused_head", {"pdl": True})
     assert "head" not in component_parts(Variant(cache="slab", layers="triton"))
     # the Triton stacks' graphs check, clamp and embed their ids in one kernel (and the decode
     # graphs read them in place); the torch stack's graphs keep torch's ops

@@ -383,7 +383,8 @@ def test_gpu_variants_render_with_only_their_components(variant):
     assert ("run_triton_stack" in names) == (variant.layers != "torch")  # fused runs it at prefill
     assert ("run_fused_stack" in names) == (variant.layers in ("fused", "fused-pdl"))
     assert ("head=fused_head" in text) == (variant.layers == "fused")
-    assert ("head=fused_pdl_head" in text) == (variant.layers == "fused-pdl")
+    pdl = "head=functools.partial(fused_head, pdl=True)"
+    assert (pdl in text) == (variant.layers == "fused-pdl")
     assert ("wait_previous" in names) == uses_triton
     assert ("paged_decode_attention" in names) == (variant.attention == "triton")
     assert re.search(

@@ -28,6 +28,9 @@ HEAD_MAX_ROWS = 64  # the fused head wins up to 64 rows (11.9 us against 21.6 at
 
 
 def run_fused_stack(engine, x, positions, plan, batch, pdl: bool = False):
+    """`pdl` (fused-pdl): each kernel launched with programmatic dependent launch, so that it
+    starts while the kernel before runs and prefetches its weights into L2 (kernels/pdl.py), for
+    decode steps of up to PDL_MAX_ROWS rows. Hopper and newer, with the Triton attention."""
     if batch is not None or x.shape[0] > (PDL_MAX_ROWS if pdl else FUSED_MAX_ROWS):
         return run_triton_stack(engine, x, positions, plan, batch, pdl=pdl)
     spec, cache = engine.spec, engine.cache
@@ -51,13 +54,6 @@ def run_fused_stack(engine, x, positions, plan, batch, pdl: bool = False):
     return x
 
 
-def run_fused_pdl_stack(engine, x, positions, plan, batch):
-    """The fused layers, each kernel launched with programmatic dependent launch: it starts
-    while the kernel before runs and prefetches its weights into L2 (kernels/pdl.py), for
-    decode steps of up to PDL_MAX_ROWS rows. Hopper and newer, with the Triton attention."""
-    return run_fused_stack(engine, x, positions, plan, batch, pdl=True)
-
-
 def fused_head(spec, fallback, pdl: bool = False):
     """output_logits(x, norm_w, head_w) as one kernel for up to 64 rows (float32 out, rounded
     through the compute dtype like the reference); more rows go to `fallback`. `pdl`: launched
@@ -73,8 +69,3 @@ def fused_head(spec, fallback, pdl: bool = False):
         )  # fmt: skip
 
     return output_logits
-
-
-def fused_pdl_head(spec, fallback):
-    """fused_head launched with programmatic dependent launch."""
-    return fused_head(spec, fallback, pdl=True)

@@ -2,6 +2,8 @@
 interpreter in float32, against the reference: ragged prefill (the Triton stack) and ragged
 decode (the fused kernels), eager and through the CUDA-graph body; and the routing by rows."""
 
+import functools
+
 import pytest
 import torch
 
@@ -101,7 +103,8 @@ def _plain_pdl_engine(tiny_config, sharp_weights, monkeypatch) -> tuple:
     plain(triton_attention, "paged_decode_attention")
     engine = assemble_engine(
         tiny_config, sharp_weights, "cpu", cache_cls=SlabKVCache, attention_cls=TritonAttention,
-        stack=fused_stack.run_fused_pdl_stack, head=fused_stack.fused_pdl_head,
+        stack=functools.partial(fused_stack.run_fused_stack, pdl=True),
+        head=functools.partial(fused_stack.fused_head, pdl=True),
     )  # fmt: skip
     asked.clear()
     return engine, asked
