@@ -5,9 +5,12 @@ decodes, a removal and a re-prefill execute.
 
     python scripts/engine_size.py                       # every preset
     python scripts/engine_size.py --variant '{"cache": "slab", "attention": "sdpa"}' --coverage
+    python scripts/engine_size.py --variant '{"cache": "slab", "attention": "sdpa"}' --modules
 
 `--weights course` (the default) measures the engine run.sh writes for the course's model (its
-weights a course-layout model.pt), `--weights any` one that reads every weight format.
+config in the course's keys, its weights a course-layout model.pt: the engine carries those
+readers alone), `--weights any` one that reads Hugging Face configs and every weight format;
+`--modules` lists each module's code lines.
 """
 
 import argparse
@@ -32,8 +35,9 @@ log = logging.getLogger("engine_size")
 CONFIG = Path(__file__).resolve().parents[1] / "tests" / "data" / "tiny_config.json"
 
 
-def code_lines(text: str) -> dict:
-    """{'kernels': n, 'rest': n}: non-blank lines that are neither comments nor docstrings."""
+def section_lines(text: str) -> dict:
+    """{section: n}: the non-blank lines of each section (the file's top, then each module under
+    its `# ---- path ----` header) that are neither comments nor docstrings."""
     tree = ast.parse(text)
     docs: set = set()
     for node in ast.walk(tree):
@@ -42,14 +46,23 @@ def code_lines(text: str) -> dict:
             value = body[0].value
             if isinstance(value, ast.Constant) and isinstance(value.value, str):
                 docs.update(range(body[0].lineno, body[0].end_lineno + 1))
-    counts, section = {"kernels": 0, "rest": 0}, "rest"
+    counts, section = {}, "top"
     for n, line in enumerate(text.splitlines(), 1):
         header = re.match(r"# -{20} (\S+) -{20}", line)
         if header:
-            section = "kernels" if header.group(1).startswith("variants/kernels/") else "rest"
+            section = header.group(1)
         stripped = line.strip()
         if stripped and not stripped.startswith("#") and n not in docs:
-            counts[section] += 1
+            counts[section] = counts.get(section, 0) + 1
+    return counts
+
+
+def code_lines(text: str) -> dict:
+    """{'kernels': n, 'rest': n}: non-blank lines that are neither comments nor docstrings, in
+    the kernel modules and in the rest."""
+    counts = {"kernels": 0, "rest": 0}
+    for section, n in section_lines(text).items():
+        counts["kernels" if section.startswith("variants/kernels/") else "rest"] += n
     return counts
 
 
@@ -87,11 +100,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variant", help="a Variant as JSON (default: every preset)")
     parser.add_argument("--coverage", action="store_true", help="also the statements run (CPU)")
+    parser.add_argument("--modules", action="store_true", help="also the code lines per module")
     parser.add_argument(
         "--weights",
         choices=["course", "any"],
         default="course",
-        help="the weight reader the engine carries (default: course)",
+        help="the config and weight readers the engine carries (default: course)",
     )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -109,6 +123,10 @@ def main() -> None:
         if args.coverage:
             row += f"  statements run {statement_share(variant, args.weights):.0%}"
         log.info(row)
+        if args.modules:
+            ranked = sorted(section_lines(text).items(), key=lambda item: -item[1])
+            for section, n in ranked:
+                log.info("    %5d  %s", n, section)
 
 
 if __name__ == "__main__":
