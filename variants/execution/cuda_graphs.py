@@ -29,12 +29,14 @@ def batch_buckets(policy: str, largest: int) -> list:
     return sorted(set(min(s, largest) for s in sizes) | {largest})
 
 
-def context_buckets(max_positions: int, smallest: int = 128) -> list:
+def doubling_buckets(smallest: int, largest: int) -> list:
+    """smallest, doubled while below largest, then largest: the sizes graphs are captured at
+    (the decode graphs' contexts, the prefill graphs' tokens and prompts)."""
     sizes, n = [], smallest
-    while n < max_positions:
+    while n < largest:
         sizes.append(n)
         n *= 2
-    return sizes + [max_positions]
+    return sizes + [largest]
 
 
 _CAPTURE_STREAMS: dict = {}
@@ -146,7 +148,7 @@ class DecodeGraphs:
         what the cache holds now."""
         attention, most = engine.attention, engine.spec.max_positions
         if not attention.reads_cache_in_place:
-            return context_buckets(self.cache.max_context)
+            return doubling_buckets(128, self.cache.max_context)
         return attention.graph_contexts(most, self.device)
 
     def capture(self, engine) -> None:

@@ -24,6 +24,7 @@ from variants.cache.plans import CachePlan
 from variants.execution.cuda_graphs import (
     capture_stream,
     capturing,
+    doubling_buckets,
     graph_inputs,
     no_collection,
     upload,
@@ -32,14 +33,6 @@ from variants.kernels.device import device_capability
 from variants.kernels.prefill_attention import prefill_schedule, prefill_tiles
 from variants.kernels.prompt_gather import gathered_embedding, prompt_sources
 from variants.staging import PinnedRing, int_fill, int_range
-
-
-def token_buckets(smallest: int, largest: int) -> list:
-    sizes, n = [], smallest
-    while n < largest:
-        sizes.append(n)
-        n *= 2
-    return sizes + [largest]
 
 
 @functools.lru_cache(maxsize=256)
@@ -78,7 +71,7 @@ class PrefillGraphs:
         self.checked_embedding = checked_embedding
         self.gather = self.check_ids and checked_embedding is not None
         spec, device = engine.spec, engine.device
-        self.buckets = token_buckets(16, largest_tokens)
+        self.buckets = doubling_buckets(16, largest_tokens)
         self.prompts = most_prompts
         # Each bucket's schedule must be built for the q-block size the kernel launches with on
         # this GPU for that many tokens.
@@ -110,7 +103,7 @@ class PrefillGraphs:
         # more GPU time a call); launched eagerly it costs 150-240 us of host time a call on
         # the H200's host.
         self.hidden = torch.zeros(most_prompts, spec.hidden_size, dtype=engine.dtype, device=device)
-        self.head_rows = token_buckets(1, most_prompts)
+        self.head_rows = doubling_buckets(1, most_prompts)
         self.graphs: dict = {}
         self.heads: dict = {}
         # prompt count m -> the views [:0], [:1], ... of the logits its head graph writes (the

@@ -7,7 +7,7 @@ import torch
 import variants.engine
 from evaluator.reference_model import ReferenceModel
 from variants import Variant, build_engine
-from variants.execution.cuda_graphs import batch_buckets, context_buckets
+from variants.execution.cuda_graphs import batch_buckets, doubling_buckets
 
 
 def test_batch_bucket_policies():
@@ -18,10 +18,13 @@ def test_batch_bucket_policies():
         batch_buckets("fibonacci", 8)
 
 
-def test_context_buckets_end_at_max_positions():
-    assert context_buckets(4096) == [128, 256, 512, 1024, 2048, 4096]
-    assert context_buckets(300) == [128, 256, 300]
-    assert context_buckets(100) == [100]
+def test_buckets_double_up_to_the_largest():
+    """The decode graphs' contexts from 128, the prefill graphs' tokens from 16."""
+    assert doubling_buckets(128, 4096) == [128, 256, 512, 1024, 2048, 4096]
+    assert doubling_buckets(128, 300) == [128, 256, 300]
+    assert doubling_buckets(128, 100) == [100]
+    assert doubling_buckets(16, 8192) == [16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
+    assert doubling_buckets(16, 100) == [16, 32, 64, 100]
 
 
 @pytest.mark.parametrize("cache", ["slab", "paged"])

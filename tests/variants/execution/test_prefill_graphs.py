@@ -13,14 +13,9 @@ from variants.attention.triton_attention import TritonAttention  # noqa: E402
 from variants.cache.paged import PagedKVCache  # noqa: E402
 from variants.cache.slab import SlabKVCache  # noqa: E402
 from variants.engine import assemble_engine  # noqa: E402
-from variants.execution.prefill_graphs import PrefillGraphs, token_buckets  # noqa: E402
+from variants.execution.prefill_graphs import PrefillGraphs  # noqa: E402
 from variants.layers.torch_stack import run_torch_stack  # noqa: E402
 from variants.layers.triton_stack import run_triton_stack  # noqa: E402
-
-
-def test_token_buckets_double_up_to_the_largest():
-    assert token_buckets(16, 8192) == [16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
-    assert token_buckets(16, 100) == [16, 32, 64, 100]
 
 
 class _EagerReplay:
