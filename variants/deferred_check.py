@@ -41,7 +41,6 @@ class DeferredRangeCheck:
     captured into a CUDA graph, where this PyTorch allows it (`self.in_graph` says whether)."""
 
     def __init__(self, device: torch.device, in_graph: bool = False):
-        device = torch.device(device)
         cuda = device.type == "cuda"
         self.in_graph = in_graph and (not cuda or graph_events())
         self.extremes = torch.zeros(2, dtype=torch.long, device=device)

@@ -53,11 +53,8 @@ class Engine:
         self.lengths: dict = {}  # request id -> tokens held in the cache
         self.rope = RopeTable(spec.head_dim, spec.max_positions, spec.rope_theta, device, dtype)
         math = make_layer_math(spec)
-        if wrap is not None:
-            math = [wrap(fn) for fn in math]
-        self.attention_inputs, self.attention_outputs, self.output_logits = math
-        if head is not None:
-            self.output_logits = head(spec, self.output_logits)
+        self.attention_inputs, self.attention_outputs, logits = map(wrap, math) if wrap else math
+        self.output_logits = logits if head is None else head(spec, logits)
         # Ids on the GPU are range-checked after the call's kernels are queued (a read before
         # them waits for the GPU queue); True checks before any state changes, with that wait.
         self.check_device_tokens = device.type != "cuda"
@@ -180,10 +177,6 @@ class Engine:
         as an out-of-bounds read or a device-side assert first. In-range ids pass unchanged."""
         return torch.clamp(tokens, 0, self.spec.vocab_size - 1, out=out)
 
-    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The embedding rows of in-range ids, a fresh [N, hidden] tensor."""
-        return self.weights.embed[tokens]
-
     def _logits(self, x) -> torch.Tensor:
         # a fresh tensor: the head's output is never a reused buffer
         return self.output_logits(x, self.weights.norm, self.weights.head).float()
@@ -251,24 +244,20 @@ class EagerRunner:
         plan = CachePlan(rids, write_index=e._index(slots), segments=segments)
         batch = e._prefill_batch(lengths)
         positions = e._index([p for n in lengths for p in range(n)])
-        x = e.stack(e, e.embed(e.in_vocab(tokens)), positions, plan, batch)
+        x = e.stack(e, e.weights.embed[e.in_vocab(tokens)], positions, plan, batch)
         return e._logits(x.index_select(0, batch.last_index))
 
     def decode(self, e, rids: list, tokens, positions: list) -> torch.Tensor:
         """One decode step with index tensors built for exactly this batch."""
         kv_lens = [p + 1 for p in positions]
         plan = CachePlan(
-            rids,
-            write_index=e._index(e.cache.step_slots(rids, positions)),
-            kv_lens=e._index(kv_lens),
-            max_len=max(kv_lens),
-            uniform=min(kv_lens) == max(kv_lens),
-            rows=e.cache.read_rows(rids),
-            segments=[(r, p, 1) for r, p in zip(rids, positions)],
-        )
+            rids, write_index=e._index(e.cache.step_slots(rids, positions)),
+            kv_lens=e._index(kv_lens), max_len=max(kv_lens), uniform=min(kv_lens) == max(kv_lens),
+            rows=e.cache.read_rows(rids), segments=[(r, p, 1) for r, p in zip(rids, positions)],
+        )  # fmt: skip
         if e.attention.reads_cache_in_place:
             plan.table = e.attention.block_table(e.cache, rids, plan.max_len, e.device)
-        x = e.stack(e, e.embed(e.in_vocab(tokens)), e._index(positions), plan, None)
+        x = e.stack(e, e.weights.embed[e.in_vocab(tokens)], e._index(positions), plan, None)
         return e._logits(x)
 
 
@@ -309,10 +298,9 @@ def assemble_engine(
     attention = attention_cls(spec, dtype)
     engine = Engine(spec, weights, device, dtype, cache, attention, stack, wrap, head)
     engine.warm_up()
-    captures = [c for c in (capture, capture_prefill) if c is not None]
-    for c in captures:
-        c(engine)
-    if captures:
+    for capture_graphs in filter(None, (capture, capture_prefill)):
+        capture_graphs(engine)
+    if capture or capture_prefill:
         engine.warm_up()  # through the graphs: first-replay costs stay out of timed calls
     if budget is not None:  # the rest of the budget, once graphs and buffers are made
         held = _allocated(device) - before if device.type == "cuda" else weights.nbytes()

@@ -60,7 +60,7 @@ class PrefixCachingEngine(Engine):
             segments=[(r, s, c) for r, s, c in zip(rids, starts, counts)],
         )
         positions = self._index([p for s, n in zip(starts, lengths) for p in range(s, n)])
-        x = self.embed(torch.cat([p[s:] for p, s in zip(prompts, starts)]))
+        x = self.weights.embed[torch.cat([p[s:] for p, s in zip(prompts, starts)])]
         cos, sin = self.rope.at(positions)
         for layer, w in enumerate(self.weights.layers):
             q, k, v = self.attention_inputs(x, w.input_norm, w.qkv, cos, sin)

@@ -209,7 +209,7 @@ class DecodeGraphs:
             if self.check_ids:
                 x = graph_inputs(e, tokens, self.checked_embedding)
             else:
-                x = e.embed(e.in_vocab(tokens, out=tokens))
+                x = e.weights.embed[e.in_vocab(tokens, out=tokens)]
         x = e.stack(e, x, positions, plan, None)
         logits = e.output_logits(x, e.weights.norm, e.weights.head).float()
         self.outputs[b, ctx] = [logits[:n] for n in range(b + 1)]
@@ -270,7 +270,7 @@ def graph_inputs(e, tokens: torch.Tensor, checked_embedding=None) -> torch.Tenso
     if checked_embedding is not None:
         return checked_embedding(e.token_check, tokens, e.spec.vocab_size, e.weights.embed)
     e.token_check.start(tokens)
-    return e.embed(e.in_vocab(tokens, out=tokens))
+    return e.weights.embed[e.in_vocab(tokens, out=tokens)]
 
 
 def use_cuda_graphs(engine, policy: str, checked_embedding=None, gathered_embedding=None) -> None:

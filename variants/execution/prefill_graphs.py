@@ -184,7 +184,7 @@ class PrefillGraphs:
             if self.check_ids:
                 x = graph_inputs(e, tokens, self.checked_embedding)
             else:
-                x = e.embed(e.in_vocab(tokens, out=tokens))
+                x = e.weights.embed[e.in_vocab(tokens, out=tokens)]
         x = e.stack(e, x, positions, plan, batch)
         torch.index_select(x, 0, last, out=self.hidden)
 
