@@ -20,15 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from search.report import RunSummary, default_report_dir, write_log
-from search.setup import (
-    Budget,
-    UserError,
-    device_kind,
-    measure_ceilings,
-    set_up,
-    warm_first,
-    warm_queued,
-)
+from search.setup import UserError, measure_ceilings, set_up, warm_first, warm_queued
 from search.trial import DEFAULT_RENDERER, OBJECTIVE_TRACES, Record, load_renderer
 from search.write import (
     candidates,
@@ -339,8 +331,8 @@ def dispatch(args) -> int:
 
 
 class RunJob:
-    """One run's state: `set_up` fills in the device, target, space and runner; the search the
-    study and its storage; the later phases read them and add notes for the results log."""
+    """One run's state: `set_up` fills in the device, target, space, budget and runner; the
+    search the study and its storage; the later phases read them and add notes for the log."""
 
     def __init__(self, args):
         self.args = args
@@ -460,13 +452,6 @@ class RunJob:
 # the ranked defaults alone. A study whose verified best still stands is not searched again.
 
 
-def sweep_s(job) -> float:
-    """What the shape sweep after the search may take at most (its engines' builds aside)."""
-    from sweep.command import PIPELINE_LIMIT_S
-
-    return PIPELINE_LIMIT_S[device_kind(job.device)]
-
-
 def optuna_available() -> bool:
     try:
         import optuna  # noqa: F401
@@ -538,8 +523,7 @@ def search_with_optuna(job) -> tuple[list[Record], Record | None]:
     warmed = warm_queued(job, study)
     if warmed:
         job.notes.append(warmed)
-    budget = Budget(job.deadline, job.trial_timeout, total_s=job.budget_s, after_s=sweep_s(job))
-    st.optimize(study, job.space, job.runner, budget, n_trials=args.trials)
+    st.optimize(study, job.space, job.runner, job.budget, n_trials=args.trials)
     return st.load_records(study), None
 
 
@@ -594,7 +578,6 @@ def standing_best(job, study, records: list[Record]) -> Record | None:
 def search_defaults(job) -> list[Record]:
     """No Optuna: the ranked defaults, each in its own process, inside the budget."""
     job.runner.ceilings = measure_ceilings(job.device)
-    budget = Budget(job.deadline, job.trial_timeout, total_s=job.budget_s, after_s=sweep_s(job))
     defaults = ranked_defaults(job.caps)[: job.args.trials or None]
     defaults = [job.space.canonical(v) for v in defaults]
     warmed = warm_first(job, defaults)
@@ -602,7 +585,7 @@ def search_defaults(job) -> list[Record]:
         job.notes.append(warmed)
     records = []
     for number, variant in enumerate(defaults):
-        limit = budget.time_for_trial(job.runner.durations)
+        limit = job.budget.time_for_trial(job.runner.durations)
         if limit is None:
             break
         outcome = job.runner.run(variant, timeout_s=limit)
