@@ -1,17 +1,17 @@
 """The study and the search in it: the study's name, storage and sampler, the ask-and-tell loop
-and the worker command. (The main job's search phase, which runs the ranked defaults alone
-without Optuna, is `search_trials` in search.cli: this module needs Optuna.)
+and the worker command. (The main job's search phase, which without Optuna runs the ranked
+defaults alone, is `search_trials` in search.cli: this module needs Optuna.)
 
 The storage URL is the single source of truth: trials, the model the study tunes (study user
 attributes) and the verified best all live there, so a second run resumes and several workers
-share one study. The default is `studies/<name>.db`, the name from the model's shape, the GPU (or
-cpu) and the torch version: a study is only resumed on the hardware and software it measured.
+share one study. The default is `studies/<name>.db`, the name from the model's shape, its weights,
+the gate, the GPU (or cpu) and torch: a study is only resumed where it measured.
 
 The loop: known-good assemblies first, then the sampler, inside a time budget. Each trial runs in
 a child process (`search.trial`); its numbers become user attributes, its correctness margin the
 constraint. A variant seen before is not run again: the trial copies the earlier result. Several
-processes may run this loop on one storage; a trial target is then shared (a trial asked for
-after the target was reached is marked "skipped" and not run).
+processes may share one storage and its trial target (a trial asked for after the target was
+reached is marked "skipped" and not run).
 """
 
 from __future__ import annotations
@@ -51,19 +51,11 @@ from variants.variant import Variant
 
 log = logging.getLogger(__name__)
 
+# The config keys of a model's shape, hashed into its study's name.
 SHAPE_KEYS = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "max_position_embeddings",
-    "rms_norm_eps",
-    "rope_theta",
-    "torch_dtype",
-)
+    "vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads "
+    "num_key_value_heads head_dim max_position_embeddings rms_norm_eps rope_theta torch_dtype"
+).split()
 DIRECTIONS = ("maximize", "minimize")
 METRIC_NAMES = ("tokens_per_s", "peak_mib")
 # Optuna >= 5 stores constraints per trial; 3.x/4.x only take a sampler-side constraints_func.
@@ -215,7 +207,6 @@ def open_storage(url: str, heartbeat_s: int | None = None):
 
 
 def _missing_driver(url: str, exc: ImportError):
-
     dialect = url.split(":", 1)[0].split("+")[0]
     cause = exc.__cause__ or exc
     extra = DRIVER_EXTRA.get(dialect)
@@ -258,14 +249,14 @@ def open_study(storage, name: str, fresh: bool = False, seed: int | None = None)
     return study
 
 
-def load_study(storage, name: str | None, seed: int | None = None) -> optuna.Study:
+def load_study(storage, name: str | None) -> optuna.Study:
     """An existing study; `name` may be omitted when the storage holds exactly one."""
     if name is None:
         names = optuna.get_all_study_names(storage)
         if len(names) != 1:
             raise SystemExit(f"the storage holds {len(names)} studies; name one with --study")
         name = names[0]
-    return optuna.load_study(study_name=name, storage=storage, sampler=make_sampler(seed))
+    return optuna.load_study(study_name=name, storage=storage, sampler=make_sampler())
 
 
 def set_constraint(trial, value: float) -> None:
@@ -274,23 +265,18 @@ def set_constraint(trial, value: float) -> None:
         trial.set_constraint("correctness", value)
 
 
-def record_from_trial(trial, full: dict | None = None) -> Record:
-    attrs = dict(trial.user_attrs)
-    if full:
-        attrs.update(full)
-    if trial.state == TrialState.RUNNING:
-        status = "running"
-    elif trial.state == TrialState.WAITING:
-        status = "waiting"
-    else:
-        status = attrs.get("status") or ("failed" if trial.state == TrialState.FAIL else "ok")
-    values = tuple(trial.values) if trial.state == TrialState.COMPLETE and trial.values else None
-    return Record(trial.number, status, attrs.get("variant"), attrs, values)
-
-
 def load_records(study: optuna.Study) -> list[Record]:
-    full = study.user_attrs.get("full_protocol", {})
-    return [record_from_trial(t, full.get(str(t.number))) for t in study.get_trials(deepcopy=False)]
+    """Every trial as a Record, with the full-protocol numbers the main job stored for it."""
+    full, records = study.user_attrs.get("full_protocol", {}), []
+    for trial in study.get_trials(deepcopy=False):
+        attrs = {**trial.user_attrs, **full.get(str(trial.number), {})}
+        status = {TrialState.RUNNING: "running", TrialState.WAITING: "waiting"}.get(trial.state)
+        if status is None:
+            status = attrs.get("status") or ("failed" if trial.state == TrialState.FAIL else "ok")
+        done = trial.state == TrialState.COMPLETE and trial.values
+        values = tuple(trial.values) if done else None
+        records.append(Record(trial.number, status, attrs.get("variant"), attrs, values))
+    return records
 
 
 STARTED = (TrialState.RUNNING, TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
@@ -369,13 +355,6 @@ def fail_stale_trials(study: optuna.Study, older_than_s: float) -> int:
             continue
         log.warning("trial %d failed: %s", trial.number, why)
     return count
-
-
-def update_study_attr(study: optuna.Study, key: str, update: dict) -> None:
-    """Merge `update` into the dict study attribute `key` (read-modify-write)."""
-    current = dict(study.user_attrs.get(key, {}))
-    current.update(update)
-    study.set_user_attr(key, current)
 
 
 def earlier_best_variants(storage, name: str, hardware: str, studies_dir: Path | None) -> list:
@@ -469,8 +448,7 @@ def tell_outcome(study, trial, outcome) -> None:
 def _over_target(study, trial, n_trials: int | None) -> bool:
     if n_trials is None:
         return False
-    earlier = [t for t in started_trials(study) if t.number < trial.number]
-    return len(earlier) >= n_trials
+    return sum(t.number < trial.number for t in started_trials(study)) >= n_trials
 
 
 def _progress(total, initial):
@@ -568,31 +546,28 @@ def worker(args) -> int:
                         "search run --storage ...`, or pass --model-config")  # fmt: skip
     target = resolve_target(config_path, args.weight_dir or attrs.get("weight_dir"))
     caps = probe_capabilities(device, target.config)
-    gate_spec, _ = choose_gate(attrs.get("gate") or "auto", target)  # the study's gate
-    gate = gate_spec.name
-    study = open_study(
-        storage, name or study_name(target.config, caps, target.fingerprint, gate),
-        seed=args.seed,
-    )  # fmt: skip
+    hardware = hardware_key(caps)
+    gate, _ = choose_gate(attrs.get("gate") or "auto", target)  # the study's gate
+    name = name or study_name(target.config, caps, target.fingerprint, gate.name)
+    study = open_study(storage, name, seed=args.seed)
     attrs = study.user_attrs
     if attrs.get("weights_fingerprint") not in (None, target.fingerprint):
         raise UserError(
             f"the weights in {target.weight_dir} are not the ones study {study.study_name} "
             "measured; pass --weight-dir with that study's weights"
         )
-    if attrs.get("hardware") and attrs["hardware"] != hardware_key(caps):
+    if attrs.get("hardware") and attrs["hardware"] != hardware:
         log.warning(
             "this worker runs on %s but the study measured %s: numbers will not compare",
-            hardware_key(caps),
+            hardware,
             attrs["hardware"],
         )
-    for key, value in model_attrs(target, gate, caps).items():
+    for key, value in model_attrs(target, gate.name, caps).items():
         if not attrs.get(key):
             study.set_user_attr(key, value)
     space = SearchSpace(caps)
-    enqueue_known_good(study, space, caps, storage, study.study_name, hardware_key(caps), None)
-    kind = device_kind(device)
-    timeout = args.trial_timeout or DEFAULT_TRIAL_TIMEOUT_S[kind]
+    enqueue_known_good(study, space, caps, storage, study.study_name, hardware, None)
+    timeout = args.trial_timeout or DEFAULT_TRIAL_TIMEOUT_S[device_kind(device)]
     fail_stale_trials(study, older_than_s=2 * timeout + 120)  # a dead worker's trials
     runner = TrialRunner(
         target.config,
@@ -602,7 +577,7 @@ def worker(args) -> int:
         traces=tuple(attrs.get("traces") or OBJECTIVE_TRACES),
         timeout_s=timeout,
         ceilings=attrs.get("ceilings") or measure_ceilings(device),
-        gate=gate_spec.to_dict(),
+        gate=gate.to_dict(),
     )
     if attrs.get("memory_budget_gib"):  # the study's, as `run` recorded it
         runner.memory_budget_mib = 1024 * attrs["memory_budget_gib"]

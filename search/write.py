@@ -235,9 +235,10 @@ def remeasure(job, records: list[Record]) -> None:
     for r in records:
         r.attrs.update(measured.get(r.number, {}))
     if measured and job.study is not None:
-        from search.study import update_study_attr
-
-        update_study_attr(job.study, "full_protocol", {str(n): a for n, a in measured.items()})
+        stored = job.study.user_attrs.get("full_protocol", {})
+        job.study.set_user_attr(
+            "full_protocol", {**stored, **{str(n): a for n, a in measured.items()}}
+        )
 
 
 def after_remeasure_s(job) -> float:
