@@ -17,11 +17,12 @@ import shlex
 import sys
 import time
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
-from search.report import RunSummary, default_report_dir, write_log
+from search.report import default_report_dir, render_log
 from search.setup import UserError, measure_ceilings, set_up, warm_first, warm_queued
-from search.trial import DEFAULT_RENDERER, OBJECTIVE_TRACES, Record, load_renderer
+from search.trial import DEFAULT_RENDERER, OBJECTIVE_TRACES, Record, load_renderer, write_atomic
 from search.write import (
     candidates,
     common_failure,
@@ -31,7 +32,7 @@ from search.write import (
     remeasure,
     remember,
     set_aside,
-    verify,
+    verify_engine,
     write_verified,
 )
 from variants.presets import ranked_defaults
@@ -374,19 +375,26 @@ class RunJob:
         ranked = rank(records)
         with self.phase("verify and write"):
             first = [standing] if standing is not None else []
-            rest = [
-                r
-                for r in candidates(self, records, ranked)
-                if r.number not in {f.number for f in first}
-            ]
+            numbers = {r.number for r in first}
+            rest = [r for r in candidates(self, records, ranked) if r.number not in numbers]
             render = load_renderer(self.args.renderer)
             budget, weights = self.runner.engine_budget_gib, self.target.weights_format
+            verify = partial(
+                verify_engine,
+                config_path=self.target.config_path,
+                weight_dir=self.target.weight_dir,
+                device=self.device,
+                timeout_s=self.verify_timeout,
+                benchmark=standing is None,
+                gate=self.gate,
+                stress_positions=self.stress_positions,
+            )
             attempts = write_verified(
                 first + rest,
                 lambda variant, path, text: render(variant, path, text, budget, weights=weights),
                 self.workspace,
-                verify(self, benchmark=standing is None),
-                lambda record: header(self, record),
+                verify,
+                partial(header, self),
             )
         done = installed(attempts)
         if done is not None:
@@ -402,7 +410,8 @@ class RunJob:
                 self.notes += sweep_leaders(self, reuse=standing is not None)
         self.write_figures()
         self.phases["total"] = time.monotonic() - self.start
-        self.write_log(records, ranked, attempts)
+        write_atomic(self.workspace / "results.log", render_log(self, records, ranked, attempts))
+        log.info("wrote %s", self.workspace / "results.log")
         if done is None:  # the last line says why
             log.error(
                 "no engine written: no candidate passed verification (most often: %s); %s",
@@ -424,26 +433,6 @@ class RunJob:
         except Exception as exc:  # a diagram is not worth the engine
             log.warning("could not write the study figures: %r", exc)
             self.notes.append(f"the study figures could not be written: {exc!r}")
-
-    def write_log(self, records, ranked, attempts) -> None:
-        summary = RunSummary(
-            command="python -m search " + self.args.command_line,
-            environment=self.environment,
-            target=self.target.describe(),
-            capabilities=self.caps.to_dict(),
-            space=self.space.describe(),
-            space_size=self.space.size,
-            records=records,
-            ranked=ranked,
-            attempts=attempts,
-            phases=self.phases,
-            storage=self.storage_url,
-            study=self.study_name,
-            dashboard=self.dashboard,
-            notes=self.notes + self.target.notes,
-        )
-        write_log(self.workspace / "results.log", summary)
-        log.info("wrote %s", self.workspace / "results.log")
 
 
 # --- the search phase of the main job ----------------------------------------------------------
