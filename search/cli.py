@@ -12,24 +12,18 @@ sweep   measure engines over shapes (decode step time vs batch size, prefill tok
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import shlex
 import sys
 import time
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
-from search.report import RunSummary, default_report_dir, write_log
-from search.setup import (
-    Budget,
-    UserError,
-    device_kind,
-    measure_ceilings,
-    set_up,
-    warm_first,
-    warm_queued,
-)
-from search.trial import DEFAULT_RENDERER, OBJECTIVE_TRACES, Record, load_renderer
+from search.report import default_report_dir, render_log
+from search.setup import UserError, measure_ceilings, set_up, warm_first, warm_queued
+from search.trial import DEFAULT_RENDERER, OBJECTIVE_TRACES, Record, load_renderer, write_atomic
 from search.write import (
     candidates,
     common_failure,
@@ -39,7 +33,7 @@ from search.write import (
     remeasure,
     remember,
     set_aside,
-    verify,
+    verify_engine,
     write_verified,
 )
 from variants.presets import ranked_defaults
@@ -48,21 +42,7 @@ from variants.variant import Variant
 log = logging.getLogger("search")
 
 
-def _common() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--log-level",
-        default="INFO",
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        help="logging level (default INFO)",
-    )
-    common.add_argument(
-        "--debug", action="store_true", help="show the traceback of a user error, not one line"
-    )
-    return common
-
-
-def _study_args(p: argparse.ArgumentParser, storage_required: bool = False) -> None:
+def _study_options(p, storage_required: bool = False) -> None:
     p.add_argument(
         "--storage",
         required=storage_required,
@@ -77,7 +57,7 @@ def _study_args(p: argparse.ArgumentParser, storage_required: bool = False) -> N
     p.add_argument("--studies-dir", default="studies", help="where default SQLite studies live")
 
 
-def _target_args(p: argparse.ArgumentParser) -> None:
+def _target_options(p) -> None:
     p.add_argument(
         "--model-config",
         help="model_config.json (default /target/model_config.json, else target/model_config.json)",
@@ -90,7 +70,7 @@ def _target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
 
 
-def _search_args(p: argparse.ArgumentParser) -> None:
+def _search_options(p) -> None:
     p.add_argument(
         "--trials",
         type=int,
@@ -117,33 +97,16 @@ def _search_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    common = _common()
-    parser = argparse.ArgumentParser(
-        prog="python -m search",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    run = sub.add_parser(
-        "run",
-        parents=[common],
-        help="search, choose, verify and write workspace/engine.py and results.log",
-        description="The main job: probe this machine, run (or resume) the study, re-measure the "
-        "leaders like the grader, write the best engine that passes verification to "
-        "workspace/engine.py and explain it in workspace/results.log. Exit 0 only when the "
-        "written engine passed verification.",
-    )
-    _target_args(run)
-    _study_args(run)
-    run.add_argument(
+def _run_options(p) -> None:
+    _target_options(p)
+    _study_options(p)
+    p.add_argument(
         "--budget-minutes",
         type=float,
         help="wall-clock budget for the whole job (default 20 on a GPU, 5 on a CPU)",
     )
-    _search_args(run)
-    run.add_argument(
+    _search_options(p)
+    p.add_argument(
         "--gate",
         choices=("auto", "course", "noise"),
         default="auto",
@@ -151,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
         "reference), noise (the error in units of the model dtype's rounding noise), auto "
         "(default: course for the course's float16 target, noise for any other model)",
     )
-    run.add_argument(
+    p.add_argument(
         "--memory-budget-gib",
         type=float,
         help="the most GPU memory (host memory on a CPU) the grader's pattern may take: a "
@@ -159,129 +122,161 @@ def build_parser() -> argparse.ArgumentParser:
         "written engine holds at most a third of it (default 24 for the course's target, whose "
         "grader is an RTX 3090; else this device's memory)",
     )
-    run.add_argument(
+    p.add_argument(
         "--remeasure",
         type=int,
         default=3,
         help="re-measure this many leaders with the grader's full protocol (default 3; 0: none)",
     )
-    run.add_argument(
+    p.add_argument(
         "--warm-workers",
         type=int,
         help="on a GPU, compile the queued assemblies' Triton kernels this many at a time before "
         "the first trial (default: half the CPU cores, at most 8, and no more than fit in the "
         "GPU's free memory; 0: off)",
     )
-    run.add_argument("--fresh", action="store_true", help="delete the study and start over")
-    run.add_argument("--workspace", default="workspace", help="where engine.py and results.log go")
-    run.add_argument(
+    p.add_argument("--fresh", action="store_true", help="delete the study and start over")
+    p.add_argument("--workspace", default="workspace", help="where engine.py and results.log go")
+    p.add_argument(
         "--traces", help=f"comma-separated objective traces (default {','.join(OBJECTIVE_TRACES)})"
     )
-    run.add_argument(
+    p.add_argument(
         "--no-optuna",
         action="store_true",
         help="skip Optuna: measure the ranked default candidates only (what happens offline)",
     )
 
-    worker = sub.add_parser(
-        "worker",
-        parents=[common],
-        help="run trials for a study in a shared storage",
-        description="Add trials to a study; several workers on one storage share its trial "
-        "target. The model comes from the study unless --model-config/--weight-dir are given.",
-    )
-    _study_args(worker, storage_required=True)
-    worker.add_argument("--model-config", help="model config (default: the study's)")
-    worker.add_argument("--weight-dir", help="weights (default: the study's)")
-    worker.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    worker.add_argument("--budget-minutes", type=float, help="stop after this long (default none)")
-    _search_args(worker)
 
-    report = sub.add_parser(
-        "report",
-        parents=[common],
-        help="print the top-N table of a study; write its figures and summary.md",
-        description="Print a study's trials from its storage: counts, the top-N table, the "
-        "leader's per-trace numbers and the verified best. Also write PNG figures (trade-off "
-        "with the Pareto front, per-axis effects, history, floor efficiency, importances) and "
-        "summary.md into --out.",
-    )
-    _study_args(report)
-    report.add_argument("--top", type=int, default=5, help="rows in the top table (default 5)")
-    report.add_argument("--all", action="store_true", help="also list every trial")
-    report.add_argument(
+def _worker_options(p) -> None:
+    _study_options(p, storage_required=True)
+    p.add_argument("--model-config", help="model config (default: the study's)")
+    p.add_argument("--weight-dir", help="weights (default: the study's)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--budget-minutes", type=float, help="stop after this long (default none)")
+    _search_options(p)
+
+
+def _report_options(p) -> None:
+    _study_options(p)
+    p.add_argument("--top", type=int, default=5, help="rows in the top table (default 5)")
+    p.add_argument("--all", action="store_true", help="also list every trial")
+    p.add_argument(
         "--out",
         help="directory for the figures and summary.md (default: next to the study's storage, "
         "studies/<study>/)",
     )
-    report.add_argument("--no-plots", action="store_true", help="print the tables only")
-    report.add_argument(
+    p.add_argument("--no-plots", action="store_true", help="print the tables only")
+    p.add_argument(
         "--sweep",
         help="shape-sweep JSON of `python -m search sweep` to draw (default: sweep.json in "
         "--out, when present)",
     )
 
-    render = sub.add_parser(
-        "render",
-        parents=[common],
-        help="render one trial's variant to an engine file",
-        description="Write the standalone engine of a trial (default: the study's verified best, "
-        "else its best correct trial).",
+
+def _render_options(p) -> None:
+    _study_options(p)
+    p.add_argument("--trial", type=int, help="trial number (default: the best)")
+    p.add_argument("--output", required=True, help="engine file to write")
+    p.add_argument("--renderer", default=DEFAULT_RENDERER, help="module:function")
+
+
+def _sweep_options(p) -> None:
+    _target_options(p)
+    _study_options(p)
+    importlib.import_module("sweep.command").add_arguments(p)
+
+
+def _options_of(module: str):
+    return lambda p: importlib.import_module(module).add_arguments(p)
+
+
+# name: (what runs it, "module:function"; its options; its help; its description)
+COMMANDS = {
+    "run": (
+        "search.cli:run",
+        _run_options,
+        "search, choose, verify and write workspace/engine.py and results.log",
+        "The main job: probe this machine, run (or resume) the study, re-measure the leaders like "
+        "the grader, write the best engine that passes verification to workspace/engine.py and "
+        "explain it in workspace/results.log. Exit 0 only when the written engine passed "
+        "verification.",
+    ),
+    "worker": (
+        "search.study:worker",
+        _worker_options,
+        "run trials for a study in a shared storage",
+        "Add trials to a study; several workers on one storage share its trial target. The model "
+        "comes from the study unless --model-config/--weight-dir are given.",
+    ),
+    "report": (
+        "search.report:report",
+        _report_options,
+        "print the top-N table of a study; write its figures and summary.md",
+        "Print a study's trials from its storage: counts, the top-N table, the leader's per-trace "
+        "numbers and the verified best. Also write PNG figures (trade-off with the Pareto front, "
+        "per-axis effects, history, floor efficiency, importances) and summary.md into --out.",
+    ),
+    "render": (
+        "search.report:render",
+        _render_options,
+        "render one trial's variant to an engine file",
+        "Write the standalone engine of a trial (default: the study's verified best, else its "
+        "best correct trial).",
+    ),
+    "sweep": (
+        "sweep.command:sweep_command",
+        _sweep_options,
+        "measure engines over shapes into a JSON file (report draws it)",
+        "Build a fresh engine per variant and measure decode step time against batch size (at "
+        "one context) and prefill tokens/s against prompt length (one prompt), each with the "
+        "floor of evaluator/floor.py's cost model. Variants: --variant (repeat), or the study's "
+        "verified best and best distinct correct trials (--study, --top).",
+    ),
+    "import-gguf": (
+        "models.import_gguf:import_gguf_command",
+        _options_of("models.import_gguf"),
+        "convert a llama.cpp GGUF LLaMA into a Hugging Face folder",
+        "Write model.safetensors (dequantized), config.json, tokenizer.json, "
+        "tokenizer_config.json and generation_config.json for a GGUF LLaMA file; the folder is "
+        "both --model-config DIR/config.json and --weight-dir DIR.",
+    ),
+    "generate": (
+        "serving.generate:generate_command",
+        _options_of("serving.generate"),
+        "generate text with an engine file and a Hugging Face model folder",
+        "Load an engine file as the grader does, prefill the prompts in one call, decode them "
+        "together and print each continuation and the tokens/s.",
+    ),
+    "serve": (
+        "serving.serve:serve_command",
+        _options_of("serving.serve"),
+        "an OpenAI-compatible HTTP server over an engine file, with continuous batching",
+        "Serve /v1/completions, /v1/chat/completions (streamed as Server-Sent Events on "
+        "request), /v1/models and /health from an engine file and a Hugging Face model folder; "
+        "one engine thread batches every live request (docs/SERVING.md).",
+    ),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="logging level (default INFO)",
     )
-    _study_args(render)
-    render.add_argument("--trial", type=int, help="trial number (default: the best)")
-    render.add_argument("--output", required=True, help="engine file to write")
-    render.add_argument("--renderer", default=DEFAULT_RENDERER, help="module:function")
-
-    from sweep.command import add_arguments
-
-    sweep = sub.add_parser(
-        "sweep",
-        parents=[common],
-        help="measure engines over shapes into a JSON file (report draws it)",
-        description="Build a fresh engine per variant and measure decode step time against "
-        "batch size (at one context) and prefill tokens/s against prompt length (one prompt), "
-        "each with the floor of evaluator/floor.py's cost model. Variants: --variant (repeat), "
-        "or the study's verified best and best distinct correct trials (--study, --top).",
+    common.add_argument(
+        "--debug", action="store_true", help="show the traceback of a user error, not one line"
     )
-    _target_args(sweep)
-    _study_args(sweep)
-    add_arguments(sweep)
-
-    from models.import_gguf import add_arguments as add_import_arguments
-
-    import_gguf = sub.add_parser(
-        "import-gguf",
-        parents=[common],
-        help="convert a llama.cpp GGUF LLaMA into a Hugging Face folder",
-        description="Write model.safetensors (dequantized), config.json, tokenizer.json, "
-        "tokenizer_config.json and generation_config.json for a GGUF LLaMA file; the folder "
-        "is both --model-config DIR/config.json and --weight-dir DIR.",
+    parser = argparse.ArgumentParser(
+        prog="python -m search",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_import_arguments(import_gguf)
-
-    from serving.generate import add_arguments as add_generate_arguments
-
-    generate = sub.add_parser(
-        "generate",
-        parents=[common],
-        help="generate text with an engine file and a Hugging Face model folder",
-        description="Load an engine file as the grader does, prefill the prompts in one call, "
-        "decode them together and print each continuation and the tokens/s.",
-    )
-    add_generate_arguments(generate)
-
-    from serving.serve import add_arguments as add_serve_arguments
-
-    serve = sub.add_parser(
-        "serve",
-        parents=[common],
-        help="an OpenAI-compatible HTTP server over an engine file, with continuous batching",
-        description="Serve /v1/completions, /v1/chat/completions (streamed as Server-Sent "
-        "Events on request), /v1/models and /health from an engine file and a Hugging Face "
-        "model folder; one engine thread batches every live request (docs/SERVING.md).",
-    )
-    add_serve_arguments(serve)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (_, options, short, description) in COMMANDS.items():
+        options(sub.add_parser(name, parents=[common], help=short, description=description))
     return parser
 
 
@@ -298,8 +293,9 @@ def main(argv: list[str] | None = None) -> int:
         datefmt="%H:%M:%S",
     )
     args.command_line = shlex.join(argv)
+    module, _, function = COMMANDS[args.command][0].partition(":")
     try:
-        return dispatch(args)
+        return getattr(importlib.import_module(module), function)(args)
     except (UserError, EngineLoadError) as exc:
         if args.debug:
             raise
@@ -307,40 +303,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def dispatch(args) -> int:
-    if args.command == "run":
-        return RunJob(args).run()
-    if args.command == "worker":
-        from search.study import worker
-
-        return worker(args)
-    if args.command == "sweep":
-        from sweep.command import sweep_command
-
-        return sweep_command(args)
-    if args.command == "import-gguf":
-        from models.import_gguf import import_gguf_command
-
-        return import_gguf_command(args)
-    if args.command == "generate":
-        from serving.generate import generate_command
-
-        return generate_command(args)
-    if args.command == "serve":
-        from serving.serve import serve_command
-
-        return serve_command(args)
-    from search.report import render, report
-
-    return report(args) if args.command == "report" else render(args)
-
-
 # --- the main job: `python -m search run` (what `bash run.sh` does) ------------------------------
 
 
+def run(args) -> int:
+    return RunJob(args).run()
+
+
 class RunJob:
-    """One run's state: `set_up` fills in the device, target, space and runner; the search the
-    study and its storage; the later phases read them and add notes for the results log."""
+    """One run's state: `set_up` fills in the device, target, space, budget and runner; the
+    search the study and its storage; the later phases read them and add notes for the log."""
 
     def __init__(self, args):
         self.args = args
@@ -382,19 +354,26 @@ class RunJob:
         ranked = rank(records)
         with self.phase("verify and write"):
             first = [standing] if standing is not None else []
-            rest = [
-                r
-                for r in candidates(self, records, ranked)
-                if r.number not in {f.number for f in first}
-            ]
+            numbers = {r.number for r in first}
+            rest = [r for r in candidates(self, records, ranked) if r.number not in numbers]
             render = load_renderer(self.args.renderer)
             budget, weights = self.runner.engine_budget_gib, self.target.weights_format
+            verify = partial(
+                verify_engine,
+                config_path=self.target.config_path,
+                weight_dir=self.target.weight_dir,
+                device=self.device,
+                timeout_s=self.verify_timeout,
+                benchmark=standing is None,
+                gate=self.gate,
+                stress_positions=self.stress_positions,
+            )
             attempts = write_verified(
                 first + rest,
                 lambda variant, path, text: render(variant, path, text, budget, weights=weights),
                 self.workspace,
-                verify(self, benchmark=standing is None),
-                lambda record: header(self, record),
+                verify,
+                partial(header, self),
             )
         done = installed(attempts)
         if done is not None:
@@ -410,7 +389,8 @@ class RunJob:
                 self.notes += sweep_leaders(self, reuse=standing is not None)
         self.write_figures()
         self.phases["total"] = time.monotonic() - self.start
-        self.write_log(records, ranked, attempts)
+        write_atomic(self.workspace / "results.log", render_log(self, records, ranked, attempts))
+        log.info("wrote %s", self.workspace / "results.log")
         if done is None:  # the last line says why
             log.error(
                 "no engine written: no candidate passed verification (most often: %s); %s",
@@ -433,38 +413,11 @@ class RunJob:
             log.warning("could not write the study figures: %r", exc)
             self.notes.append(f"the study figures could not be written: {exc!r}")
 
-    def write_log(self, records, ranked, attempts) -> None:
-        summary = RunSummary(
-            command="python -m search " + self.args.command_line,
-            environment=self.environment,
-            target=self.target.describe(),
-            capabilities=self.caps.to_dict(),
-            space=self.space.describe(),
-            space_size=self.space.size,
-            records=records,
-            ranked=ranked,
-            attempts=attempts,
-            phases=self.phases,
-            storage=self.storage_url,
-            study=self.study_name,
-            dashboard=self.dashboard,
-            notes=self.notes + self.target.notes,
-        )
-        write_log(self.workspace / "results.log", summary)
-        log.info("wrote %s", self.workspace / "results.log")
-
 
 # --- the search phase of the main job ----------------------------------------------------------
 # The Optuna study (resumed, its model recorded, known-good assemblies first, their Triton
 # kernels compiled side by side on a GPU, then the sampler inside the budget) or, without Optuna,
 # the ranked defaults alone. A study whose verified best still stands is not searched again.
-
-
-def sweep_s(job) -> float:
-    """What the shape sweep after the search may take at most (its engines' builds aside)."""
-    from sweep.command import PIPELINE_LIMIT_S
-
-    return PIPELINE_LIMIT_S[device_kind(job.device)]
 
 
 def optuna_available() -> bool:
@@ -538,8 +491,7 @@ def search_with_optuna(job) -> tuple[list[Record], Record | None]:
     warmed = warm_queued(job, study)
     if warmed:
         job.notes.append(warmed)
-    budget = Budget(job.deadline, job.trial_timeout, total_s=job.budget_s, after_s=sweep_s(job))
-    st.optimize(study, job.space, job.runner, budget, n_trials=args.trials)
+    st.optimize(study, job.space, job.runner, job.budget, n_trials=args.trials)
     return st.load_records(study), None
 
 
@@ -556,6 +508,7 @@ def check_same_model(job, study) -> None:
 
 
 def prepare_study(job, study) -> None:
+    """The study attributes that say what it measures and how (workers read them)."""
     from search.study import model_attrs
 
     attrs = {
@@ -594,7 +547,6 @@ def standing_best(job, study, records: list[Record]) -> Record | None:
 def search_defaults(job) -> list[Record]:
     """No Optuna: the ranked defaults, each in its own process, inside the budget."""
     job.runner.ceilings = measure_ceilings(job.device)
-    budget = Budget(job.deadline, job.trial_timeout, total_s=job.budget_s, after_s=sweep_s(job))
     defaults = ranked_defaults(job.caps)[: job.args.trials or None]
     defaults = [job.space.canonical(v) for v in defaults]
     warmed = warm_first(job, defaults)
@@ -602,7 +554,7 @@ def search_defaults(job) -> list[Record]:
         job.notes.append(warmed)
     records = []
     for number, variant in enumerate(defaults):
-        limit = budget.time_for_trial(job.runner.durations)
+        limit = job.budget.time_for_trial(job.runner.durations)
         if limit is None:
             break
         outcome = job.runner.run(variant, timeout_s=limit)

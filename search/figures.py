@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import matplotlib
@@ -176,13 +177,26 @@ STYLE = {
     "legend.fontsize": 11,
     "figure.dpi": 100,
 }
+CHOSEN_COLOR = "tab:red"
 
 
-def bare_figure(width: float, height: float, **kwargs):
-    """A bare Figure, not registered with pyplot: no backend is switched and nothing leaks when
-    many are drawn; callers hold STYLE (rc_context) while they draw."""
-    fig = Figure(figsize=(width, height))
-    return fig, fig.subplots(**kwargs)
+@contextmanager
+def drawing(width: float, height: float, **subplots):
+    """A bare Figure and its axes, drawn in STYLE and laid out tight at the end: not registered
+    with pyplot, so no backend is switched and nothing leaks when many are drawn."""
+    with matplotlib.rc_context(STYLE):
+        fig = Figure(figsize=(width, height))
+        yield fig, fig.subplots(**subplots)
+        fig.tight_layout()
+
+
+def _label(ax, title: str, x: str, y: str, grid: str = "both", **legend) -> None:
+    ax.set_xlabel(x)
+    ax.set_ylabel(y)
+    ax.set_title(title)
+    ax.grid(axis=grid, alpha=0.3)
+    if legend:
+        ax.legend(**legend)
 
 
 def feasible(records: list[Record]) -> list[Record]:
@@ -201,9 +215,6 @@ def png_bytes(fig: Figure) -> bytes:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=100)
     return buffer.getvalue()
-
-
-CHOSEN_COLOR = "tab:red"
 
 
 def _tps(r: Record) -> float:
@@ -231,17 +242,10 @@ def tradeoff_figure(records: list[Record], chosen: int | None = None) -> Figure 
     points = feasible(records)
     if not points:
         return None
-    with matplotlib.rc_context(STYLE):
-        fig, ax = bare_figure(10, 6.5)
-        ax.scatter(
-            [_peak(r) for r in points],
-            [_tps(r) for r in points],
-            s=45,
-            alpha=0.6,
-            color="tab:blue",
-            label=f"feasible trials ({len(points)})",
-        )
-        front = pareto_front(points)
+    xs, ys = [_peak(r) for r in points], [_tps(r) for r in points]
+    front = pareto_front(points)
+    with drawing(10, 6.5) as (fig, ax):
+        ax.scatter(xs, ys, s=45, alpha=0.6, color="tab:blue", label=f"feasible trials ({len(xs)})")
         ax.plot(
             [_peak(r) for r in front],
             [_tps(r) for r in front],
@@ -254,20 +258,14 @@ def tradeoff_figure(records: list[Record], chosen: int | None = None) -> Figure 
         )
         pick = next((r for r in points if r.number == chosen), None)
         if pick is not None:
-            xs = [_peak(r) for r in points]
-            right = _peak(pick) > (min(xs) + max(xs)) / 2  # label to the left, inside the axes
+            x, y = _peak(pick), _tps(pick)
+            right = x > (min(xs) + max(xs)) / 2  # label to the left, inside the axes
             ax.scatter(
-                [_peak(pick)],
-                [_tps(pick)],
-                s=260,
-                marker="*",
-                color=CHOSEN_COLOR,
-                zorder=5,
-                label="chosen engine",
+                [x], [y], s=260, marker="*", color=CHOSEN_COLOR, zorder=5, label="chosen engine"
             )
             ax.annotate(
-                f"#{pick.number} {pick.name}\n{_tps(pick):,.1f} tok/s, {_peak(pick):,.0f} MiB",
-                (_peak(pick), _tps(pick)),
+                f"#{pick.number} {pick.name}\n{y:,.1f} tok/s, {x:,.0f} MiB",
+                (x, y),
                 xytext=(-12 if right else 12, -28),
                 textcoords="offset points",
                 ha="right" if right else "left",
@@ -275,13 +273,14 @@ def tradeoff_figure(records: list[Record], chosen: int | None = None) -> Figure 
                 color=CHOSEN_COLOR,
                 bbox={"boxstyle": "round", "fc": "white", "ec": CHOSEN_COLOR, "alpha": 0.9},
             )
-        ax.set_xlabel("peak memory in the grader's pattern (MiB, screening)")
-        ax.set_ylabel("throughput (tokens/s, geometric mean over traces, screening)")
         ax.set_ylim(bottom=0)
-        ax.set_title("Throughput vs peak memory of the feasible trials")
-        ax.grid(alpha=0.3)
-        ax.legend(loc="lower right")  # y starts at 0: the space under the trials is empty
-        fig.tight_layout()
+        _label(
+            ax,
+            "Throughput vs peak memory of the feasible trials",
+            "peak memory in the grader's pattern (MiB, screening)",
+            "throughput (tokens/s, geometric mean over traces, screening)",
+            loc="lower right",  # y starts at 0: the space under the trials is empty
+        )
     return fig
 
 
@@ -291,17 +290,17 @@ def history_figure(records: list[Record]) -> Figure | None:
     done.sort(key=lambda r: r.number)
     if not done:
         return None
-    with matplotlib.rc_context(STYLE):
-        fig, ax = bare_figure(10, 5.5)
-        ok = [r for r in done if r.feasible]
-        bad = [r for r in done if not r.feasible]
-        ax.scatter(
-            [r.number for r in ok],
-            [r.tokens_per_s for r in ok],
-            s=40,
-            color="tab:blue",
-            label="feasible",
-        )
+    ok = [r for r in done if r.feasible]
+    bad = [r for r in done if not r.feasible]
+    best, xs, ys = 0.0, [], []
+    for r in done:
+        if r.feasible:
+            best = max(best, r.tokens_per_s)
+        xs.append(r.number)
+        ys.append(best)
+    with drawing(10, 5.5) as (fig, ax):
+        oks = [r.number for r in ok], [r.tokens_per_s for r in ok]
+        ax.scatter(*oks, s=40, color="tab:blue", label="feasible")
         ax.scatter(
             [r.number for r in bad],
             [0] * len(bad),
@@ -310,20 +309,11 @@ def history_figure(records: list[Record]) -> Figure | None:
             color="tab:gray",
             label="infeasible / failed",
         )
-        best, xs, ys = 0.0, [], []
-        for r in done:
-            if r.feasible:
-                best = max(best, r.tokens_per_s)
-            xs.append(r.number)
-            ys.append(best)
         ax.step(xs, ys, where="post", color="tab:orange", lw=2, label="best so far")
-        ax.set_xlabel("trial number")
-        ax.set_ylabel("throughput (tokens/s)")
         ax.set_ylim(bottom=0)
-        ax.set_title("Optimization history")
-        ax.grid(alpha=0.3)
-        ax.legend(loc="lower right")
-        fig.tight_layout()
+        _label(
+            ax, "Optimization history", "trial number", "throughput (tokens/s)", loc="lower right"
+        )
     return fig
 
 
@@ -334,34 +324,35 @@ def floor_figure(ranked: list[Record], top: int = 5) -> Figure | None:
         return None
     traces = sorted({t for r in leaders for t in _floor(r)})
     width = 0.8 / len(leaders)
-    with matplotlib.rc_context(STYLE):
-        fig, ax = bare_figure(max(10, 2.2 * len(traces)), 6)
+    with drawing(max(10, 2.2 * len(traces)), 6) as (fig, ax):
         for i, r in enumerate(leaders):
             eff = _floor(r)
             xs = [k + (i - (len(leaders) - 1) / 2) * width for k in range(len(traces))]
             ax.bar(xs, [eff.get(t, 0.0) for t in traces], width, label=f"#{r.number} {r.name}")
         ax.set_xticks(range(len(traces)))
         ax.set_xticklabels(traces)
-        ax.set_xlabel("trace")
-        ax.set_ylabel("floor efficiency (floor time / measured time)")
-        ax.set_title(f"Floor efficiency per trace, top {len(leaders)} assemblies")
-        ax.grid(axis="y", alpha=0.3)
-        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1, fontsize=10)
-        fig.tight_layout()
+        _label(
+            ax,
+            f"Floor efficiency per trace, top {len(leaders)} assemblies",
+            "trace",
+            "floor efficiency (floor time / measured time)",
+            grid="y",
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.14),
+            ncol=1,
+            fontsize=10,
+        )
     return fig
 
 
 def _floor(r: Record) -> dict[str, float]:
-    per = r.trace_numbers("full_" if r.has_full else "")
-    out = {t: v["floor_eff"] for t, v in per.items() if v.get("floor_eff") is not None}
-    if not out and r.has_full:
-        per = r.trace_numbers()
+    """Floor efficiency per trace: the full protocol's when measured, else the screening's."""
+    for prefix in ("full_", "") if r.has_full else ("",):
+        per = r.trace_numbers(prefix)
         out = {t: v["floor_eff"] for t, v in per.items() if v.get("floor_eff") is not None}
-    return out
-
-
-# Axes of the Variant drawn in the per-axis figure, in registry order.
-VARIANT_AXES = tuple(AXES_BY_NAME)  # every axis of the registry, in its order
+        if out:
+            return out
+    return {}
 
 
 def _applies(r: Record, axis: str) -> bool:
@@ -371,9 +362,9 @@ def _applies(r: Record, axis: str) -> bool:
 
 
 def varying_axes(records: list[Record]) -> list[str]:
-    """Variant axes taking more than one value among the feasible trials."""
+    """Variant axes, in registry order, taking more than one value among the records."""
     out = []
-    for axis in VARIANT_AXES:
+    for axis in AXES_BY_NAME:
         values = {str(r.variant.get(axis)) for r in records if _applies(r, axis)}
         if len(values) > 1:
             out.append(axis)
@@ -388,8 +379,7 @@ def axis_effects_figure(records: list[Record]) -> Figure | None:
         return None
     cols = min(3, len(axes_names))
     rows = -(-len(axes_names) // cols)
-    with matplotlib.rc_context(STYLE):
-        fig, grid = bare_figure(5.2 * cols, 4.3 * rows, nrows=rows, ncols=cols, squeeze=False)
+    with drawing(5.2 * cols, 4.3 * rows, nrows=rows, ncols=cols, squeeze=False) as (fig, grid):
         for ax, axis in zip(grid.flat, axes_names):
             chose = [r for r in points if _applies(r, axis)]
             choices = sorted({str(r.variant[axis]) for r in chose})
@@ -406,7 +396,6 @@ def axis_effects_figure(records: list[Record]) -> Figure | None:
         for ax in list(grid.flat)[len(axes_names) :]:
             ax.set_visible(False)
         fig.suptitle("Throughput by choice on each variant axis (feasible trials)", fontsize=15)
-        fig.tight_layout()
     return fig
 
 
@@ -415,15 +404,11 @@ def importance_figure(importances: dict[str, float]) -> Figure | None:
     if not importances:
         return None
     items = sorted(importances.items(), key=lambda kv: kv[1])
-    with matplotlib.rc_context(STYLE):
-        fig, ax = bare_figure(10, max(4, 0.6 * len(items) + 1.8))
+    with drawing(10, max(4, 0.6 * len(items) + 1.8)) as (fig, ax):
         ax.barh([k for k, _ in items], [v for _, v in items], color="tab:green")
         for i, (_, v) in enumerate(items):
             ax.text(v, i, f" {v:.2f}", va="center", fontsize=11)
-        ax.set_xlabel("importance for tokens/s (fANOVA share, sums to 1)")
-        ax.set_ylabel("parameter")
-        ax.set_title("Parameter importances")
         ax.set_xlim(0, max(v for _, v in items) * 1.2 or 1)
-        ax.grid(axis="x", alpha=0.3)
-        fig.tight_layout()
+        x = "importance for tokens/s (fANOVA share, sums to 1)"
+        _label(ax, "Parameter importances", x, "parameter", grid="x")
     return fig

@@ -12,11 +12,10 @@ import json
 import logging
 import re
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from search.setup import ENGINES_ALIVE, UserError
-from search.trial import OBJECTIVE_TRACES, Record, load_renderer, write_atomic
+from search.trial import OBJECTIVE_TRACES, Record, load_renderer
 from search.write import Attempt, installed, rank
 from variants.variant import Variant
 
@@ -78,16 +77,8 @@ def trace_table(record: Record) -> str:
             if name not in numbers:
                 continue
             t = numbers[name]
-            rows.append(
-                [
-                    name,
-                    label,
-                    _num(t.get("tps")),
-                    _num(t.get("decode_tps")),
-                    _num(t.get("floor_eff"), 3),
-                    _num(t.get("seconds"), 4),
-                ]
-            )
+            cells = [_num(t.get("tps")), _num(t.get("decode_tps")), _num(t.get("floor_eff"), 3)]
+            rows.append([name, label, *cells, _num(t.get("seconds"), 4)])
     if not rows:
         return "(no measurements)"
     header = ["trace", "protocol", "tok/s", "decode tok/s", "floor eff", "seconds"]
@@ -165,24 +156,6 @@ def summary(records: list[Record], ranked: list[Record], n: int = 5) -> str:
 # --- workspace/results.log -------------------------------------------------------------------
 
 
-@dataclass
-class RunSummary:
-    command: str
-    environment: dict
-    target: dict  # config path, weight dir, the config itself, notes
-    capabilities: dict
-    space: list[tuple[str, tuple]]
-    space_size: int
-    records: list[Record]
-    ranked: list[Record]
-    attempts: list[Attempt]
-    phases: dict[str, float]
-    storage: str | None = None
-    study: str | None = None
-    dashboard: str | None = None
-    notes: list[str] = field(default_factory=list)
-
-
 def _section(title: str, body: str) -> str:
     return f"== {title} ==\n{body.rstrip()}\n"
 
@@ -193,13 +166,6 @@ RANKING = (
     "their screening numbers; within 1 % the smaller peak memory first. The first that passes "
     "verification is written."
 )
-
-
-def _compare(chosen: Record, other: Record) -> tuple[float, float, str]:
-    """Both trials' throughput from one protocol: the full one when both have it."""
-    if chosen.has_full and other.has_full:
-        return chosen.tokens_per_s, other.tokens_per_s, "full protocol"
-    return chosen.screening_tokens_per_s, other.screening_tokens_per_s, "screening"
 
 
 def _why(chosen: Record, ranked: list[Record]) -> str:
@@ -218,8 +184,12 @@ def _why(chosen: Record, ranked: list[Record]) -> str:
     others = [r for r in ranked if r.number != chosen.number]
     if not others:
         return text + "\nIt was the only correct candidate.\n" + RANKING
-    up = others[0]
-    mine, theirs, protocol = _compare(chosen, up)
+    up = others[0]  # both by one protocol: the full one when both have it
+    if chosen.has_full and up.has_full:
+        mine, theirs, protocol = chosen.tokens_per_s, up.tokens_per_s, "full protocol"
+    else:
+        mine, theirs = chosen.screening_tokens_per_s, up.screening_tokens_per_s
+        protocol = "screening"
     ratio = mine / theirs if theirs else float("inf")
     text += (
         f"\nRunner-up: {up.name} (trial {up.number}): {theirs:.1f} against {mine:.1f} tokens/s "
@@ -249,43 +219,41 @@ def _verification(attempts: list[Attempt]) -> str:
     return "\n".join(parts)
 
 
-def render_log(s: RunSummary) -> str:
-    out = [f"# results of: {s.command}\n"]
-    out.append(_section("environment", "\n".join(f"{k}: {v}" for k, v in s.environment.items())))
-    target = dict(s.target)
+def render_log(job, records: list[Record], ranked: list[Record], attempts: list[Attempt]) -> str:
+    """The results log of a main job (search.cli.RunJob) once its phases are done."""
+    out = [f"# results of: python -m search {job.args.command_line}\n"]
+    env = "\n".join(f"{k}: {v}" for k, v in job.environment.items())
+    out.append(_section("environment", env))
+    target = job.target.describe()
     config = target.pop("config", {})
     body = "\n".join(f"{k}: {v}" for k, v in target.items())
     out.append(_section("target", body + "\nconfig: " + json.dumps(config, sort_keys=True)))
-    space = "\n".join(f"{name}: {', '.join(str(c) for c in choices)}" for name, choices in s.space)
-    space += f"\n({s.space_size} assemblies; capabilities: {json.dumps(s.capabilities)})"
+    space = "\n".join(
+        f"{name}: {', '.join(map(str, choices))}" for name, choices in job.space.describe()
+    )
+    space += f"\n({job.space.size} assemblies; capabilities: {json.dumps(job.caps.to_dict())})"
     out.append(_section("search space (axes and the choices offered here)", space))
-    if s.notes:
-        out.append(_section("notes", "\n".join(s.notes)))
-    trials = "\n".join(trial_line(r) for r in sorted(s.records, key=lambda r: r.number))
-    out.append(_section(f"trials ({len(s.records)})", trials or "(none)"))
-    out.append(_section("top 5", top_table(s.ranked, 5)))
-    done = installed(s.attempts)
+    notes = job.notes + job.target.notes
+    if notes:
+        out.append(_section("notes", "\n".join(notes)))
+    trials = "\n".join(trial_line(r) for r in sorted(records, key=lambda r: r.number))
+    out.append(_section(f"trials ({len(records)})", trials or "(none)"))
+    out.append(_section("top 5", top_table(ranked, 5)))
+    done = installed(attempts)
+    chosen = "NONE: no candidate passed verification; engine.py untouched"
     if done is not None:
-        chosen = done.record
-        body = _why(chosen, s.ranked) + "\nvariant: " + json.dumps(chosen.variant, sort_keys=True)
-        body += "\n\n" + trace_table(chosen)
-        out.append(_section("chosen", body))
-    else:
-        out.append(
-            _section("chosen", "NONE: no candidate passed verification; engine.py untouched")
-        )
-    out.append(_section("verification", _verification(s.attempts)))
-    phases = "\n".join(f"{name}: {secs:.1f} s" for name, secs in s.phases.items())
+        r = done.record
+        chosen = _why(r, ranked) + "\nvariant: " + json.dumps(r.variant, sort_keys=True)
+        chosen += "\n\n" + trace_table(r)
+    out.append(_section("chosen", chosen))
+    out.append(_section("verification", _verification(attempts)))
+    phases = "\n".join(f"{name}: {secs:.1f} s" for name, secs in job.phases.items())
     out.append(_section("time per phase", phases))
-    if s.storage:
-        where = f"storage: {s.storage}\nstudy: {s.study}"
-        out.append(_section("study", f"{where}\ndashboard: {s.dashboard}"))
-    out.append(_section("failure details", failure_details(s.records)))
+    if job.storage_url:
+        where = f"storage: {job.storage_url}\nstudy: {job.study_name}"
+        out.append(_section("study", f"{where}\ndashboard: {job.dashboard}"))
+    out.append(_section("failure details", failure_details(records)))
     return "\n".join(out)
-
-
-def write_log(path: Path, summary: RunSummary) -> None:
-    write_atomic(path, render_log(summary))
 
 
 # --- the study report on disk: figures and summary.md ----------------------------------------
@@ -321,15 +289,12 @@ def report(args) -> int:
         print("\nAll trials:")
         for r in records:
             print(trial_line(r))
-    if not getattr(args, "no_plots", False):
+    if not args.no_plots:
         from search.figures import write_report
 
-        out = (
-            Path(args.out)
-            if args.out
-            else default_report_dir(url, study.study_name, args.studies_dir)
-        )
-        paths = write_report(study, out, args.top, getattr(args, "sweep", None))
+        default = default_report_dir(url, study.study_name, args.studies_dir)
+        out = Path(args.out) if args.out else default
+        paths = write_report(study, out, args.top, args.sweep)
         print(f"\nwrote {len(paths)} file(s) in {out}: " + ", ".join(p.name for p in paths))
     print(f"\ndashboard: {dashboard_command(url)}")
     return 0

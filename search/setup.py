@@ -1,7 +1,7 @@
 """Set-up, before any trial: the target pre-flighted, this machine described, the device, gate,
-budget (`Budget`) and memory budget resolved, the capabilities, the search space and the trial
-runner; then, on a GPU, the queued assemblies' Triton kernels compiled side by side before the
-first trial. The worker, `sweep`, `render` and `generate` resolve their device and target here too.
+budget and memory budget resolved, the capabilities, the search space and the trial runner; then,
+on a GPU, the queued assemblies' Triton kernels compiled side by side before the first trial. The
+worker, `sweep`, `render` and `generate` resolve their device and target here too.
 """
 
 from __future__ import annotations
@@ -42,19 +42,17 @@ from variants.variant import Variant
 log = logging.getLogger(__name__)
 
 
-# A user's mistake (a bad path, config, device or study name): the command prints its one-line
-# message, which names the problem and the fix, and exits 2; `--debug` shows the traceback.
 class UserError(ValueError):
-    """Bad input to a command; the message is one line: the problem and the fix."""
+    """Bad input to a command (a path, config, device or study name): its one-line message names
+    the problem and the fix; the command prints it and exits 2 (`--debug`: the traceback)."""
 
 
 DEFAULT_BUDGET_MIN = {"cuda": 20.0, "cpu": 5.0}
-# The course's grader runs on an RTX 3090: its target's memory budget by default.
-COURSE_GRADER_GIB = 24.0
+DEFAULT_TRIAL_TIMEOUT_S = {"cuda": 300.0, "cpu": 180.0}
+COURSE_GRADER_GIB = 24.0  # the course's grader runs on an RTX 3090: its target's memory budget
 # Engines alive at once in the grader's pattern: the warm-up engine, the last repeat's and the
 # one being built. Each written engine gets this share of the memory budget (MEMORY_BUDGET_GIB).
 ENGINES_ALIVE = 3
-DEFAULT_TRIAL_TIMEOUT_S = {"cuda": 300.0, "cpu": 180.0}
 CPU_STRESS_MAX_POSITIONS = 1024  # above this, CPU trials skip the stress case (see gate_cases)
 
 
@@ -69,10 +67,9 @@ def resolve_device(text: str) -> str:
         raise UserError(f"--device must be auto, cpu, cuda or cuda:N, got {text!r}")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"--device {text}, but torch sees no CUDA device; use --device cpu")
-    if device.type == "cuda" and device.index is not None:
-        if device.index >= torch.cuda.device_count():
-            count = torch.cuda.device_count()
-            raise UserError(f"--device {text}, but torch sees {count} CUDA device(s)")
+    count = torch.cuda.device_count() if device.type == "cuda" else 0
+    if device.type == "cuda" and device.index is not None and device.index >= count:
+        raise UserError(f"--device {text}, but torch sees {count} CUDA device(s)")
     return text
 
 
@@ -92,8 +89,8 @@ def measure_ceilings(device: str) -> dict | None:
 
 
 def set_up(job) -> None:
-    """The job's device, target, capabilities, space, budget and deadline, trial limit,
-    environment and trial runner (from `job.args`, counted from `job.start`)."""
+    """The job's device, target, gate, capabilities, space, budget and deadline, trial limit,
+    environment, memory budget and trial runner (from `job.args`, counted from `job.start`)."""
     args = job.args
     job.device = resolve_device(args.device)
     kind = device_kind(job.device)
@@ -108,6 +105,10 @@ def set_up(job) -> None:
     job.budget_s = 60 * minutes
     job.deadline = job.start + job.budget_s
     job.trial_timeout = args.trial_timeout or DEFAULT_TRIAL_TIMEOUT_S[kind]
+    from sweep.command import PIPELINE_LIMIT_S
+
+    sweep_s = PIPELINE_LIMIT_S[kind]  # kept for the shape sweep after the search
+    job.budget = Budget(job.deadline, job.trial_timeout, total_s=job.budget_s, after_s=sweep_s)
     job.notes.append(f"budget {minutes:g} min, trial limit {job.trial_timeout:.0f} s")
     job.environment = describe_environment(job.device)
     job.memory_budget_gib, why = memory_budget_gib(args, job.device)
@@ -130,8 +131,8 @@ def set_up(job) -> None:
     )
     # Verification runs public and stress in a fresh process: on a CPU with a long context the
     # stress case alone took over 10 minutes (public config, 2 cores).
-    job.stress_positions = stress_positions(job, kind)
     long_cpu = job.runner.gate_cases == ("public",)
+    job.stress_positions = CPU_STRESS_MAX_POSITIONS if long_cpu else None
     job.verify_timeout = max(600.0, 4 * job.trial_timeout, 2400.0 if long_cpu else 0.0)
     log.info(
         "target %s on %s; %d assemblies in the space",
@@ -216,32 +217,23 @@ def memory_budget_gib(args, device: str) -> tuple[float, str]:
     return round(device_memory_gib(device), 1), "this device's memory"
 
 
-def stress_positions(job, kind: str) -> int | None:
-    """On a CPU with a long context the verification's stress case puts its longest request at
-    CPU_STRESS_MAX_POSITIONS: at the config's own limit the reference alone takes many minutes
-    there. None: the config's limit."""
-    most = job.target.config["max_position_embeddings"]
-    if kind == "cpu" and most > CPU_STRESS_MAX_POSITIONS:
-        job.notes.append(
-            f"CPU: the verification's stress case reaches {CPU_STRESS_MAX_POSITIONS} positions "
-            f"(the config allows {most}: its reference alone would take many minutes here)"
-        )
-        return CPU_STRESS_MAX_POSITIONS
-    return None
-
-
 def gate_cases(job, kind: str) -> tuple[str, ...]:
     """Trials on a CPU with a long context are gated on the public case alone: the stress case's
     near-limit prompt costs the float32 reference many minutes there (public config: over 5
     minutes on 2 cores, against 38 s for the public case). The written engine still passes both
-    cases in verification."""
-    if kind == "cpu" and job.target.config["max_position_embeddings"] > CPU_STRESS_MAX_POSITIONS:
-        job.notes.append(
-            "CPU: trials are gated on the public correctness case (stress costs minutes per "
-            "trial at this context length); the written engine passes public and stress"
-        )
-        return ("public",)
-    return ("public", "stress")
+    cases in verification, the stress case's longest request at CPU_STRESS_MAX_POSITIONS."""
+    most = job.target.config["max_position_embeddings"]
+    if kind != "cpu" or most <= CPU_STRESS_MAX_POSITIONS:
+        return ("public", "stress")
+    job.notes.append(
+        "CPU: trials are gated on the public correctness case (stress costs minutes per "
+        "trial at this context length); the written engine passes public and stress"
+    )
+    job.notes.append(
+        f"CPU: the verification's stress case reaches {CPU_STRESS_MAX_POSITIONS} positions "
+        f"(the config allows {most}: its reference alone would take many minutes here)"
+    )
+    return ("public",)
 
 
 def objective_traces(job, kind: str) -> tuple[str, ...]:
@@ -271,12 +263,6 @@ _ST_DTYPES = {
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
     "U8": torch.uint8, "BOOL": torch.bool,
 }  # fmt: skip
-
-
-class TargetError(UserError):
-    """A model the job cannot use; the message is one line: the cause and the fix."""
-
-
 # What the written engine's config and weight readers take, by `Target.weights_format`.
 READERS = {
     "course": "the course's config keys and a course-layout model.pt only (its readers: "
@@ -284,6 +270,10 @@ READERS = {
     "any": "Hugging Face configs and any weight format (variants/checkpoint/hf_config.py, "
     "reader.py)",
 }
+
+
+class TargetError(UserError):
+    """A model the job cannot use; the message is one line: the cause and the fix."""
 
 
 @dataclass
@@ -311,26 +301,17 @@ class Target:
 
 
 def resolve_target(model_config: str | None, weight_dir: str | None) -> Target:
-    """The target of a run, pre-flighted (module docstring); raises TargetError."""
+    """The target of a run, pre-flighted (see above); raises TargetError."""
     default_config, default_weights = default_target_paths(REPO_ROOT)
     embedded_config = (REPO_ROOT / "target" / "model_config.json").resolve()
     config_path = Path(model_config) if model_config else default_config
-    if weight_dir:
-        weights = Path(weight_dir)
-    elif model_config:
-        weights = config_path.parent  # a Hugging Face folder holds both
-    else:
-        weights = default_weights
+    # a Hugging Face folder holds both the config and the weights
+    weights = Path(weight_dir or (config_path.parent if model_config else default_weights))
     course = model_config is None or config_path.resolve() == embedded_config
-    embedded = (
-        weight_dir is None
-        and model_config is None
-        and default_config.resolve() == (embedded_config)
-    )
+    default = weight_dir is None and model_config is None
+    embedded = default and default_config.resolve() == embedded_config
     config = _read_config(config_path)
-    notes = []
-    if model_config is None:
-        notes.append(f"model config found at {config_path}")
+    notes = [f"model config found at {config_path}"] if model_config is None else []
     if embedded and not _has_weights(weights):
         from evaluator.toy_weights import save_toy_weights
 
@@ -356,10 +337,9 @@ def _read_config(path: Path) -> dict:
 
 def _has_weights(folder: Path) -> bool:
     try:
-        find_weight_file(folder)
+        return bool(find_weight_file(folder))
     except FileNotFoundError:
         return False
-    return True
 
 
 def check_weights(target: Target) -> None:
@@ -369,9 +349,8 @@ def check_weights(target: Target) -> None:
     from variants.checkpoint.hf_config import reads_as_course
     from variants.checkpoint.reader import course_layout, weights_format
 
-    folder = target.weight_dir
     try:
-        path = find_weight_file(folder)
+        path = find_weight_file(target.weight_dir)
     except (FileNotFoundError, ValueError) as exc:
         fix = "pass --weight-dir with the model's weights (model.pt, safetensors or .bin)"
         raise TargetError(f"{exc}; {fix}") from None
@@ -385,8 +364,8 @@ def check_weights(target: Target) -> None:
     except (KeyError, ValueError) as exc:
         reason = exc.args[0] if exc.args else str(exc)
         raise TargetError(
-            f"the weights in {folder} do not fit {target.config_path.name}: {reason}; pass the "
-            "config and the weights of one model"
+            f"the weights in {target.weight_dir} do not fit {target.config_path.name}: {reason}; "
+            "pass the config and the weights of one model"
         ) from None
 
 
@@ -398,10 +377,7 @@ def stored_shapes(path: str) -> dict:
             shards = shard_files(path)
         except (OSError, ValueError, KeyError, AttributeError) as exc:
             raise TargetError(f"{path} is not a weight index json ({exc})") from None
-        state: dict = {}
-        for shard in shards:
-            state.update(stored_shapes(str(shard)))
-        return state
+        return {k: v for shard in shards for k, v in stored_shapes(str(shard)).items()}
     try:
         if path.endswith(".safetensors"):
             from safetensors import safe_open
@@ -432,9 +408,7 @@ def shard_files(index: str) -> list[Path]:
 def weights_fingerprint(path: str, chunk: int = 4 << 20) -> str:
     """A short hash of the weight files' sizes and contents: their first, middle and last 4 MiB
     (other weights of one shape differ there; a whole file's hash would cost seconds a GB)."""
-    files = [Path(path)]
-    if path.endswith(".index.json"):
-        files = shard_files(path)
+    files = shard_files(path) if path.endswith(".index.json") else [Path(path)]
     digest = hashlib.blake2b(digest_size=8)
     for f in files:
         size = f.stat().st_size
@@ -457,13 +431,9 @@ def _version(package: str) -> str | None:
 
 
 def _driver() -> str | None:
+    query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
     try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-        )
+        out = subprocess.run(query, capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
         return None
     lines = out.stdout.strip().splitlines()
@@ -480,18 +450,16 @@ def describe_environment(device: str) -> dict:
         "cuda_runtime": torch.version.cuda,
         "triton": _version("triton") or _version("pytorch-triton"),
         "optuna": _version("optuna"),
+        "gpu": None,
     }
     if torch.device(device).type == "cuda" and torch.cuda.is_available():
-        index = torch.device(device).index or 0
-        props = torch.cuda.get_device_properties(index)
+        props = torch.cuda.get_device_properties(torch.device(device).index or 0)
         env["gpu"] = props.name
         env["gpu_memory_gib"] = round(props.total_memory / 2**30, 1)
         env["compute_capability"] = f"{props.major}.{props.minor}"
         env["gpu_count"] = torch.cuda.device_count()
         env["driver"] = _driver()
         env["cudnn"] = torch.backends.cudnn.version()
-    else:
-        env["gpu"] = None
     return env
 
 
@@ -500,10 +468,6 @@ def describe_environment(device: str) -> dict:
 # suggested only when it applies to the choices made so far and this machine offers more than one
 # value for it. Optuna forbids one parameter name with two different choice lists, so when
 # earlier choices narrow an axis the parameter gets a qualified name (`sdpa_backend[auto|math]`).
-
-
-class EmptySpaceError(RuntimeError):
-    """Some reachable assembly leaves an axis with no valid choice on this machine."""
 
 
 class SearchSpace:
@@ -539,7 +503,7 @@ class SearchSpace:
                 continue
             choices = self.caps.choices(axis.name, partial)
             if not choices:
-                raise EmptySpaceError(f"no valid {axis.name} here after {partial}")
+                raise RuntimeError(f"no valid {axis.name} here after {partial}")
             if len(choices) == 1:
                 partial[axis.name] = choices[0]
                 continue
@@ -549,10 +513,7 @@ class SearchSpace:
 
     def suggest(self, trial) -> Variant:
         """The variant of an Optuna trial, suggesting one parameter per open axis."""
-        variant, _ = self._choose(
-            lambda axis, name, choices: trial.suggest_categorical(name, choices)
-        )
-        return variant
+        return self._choose(lambda axis, name, choices: trial.suggest_categorical(name, choices))[0]
 
     def params_for(self, variant: Variant) -> dict:
         """The parameters `suggest` would record for `variant` (for `enqueue_trial`)."""
@@ -579,8 +540,10 @@ class SearchSpace:
 # them for the trial. Several children run at once and nothing is timed meanwhile; one that fails
 # or runs out of time costs only its seconds (its trial compiles what is still missing).
 
-# At most this share of the job's budget goes to the warm-up (and never more than a trial).
-BUDGET_SHARE = 0.25
+BUDGET_SHARE = 0.25  # of the job's budget, at most, for the warm-up (and never more than a trial)
+# Beyond its weights and cache a child's engine takes up to about 0.9 GiB at a trial's peak
+# (graph pools, workspaces; scripts/engine_memory.py).
+CHILD_EXTRA_BYTES = 1 << 30
 
 
 @dataclass
@@ -588,11 +551,6 @@ class Warmed:
     name: str
     status: str  # the gate's status (ok, infeasible, failed), "timed out" or "not started"
     seconds: float
-
-
-# Beyond its weights and cache a child's engine takes up to about 0.9 GiB at a trial's peak
-# (graph pools, workspaces; scripts/engine_memory.py).
-CHILD_EXTRA_BYTES = 1 << 30
 
 
 def default_workers() -> int:
@@ -604,8 +562,7 @@ def default_workers() -> int:
 def workers_in_memory(free_bytes: int, weight_bytes: int, cache_bytes: int) -> int:
     """How many children fit in 80% of the GPU's free memory, each as much as one engine alone
     takes: its weights, a cache of `cache_bytes` and `CHILD_EXTRA_BYTES`. At least one."""
-    child = weight_bytes + cache_bytes + CHILD_EXTRA_BYTES
-    return max(1, int(0.8 * free_bytes) // child)
+    return max(1, int(0.8 * free_bytes) // (weight_bytes + cache_bytes + CHILD_EXTRA_BYTES))
 
 
 def memory_workers(job) -> int:
@@ -617,8 +574,9 @@ def memory_workers(job) -> int:
     device = torch.device(job.device)
     free, _ = torch.cuda.mem_get_info(device)
     spec = ModelSpec.from_config(job.target.config)
-    dtype = spec.compute_dtype(device)
-    cache = max(AXES_BY_NAME["cache_tokens"].values) * spec.kv_bytes_per_token(dtype)
+    cache = max(AXES_BY_NAME["cache_tokens"].values) * spec.kv_bytes_per_token(
+        spec.compute_dtype(device)
+    )
     weights = sum(p.stat().st_size for p in Path(job.target.weight_dir).iterdir() if p.is_file())
     return workers_in_memory(free, weights, cache)
 
@@ -672,9 +630,8 @@ def workers_for(job) -> int:
     in the GPU's memory, the fewer; 0 off a GPU."""
     if not job.device.startswith("cuda"):
         return 0
-    workers = job.args.warm_workers
-    if workers is not None:
-        return max(0, workers)
+    if job.args.warm_workers is not None:
+        return max(0, job.args.warm_workers)
     return min(default_workers(), memory_workers(job))
 
 
@@ -705,7 +662,6 @@ def warm_first(job, variants: list) -> str | None:
     outcomes = "; ".join(f"{w.name}: {w.status}, {w.seconds:.0f} s" for w in warmed)
     return (
         f"kernel warm-up: {len(variants)} {'assembly' if len(variants) == 1 else 'assemblies'} "
-        "with Triton kernels to run first, "
-        f"{min(workers, len(variants))} at a time, in {time.monotonic() - start:.0f} s "
-        f"(limit {limit:.0f} s): {outcomes}"
+        f"with Triton kernels to run first, {min(workers, len(variants))} at a time, in "
+        f"{time.monotonic() - start:.0f} s (limit {limit:.0f} s): {outcomes}"
     )

@@ -1,17 +1,17 @@
-"""The study and the search in it: the study's name, storage and sampler, the ask-and-tell loop,
-the worker command, and a synthetic demo study. (The main job's search phase, which runs the
-ranked defaults alone without Optuna, is `search_trials` in search.cli: this module needs Optuna.)
+"""The study and the search in it: the study's name, storage and sampler, the ask-and-tell loop
+and the worker command. (The main job's search phase, which without Optuna runs the ranked
+defaults alone, is `search_trials` in search.cli: this module needs Optuna.)
 
 The storage URL is the single source of truth: trials, the model the study tunes (study user
 attributes) and the verified best all live there, so a second run resumes and several workers
-share one study. The default is `studies/<name>.db`, the name from the model's shape, the GPU (or
-cpu) and the torch version: a study is only resumed on the hardware and software it measured.
+share one study. The default is `studies/<name>.db`, the name from the model's shape, its weights,
+the gate, the GPU (or cpu) and torch: a study is only resumed where it measured.
 
 The loop: known-good assemblies first, then the sampler, inside a time budget. Each trial runs in
 a child process (`search.trial`); its numbers become user attributes, its correctness margin the
 constraint. A variant seen before is not run again: the trial copies the earlier result. Several
-processes may run this loop on one storage; a trial target is then shared (a trial asked for
-after the target was reached is marked "skipped" and not run).
+processes may share one storage and its trial target (a trial asked for after the target was
+reached is marked "skipped" and not run).
 """
 
 from __future__ import annotations
@@ -19,18 +19,15 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import random
 import re
 import threading
 import time
 import warnings
 from contextlib import contextmanager
 from datetime import datetime
-from itertools import product
 from pathlib import Path
 
 import optuna
-from optuna.distributions import CategoricalDistribution
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.trial import TrialState
@@ -47,26 +44,18 @@ from search.setup import (
     resolve_device,
     resolve_target,
 )
-from search.trial import OBJECTIVE_TRACES, Record, TrialRunner, geometric_mean
+from search.trial import OBJECTIVE_TRACES, Record, TrialRunner
 from variants.presets import PRESETS
 from variants.probe import probe_capabilities
 from variants.variant import Variant
 
 log = logging.getLogger(__name__)
 
+# The config keys of a model's shape, hashed into its study's name.
 SHAPE_KEYS = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "max_position_embeddings",
-    "rms_norm_eps",
-    "rope_theta",
-    "torch_dtype",
-)
+    "vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads "
+    "num_key_value_heads head_dim max_position_embeddings rms_norm_eps rope_theta torch_dtype"
+).split()
 DIRECTIONS = ("maximize", "minimize")
 METRIC_NAMES = ("tokens_per_s", "peak_mib")
 # Optuna >= 5 stores constraints per trial; 3.x/4.x only take a sampler-side constraints_func.
@@ -218,7 +207,6 @@ def open_storage(url: str, heartbeat_s: int | None = None):
 
 
 def _missing_driver(url: str, exc: ImportError):
-
     dialect = url.split(":", 1)[0].split("+")[0]
     cause = exc.__cause__ or exc
     extra = DRIVER_EXTRA.get(dialect)
@@ -261,14 +249,14 @@ def open_study(storage, name: str, fresh: bool = False, seed: int | None = None)
     return study
 
 
-def load_study(storage, name: str | None, seed: int | None = None) -> optuna.Study:
+def load_study(storage, name: str | None) -> optuna.Study:
     """An existing study; `name` may be omitted when the storage holds exactly one."""
     if name is None:
         names = optuna.get_all_study_names(storage)
         if len(names) != 1:
             raise SystemExit(f"the storage holds {len(names)} studies; name one with --study")
         name = names[0]
-    return optuna.load_study(study_name=name, storage=storage, sampler=make_sampler(seed))
+    return optuna.load_study(study_name=name, storage=storage, sampler=make_sampler())
 
 
 def set_constraint(trial, value: float) -> None:
@@ -277,23 +265,18 @@ def set_constraint(trial, value: float) -> None:
         trial.set_constraint("correctness", value)
 
 
-def record_from_trial(trial, full: dict | None = None) -> Record:
-    attrs = dict(trial.user_attrs)
-    if full:
-        attrs.update(full)
-    if trial.state == TrialState.RUNNING:
-        status = "running"
-    elif trial.state == TrialState.WAITING:
-        status = "waiting"
-    else:
-        status = attrs.get("status") or ("failed" if trial.state == TrialState.FAIL else "ok")
-    values = tuple(trial.values) if trial.state == TrialState.COMPLETE and trial.values else None
-    return Record(trial.number, status, attrs.get("variant"), attrs, values)
-
-
 def load_records(study: optuna.Study) -> list[Record]:
-    full = study.user_attrs.get("full_protocol", {})
-    return [record_from_trial(t, full.get(str(t.number))) for t in study.get_trials(deepcopy=False)]
+    """Every trial as a Record, with the full-protocol numbers the main job stored for it."""
+    full, records = study.user_attrs.get("full_protocol", {}), []
+    for trial in study.get_trials(deepcopy=False):
+        attrs = {**trial.user_attrs, **full.get(str(trial.number), {})}
+        status = {TrialState.RUNNING: "running", TrialState.WAITING: "waiting"}.get(trial.state)
+        if status is None:
+            status = attrs.get("status") or ("failed" if trial.state == TrialState.FAIL else "ok")
+        done = trial.state == TrialState.COMPLETE and trial.values
+        values = tuple(trial.values) if done else None
+        records.append(Record(trial.number, status, attrs.get("variant"), attrs, values))
+    return records
 
 
 STARTED = (TrialState.RUNNING, TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
@@ -372,13 +355,6 @@ def fail_stale_trials(study: optuna.Study, older_than_s: float) -> int:
             continue
         log.warning("trial %d failed: %s", trial.number, why)
     return count
-
-
-def update_study_attr(study: optuna.Study, key: str, update: dict) -> None:
-    """Merge `update` into the dict study attribute `key` (read-modify-write)."""
-    current = dict(study.user_attrs.get(key, {}))
-    current.update(update)
-    study.set_user_attr(key, current)
 
 
 def earlier_best_variants(storage, name: str, hardware: str, studies_dir: Path | None) -> list:
@@ -472,8 +448,7 @@ def tell_outcome(study, trial, outcome) -> None:
 def _over_target(study, trial, n_trials: int | None) -> bool:
     if n_trials is None:
         return False
-    earlier = [t for t in started_trials(study) if t.number < trial.number]
-    return len(earlier) >= n_trials
+    return sum(t.number < trial.number for t in started_trials(study)) >= n_trials
 
 
 def _progress(total, initial):
@@ -571,31 +546,28 @@ def worker(args) -> int:
                         "search run --storage ...`, or pass --model-config")  # fmt: skip
     target = resolve_target(config_path, args.weight_dir or attrs.get("weight_dir"))
     caps = probe_capabilities(device, target.config)
-    gate_spec, _ = choose_gate(attrs.get("gate") or "auto", target)  # the study's gate
-    gate = gate_spec.name
-    study = open_study(
-        storage, name or study_name(target.config, caps, target.fingerprint, gate),
-        seed=args.seed,
-    )  # fmt: skip
+    hardware = hardware_key(caps)
+    gate, _ = choose_gate(attrs.get("gate") or "auto", target)  # the study's gate
+    name = name or study_name(target.config, caps, target.fingerprint, gate.name)
+    study = open_study(storage, name, seed=args.seed)
     attrs = study.user_attrs
     if attrs.get("weights_fingerprint") not in (None, target.fingerprint):
         raise UserError(
             f"the weights in {target.weight_dir} are not the ones study {study.study_name} "
             "measured; pass --weight-dir with that study's weights"
         )
-    if attrs.get("hardware") and attrs["hardware"] != hardware_key(caps):
+    if attrs.get("hardware") and attrs["hardware"] != hardware:
         log.warning(
             "this worker runs on %s but the study measured %s: numbers will not compare",
-            hardware_key(caps),
+            hardware,
             attrs["hardware"],
         )
-    for key, value in model_attrs(target, gate, caps).items():
+    for key, value in model_attrs(target, gate.name, caps).items():
         if not attrs.get(key):
             study.set_user_attr(key, value)
     space = SearchSpace(caps)
-    enqueue_known_good(study, space, caps, storage, study.study_name, hardware_key(caps), None)
-    kind = device_kind(device)
-    timeout = args.trial_timeout or DEFAULT_TRIAL_TIMEOUT_S[kind]
+    enqueue_known_good(study, space, caps, storage, study.study_name, hardware, None)
+    timeout = args.trial_timeout or DEFAULT_TRIAL_TIMEOUT_S[device_kind(device)]
     fail_stale_trials(study, older_than_s=2 * timeout + 120)  # a dead worker's trials
     runner = TrialRunner(
         target.config,
@@ -605,7 +577,7 @@ def worker(args) -> int:
         traces=tuple(attrs.get("traces") or OBJECTIVE_TRACES),
         timeout_s=timeout,
         ceilings=attrs.get("ceilings") or measure_ceilings(device),
-        gate=gate_spec.to_dict(),
+        gate=gate.to_dict(),
     )
     if attrs.get("memory_budget_gib"):  # the study's, as `run` recorded it
         runner.memory_budget_mib = 1024 * attrs["memory_budget_gib"]
@@ -615,125 +587,3 @@ def worker(args) -> int:
     ran = optimize(study, space, runner, budget, n_trials=args.trials)
     log.info("worker done: %d trial(s) run here; the study now has %d", ran, len(study.trials))
     return 0
-
-
-# --- a demo study -----------------------------------------------------------------------------
-# A small synthetic study stored the way the search stores one, without running any engine: for
-# tests of the report and the dashboard, and for tradeoffs.ipynb when no real study exists. The
-# numbers are made up but shaped like CPU trials of the tiny model: the attrs keys, the
-# constraint, the parameters, the metric names and the verified best match the search's.
-
-
-TRACES = ("short", "long_prompt", "batched")
-# Relative speed and memory of each choice (the shape of a real CPU study, not a measurement).
-SPEED = {
-    "cache": {"contiguous": 0.8, "slab": 1.0, "paged": 0.9},
-    "attention": {"manual": 0.7, "sdpa": 1.0},
-    "fuse_qkv": {True: 1.05, False: 1.0},
-    "fuse_gate_up": {True: 1.03, False: 1.0},
-}
-MEMORY = {"contiguous": 1.6, "slab": 1.0, "paged": 0.7}
-
-
-def demo_variants() -> list[Variant]:
-    out = []
-    for cache, attention, qkv, gate_up in product(
-        ("contiguous", "slab", "paged"), ("manual", "sdpa"), (True, False), (True, False)
-    ):
-        out.append(Variant(cache=cache, attention=attention, fuse_qkv=qkv, fuse_gate_up=gate_up))
-    return out
-
-
-def _attrs(variant: Variant, rng: random.Random, ok: bool) -> tuple[dict, tuple | None]:
-    v = variant.to_dict()
-    attrs: dict = {
-        "variant": v,
-        "variant_name": variant.name,
-        "status": "ok" if ok else "infeasible",
-        "protocol": "quick",
-        "atol": 0.01,
-        "rtol": 0.01,
-        "max_abs_err": 3e-4 if ok else 0.4,
-        "tol_share": 0.03 if ok else 40.0,
-        "constraint": [0.03 - 0.5 if ok else 40.0 - 0.5],
-        "trial_seconds": round(rng.uniform(8, 20), 3),
-    }
-    if not ok:
-        attrs["reason"] = "wrong logits: uses 40.00 of the tolerance (limit 0.5)"
-        return attrs, (0.0, 0.0)
-    speed = 1.0
-    for axis, table in SPEED.items():
-        speed *= table[v[axis]]
-    tps = {}
-    for i, trace in enumerate(TRACES):
-        tps[trace] = (400.0 + 300 * i) * speed * rng.uniform(0.92, 1.08)
-        attrs[f"tps_{trace}"] = tps[trace]
-        attrs[f"decode_tps_{trace}"] = tps[trace] * 0.8
-        attrs[f"seconds_{trace}"] = 64 / tps[trace]
-        attrs[f"floor_eff_{trace}"] = min(0.95, 0.05 * speed * (i + 1) * rng.uniform(0.9, 1.1))
-    attrs["tokens_per_s"] = geometric_mean(list(tps.values()))
-    attrs["peak_mib"] = 40.0 * MEMORY[v["cache"]] * rng.uniform(0.97, 1.03)
-    attrs["create_s"] = 0.2
-    attrs["peak_kind"] = "rss"
-    return attrs, (attrs["tokens_per_s"], attrs["peak_mib"])
-
-
-def create_demo_study(url: str, name: str = "demo", seed: int = 0) -> optuna.Study:
-    """A study of 24 trials (two infeasible, one failed) with a verified best, at `url`."""
-    rng = random.Random(seed)
-    study = open_study(open_storage(url), name, fresh=True)
-    dists = {
-        "cache": CategoricalDistribution(["contiguous", "slab", "paged"]),
-        "attention": CategoricalDistribution(["manual", "sdpa"]),
-        "fuse_qkv": CategoricalDistribution([True, False]),
-        "fuse_gate_up": CategoricalDistribution([True, False]),
-    }
-    variants = demo_variants()
-    rng.shuffle(variants)
-    for number, variant in enumerate(variants):
-        params = {k: getattr(variant, k) for k in dists}
-        if number == 5:
-            attrs = {
-                "variant": variant.to_dict(),
-                "variant_name": variant.name,
-                "status": "failed",
-                "reason": "timed out after 180 s during timing",
-                "timed_out": True,
-                "constraint": [1e6],
-            }
-            trial = optuna.trial.create_trial(
-                state=TrialState.FAIL, params=params, distributions=dists, user_attrs=attrs
-            )
-        else:
-            ok = not (
-                variant.attention == "manual" and variant.cache == "contiguous" and number % 2
-            )
-            attrs, values = _attrs(variant, rng, ok)
-            trial = optuna.trial.create_trial(
-                state=TrialState.COMPLETE,
-                params=params,
-                distributions=dists,
-                values=list(values),
-                user_attrs=attrs,
-            )
-        study.add_trial(trial)
-    study.set_user_attr("traces", list(TRACES))
-    study.set_user_attr("hardware", "cpu-demo")
-    best = max(
-        (t for t in study.get_trials() if t.user_attrs.get("status") == "ok"),
-        key=lambda t: t.values[0],
-    )
-    study.set_user_attr(
-        "verified_best",
-        {
-            "trial": best.number,
-            "variant": best.user_attrs["variant"],
-            "variant_name": best.user_attrs["variant_name"],
-            "tokens_per_s": best.values[0],
-            "peak_mib": best.values[1],
-            "n_trials": len(study.get_trials()),
-            "engine_sha256": "0" * 64,
-            "verified_at": "2026-01-01 00:00:00",
-        },
-    )
-    return study

@@ -1,16 +1,13 @@
 """One trial: a variant rendered, imported, gated and timed in a child process of its own, with a
-time limit; and a trial as plain data (`Record`), which the study, the selection, the results log
-and the report read.
+time limit (`TrialRunner` starts `python -m search.trial JOB.json`, `main` below); and a trial as
+plain data (`Record`), which the study, the selection, the results log and the report read.
 
-The parent (`TrialRunner`) writes the job as JSON and starts `python -m search.trial JOB.json`
-(`main` below) in its own session: a crash, a hang (the whole process group is killed at the
-limit) or an out-of-memory error cannot take the study down with it. The child writes its result
-as JSON to the job's `output`; before each phase it writes the phase's name to `output + ".phase"`,
-so a parent that kills a hung trial can say where it hung. Exceptions are results too (status
-"failed"); only a dead process leaves no JSON. The outcome is flat numbers ready to be Optuna user
-attributes (`tokens_per_s`, `peak_mib`, `tps_<trace>`, ...; the full-protocol re-measurement adds
-`full_*`). Records come from an Optuna study or, without Optuna, straight from the runner, so
-nothing downstream of the search needs Optuna; nor does this module, which the child imports.
+The child runs in its own session: a crash, a hang (its process group is killed at the limit) or
+an out-of-memory error cannot take the study down. It writes its result as JSON to the job's
+`output`, and the name of each phase before it starts to `output + ".phase"`, so the parent can
+say where a killed trial hung. Its outcome is flat numbers ready to be Optuna user attributes
+(`tokens_per_s`, `peak_mib`, `tps_<trace>`, ...; `full_*` for the grader's protocol). Neither
+this module nor anything downstream of the search needs Optuna.
 """
 
 from __future__ import annotations
@@ -30,31 +27,23 @@ import tempfile
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 log = logging.getLogger("search.trial")  # (the child runs as __main__)
 
 # The objective's traces: the public benchmark and the serving trace closest to the grader's load.
 OBJECTIVE_TRACES = ("prefill", "decode", "mixed", "continuous")
-# On a CPU the continuous trace alone takes ~19 s per pass for the 2-layer test model (measured on
-# a 2-core EPYC): a trial would take a minute, so CPU studies time the public three.
+# On a CPU the continuous trace alone takes ~19 s per pass for the 2-layer test model (a 2-core
+# EPYC): a trial would take a minute, so CPU studies time the public three.
 CPU_OBJECTIVE_TRACES = ("prefill", "decode", "mixed")
 DEFAULT_RENDERER = "variants.render:render_engine"
 # A trial may use at most this share of the tolerance: a variant that passes by a hair here can
 # fail on the hidden model or traces.
 TOL_SHARE_LIMIT = 0.5
-# In the quick protocol a pass longer than this is timed once (see `time_one`).
-QUICK_LONG_PASS_S = 1.0
-
-
+QUICK_LONG_PASS_S = 1.0  # in the quick protocol a longer pass is timed once (`time_one`)
 REPO_ROOT = Path(__file__).resolve().parent.parent
-TAIL_CHARS = 2000
-# A crude but safe fallback when the correctness gate reports no tol_share.
-INFEASIBLE = 1.0e6
-
-
-# --- a trial as data ----------------------------------------------------------------------------
+INFEASIBLE = 1.0e6  # the constraint of a result that reports no share of the tolerance
 
 
 @dataclass
@@ -81,11 +70,8 @@ class Record:
 
     @property
     def tokens_per_s(self) -> float:
-        """Full-protocol throughput when measured, else the cheap screening number."""
-        value = (
-            self.attrs.get("full_tokens_per_s") if self.has_full else self.attrs.get("tokens_per_s")
-        )
-        return float(value or 0.0)
+        """Full-protocol throughput when measured, else the screening number."""
+        return float(self.attrs.get("full_tokens_per_s" if self.has_full else "tokens_per_s") or 0)
 
     @property
     def screening_tokens_per_s(self) -> float:
@@ -94,15 +80,14 @@ class Record:
 
     @property
     def peak_mib(self) -> float:
-        value = self.attrs.get("full_peak_mib") if self.has_full else self.attrs.get("peak_mib")
-        return float(value or 0.0)
+        return float(self.attrs.get("full_peak_mib" if self.has_full else "peak_mib") or 0.0)
 
     @property
     def name(self) -> str:
         return self.attrs.get("variant_name") or "?"
 
     def trace_numbers(self, prefix: str = "") -> dict[str, dict]:
-        """Per trace `{tps, decode_tps, floor_eff, seconds}` from the attrs (`full_` numbers when
+        """Per trace `{tps, decode_tps, floor_eff, seconds}` (the `full_` numbers with
         `prefix="full_"`)."""
         rows: dict[str, dict] = {}
         for key, value in self.attrs.items():
@@ -147,7 +132,6 @@ class TrialOutcome:
     attrs: dict
     values: tuple[float, float] | None = None
     reason: str | None = None
-    seconds: float = 0.0
 
     @property
     def constraint(self) -> float:
@@ -155,24 +139,19 @@ class TrialOutcome:
         return self.attrs["constraint"][0]
 
 
-def tail(path: Path, chars: int = TAIL_CHARS) -> str:
+def tail(path: Path, chars: int = 2000) -> str:
     try:
-        text = path.read_text(errors="replace")
+        return path.read_text(errors="replace")[-chars:].strip()
     except OSError:
         return ""
-    return text[-chars:].strip()
-
-
-def child_env() -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    return env
 
 
 def run_child(cmd: list[str], log_path: Path, timeout_s: float) -> tuple[int | None, float]:
-    """Run `cmd` in its own session; kill its process group at the limit. (returncode or None
-    on a timeout, seconds)."""
+    """Run `cmd` from the repository root in its own session; kill its process group at the
+    limit. (returncode, or None on a timeout; seconds)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    env.setdefault("PYTHONUNBUFFERED", "1")
     start = time.perf_counter()
     with open(log_path, "wb") as out:
         proc = subprocess.Popen(
@@ -180,28 +159,26 @@ def run_child(cmd: list[str], log_path: Path, timeout_s: float) -> tuple[int | N
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=REPO_ROOT,
-            env=child_env(),
+            env=env,
             start_new_session=True,
         )
         try:
             code = proc.wait(timeout=max(timeout_s, 1.0))
         except subprocess.TimeoutExpired:
-            kill_group(proc)
             code = None
+            for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 10.0)):
+                try:
+                    os.killpg(proc.pid, sig)
+                    proc.wait(timeout=grace)
+                    break
+                except ProcessLookupError:
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
     return code, time.perf_counter() - start
 
 
-def kill_group(proc: subprocess.Popen) -> None:
-    for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+NOT_IN_JOB = ("timeout_s", "durations")  # the parent's, not the child's
 
 
 @dataclass
@@ -222,7 +199,6 @@ class TrialRunner:
     # of one engine written into its file (MEMORY_BUDGET_GIB)
     memory_budget_mib: float | None = None
     engine_budget_gib: float | None = None
-    python: str = sys.executable
     durations: list[float] = field(default_factory=list)
 
     def run(self, variant, protocol: str = "quick", check: bool = True, timeout_s=None):
@@ -230,42 +206,26 @@ class TrialRunner:
         limit = self.timeout_s if timeout_s is None else timeout_s
         with tempfile.TemporaryDirectory(prefix="trial-") as tmp:
             tmp = Path(tmp)
-            code, seconds = run_child(
-                self.command(variant, tmp, protocol, check), tmp / "log.txt", limit
-            )
+            cmd = self.command(variant, tmp, protocol, check)
+            code, seconds = run_child(cmd, tmp / "log.txt", limit)
             result = self._result(tmp / "result.json", code, limit, tmp / "log.txt")
             if protocol == "quick" and result["status"] != "failed":
                 self.durations.append(seconds)  # crashes and timeouts say nothing typical
         outcome = outcome_from_result(result, variant, self, protocol)
-        outcome.seconds = seconds
         outcome.attrs["trial_seconds"] = round(seconds, 3)
         return outcome
 
     def command(self, variant, tmp: Path, protocol="quick", check=True, traces=None) -> list[str]:
-        """The worker's command line for `variant`, its job written to `tmp/job.json`; the
+        """The child's command line for `variant`, its job written to `tmp/job.json`; the
         engine, the result (`tmp/result.json`) and its phase marker go to `tmp` too."""
-        job = {
-            "variant": variant.to_dict(),
-            "config": self.config,
-            "weight_dir": str(self.weight_dir),
-            "device": self.device,
-            "renderer": self.renderer,
-            "traces": list(self.traces if traces is None else traces),
-            "protocol": protocol,
-            "check": check,
-            "atol": self.atol,
-            "rtol": self.rtol,
-            "tol_share_limit": self.tol_share_limit,
-            "gate_cases": list(self.gate_cases),
-            "gate": self.gate,
-            "ceilings": self.ceilings,
-            "memory_budget_mib": self.memory_budget_mib,
-            "engine_budget_gib": self.engine_budget_gib,
-            "engine_path": str(tmp / "engine.py"),
-            "output": str(tmp / "result.json"),
-        }
+        job = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in NOT_IN_JOB}
+        job.update(variant=variant.to_dict(), protocol=protocol, check=check)
+        job.update(engine_path=str(tmp / "engine.py"), output=str(tmp / "result.json"))
+        job.update(
+            weight_dir=str(self.weight_dir), traces=self.traces if traces is None else traces
+        )
         (tmp / "job.json").write_text(json.dumps(job))
-        return [self.python, "-m", "search.trial", str(tmp / "job.json")]
+        return [sys.executable, "-m", "search.trial", str(tmp / "job.json")]
 
     def _result(self, output: Path, code, limit: float, log_path: Path) -> dict:
         if output.is_file():
@@ -284,15 +244,12 @@ class TrialRunner:
                 )
         else:
             reason = f"process died (exit code {code}) during {where}"
-        return {
-            "status": "failed",
-            "reason": f"{reason}\n{tail(log_path)}".strip(),
-            "timeout": code is None,
-        }
+        reason = f"{reason}\n{tail(log_path)}".strip()
+        return {"status": "failed", "reason": reason, "timeout": code is None}
 
 
 def outcome_from_result(result: dict, variant, runner: TrialRunner, protocol: str) -> TrialOutcome:
-    """Flatten a worker result into user attributes, objective values and the constraint."""
+    """Flatten a child's result into user attributes, objective values and the constraint."""
     attrs: dict = {
         "variant": variant.to_dict(),
         "variant_name": variant.name,
@@ -369,16 +326,13 @@ def trace_attrs(traces: dict[str, dict], prefix: str = "") -> dict:
 def load_renderer(spec: str):
     """`module:function` or `/path/to/file.py:function`."""
     target, _, func = spec.rpartition(":")
-    if target.endswith(".py"):
-        module_spec = importlib.util.spec_from_file_location(
-            f"_renderer_{Path(target).stem}", target
-        )
-        if module_spec is None or module_spec.loader is None:
-            raise ImportError(f"cannot import renderer file {target}")
-        module = importlib.util.module_from_spec(module_spec)
-        module_spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(target)
+    if not target.endswith(".py"):
+        return getattr(importlib.import_module(target), func)
+    module_spec = importlib.util.spec_from_file_location(f"_renderer_{Path(target).stem}", target)
+    if module_spec is None or module_spec.loader is None:
+        raise ImportError(f"cannot import renderer file {target}")
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
     return getattr(module, func)
 
 
@@ -389,12 +343,6 @@ class Phases:
     def enter(self, name: str) -> None:
         log.info("phase %s", name)
         self.marker.write_text(name)
-
-
-def _crashed(failure: str) -> bool:
-    """The correctness gate reports engine exceptions as failures; those are crashes, not wrong
-    answers (`evaluator.correctness` words them '... raised <Exception>: ...')."""
-    return "create_engine raised" in failure or "engine raised" in failure
 
 
 def gate(create_engine, job: dict) -> dict:
@@ -423,14 +371,13 @@ def gate(create_engine, job: dict) -> dict:
         "tol_share": max(c["tol_share"] for c in cases.values()),
         "noise_share": max(shares) if shares else None,
     }
-    failed = [f"{name}: {c['failure']}" for name, c in cases.items() if not c["passed"]]
+    failed = {name: c["failure"] for name, c in cases.items() if not c["passed"]}
     if failed:
-        crash = any(_crashed(c["failure"]) for c in cases.values() if not c["passed"])
-        return {
-            **result,
-            "status": "failed" if crash else "infeasible",
-            "reason": "; ".join(failed),
-        }
+        # evaluator.correctness words an engine's exception '... raised <Exception>: ...': a
+        # crash, not a wrong answer
+        crash = any("create_engine raised" in f or "engine raised" in f for f in failed.values())
+        reason = "; ".join(f"{name}: {failure}" for name, failure in failed.items())
+        return {**result, "status": "failed" if crash else "infeasible", "reason": reason}
     limit = job.get("tol_share_limit", TOL_SHARE_LIMIT)
     if result["gate"] == "course" and result["tol_share"] > limit:
         reason = f"uses {result['tol_share']:.2f} of the tolerance (limit {limit})"
@@ -445,9 +392,7 @@ def measure(create_engine, job: dict) -> dict:
     for name in job["traces"]:
         trace = get_trace(name, job["config"])
         timing = time_one(create_engine, job, trace, full=job["protocol"] == "full")
-        timing["floor_eff"] = _floor_efficiency(
-            trace, job["config"], job["device"], job.get("ceilings"), timing["seconds"]
-        )
+        timing["floor_eff"] = _floor_efficiency(trace, job, timing["seconds"])
         per_trace[name] = timing
         log.info("%s: %.1f tokens/s", name, timing["tokens_per_s"])
     return per_trace
@@ -469,28 +414,28 @@ def time_one(create_engine, job: dict, trace, full: bool) -> dict:
     if timing["seconds"] >= QUICK_LONG_PASS_S:
         return timing
     more = time_trace(*args, warmup=0, repeat=2, fresh_engine=False)
-    seconds = statistics.median(timing["all_seconds"] + more["all_seconds"])
-    tokens = timing["prefill_tokens"] + timing["decode_tokens"]
+    every = timing["all_seconds"] + more["all_seconds"]
+    seconds = statistics.median(every)
     return {
         **timing,
         "seconds": seconds,
-        "all_seconds": timing["all_seconds"] + more["all_seconds"],
-        "tokens_per_s": tokens / seconds,
+        "all_seconds": every,
+        "tokens_per_s": (timing["prefill_tokens"] + timing["decode_tokens"]) / seconds,
         "decode_tokens_per_s": timing["decode_tokens"] / seconds,
         "peak_mib": max(timing["peak_mib"], more["peak_mib"]),
         "engines_built": timing.get("engines_built", 1) + more.get("engines_built", 1),
     }
 
 
-def _floor_efficiency(trace, config: dict, device: str, ceilings, seconds: float):
-    if not ceilings:
+def _floor_efficiency(trace, job: dict, seconds: float):
+    if not job.get("ceilings"):
         return None
     try:
         from evaluator.floor import Ceilings, dtype_bytes_for, floor_efficiency, trace_floor_seconds
 
-        floor = trace_floor_seconds(
-            trace, config, Ceilings(**ceilings), dtype_bytes_for(config, device)
-        )
+        config = job["config"]
+        dtype_bytes = dtype_bytes_for(config, job["device"])
+        floor = trace_floor_seconds(trace, config, Ceilings(**job["ceilings"]), dtype_bytes)
         return floor_efficiency(floor, seconds)
     except Exception as exc:  # the floor model is a diagnostic; it never fails a trial
         log.warning("floor efficiency unavailable: %s", exc)
@@ -510,16 +455,6 @@ def grader_peak(create_engine, job: dict, per_trace: dict) -> float:
     trace = get_trace(name, job["config"])
     args = (create_engine, job["config"], job["weight_dir"], job["device"], trace)
     return time_trace(*args, warmup=1, repeat=2, fresh_engine=True)["peak_mib"]
-
-
-def over_budget(peak_mib: float, job: dict) -> str | None:
-    budget = job.get("memory_budget_mib")
-    if budget is None or peak_mib <= budget:
-        return None
-    return (
-        f"peak {peak_mib:.0f} MiB in the grader's pattern (a warm-up engine and two repeats "
-        f"alive) is over the memory budget of {budget:.0f} MiB"
-    )
 
 
 def run_job(job: dict, phases: Phases) -> dict:
@@ -548,8 +483,13 @@ def run_job(job: dict, phases: Phases) -> dict:
     result["traces"] = measure(create_engine, job)
     if result["traces"]:  # (a kernel warm-up times nothing)
         phases.enter("memory")
-        result["grader_peak_mib"] = grader_peak(create_engine, job, result["traces"])
-        if (reason := over_budget(result["grader_peak_mib"], job)) is not None:
+        peak = result["grader_peak_mib"] = grader_peak(create_engine, job, result["traces"])
+        budget = job.get("memory_budget_mib")
+        if budget is not None and peak > budget:
+            reason = (
+                f"peak {peak:.0f} MiB in the grader's pattern (a warm-up engine and two repeats "
+                f"alive) is over the memory budget of {budget:.0f} MiB"
+            )
             result.update(status="infeasible", reason=reason)
     return result
 
@@ -577,15 +517,14 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m search.trial JOB.json", file=sys.stderr)
         return 2
     job = json.loads(Path(argv[0]).read_text())
-    output = Path(job["output"])
     start = time.perf_counter()
     try:
-        result = run_job(job, Phases(output))
+        result = run_job(job, Phases(Path(job["output"])))
     except Exception as exc:
         traceback.print_exc()
         result = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"}
     result["worker_seconds"] = time.perf_counter() - start
-    write_atomic(output, json.dumps(result, default=str, allow_nan=True))
+    write_atomic(Path(job["output"]), json.dumps(result, default=str, allow_nan=True))
     return 0
 
 

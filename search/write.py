@@ -140,17 +140,14 @@ def _digest(json_path: Path) -> str | None:
             f"{c.get('seconds', 0):.1f} s"
         )
     for name, t in report.get("traces", {}).items():
+        eff = t.get("floor_efficiency")
         lines.append(
             f"  {name}: {t['tokens_per_s']:.1f} tok/s, "
             f"{t['decode_tokens_per_s']:.1f} decode tok/s, "
-            f"floor eff {_eff(t.get('floor_efficiency'))}, "
+            f"floor eff {'-' if eff is None else f'{eff:.4f}'}, "
             f"peak {t['peak_mib']:.0f} MiB, create {t['create_s']:.2f} s"
         )
     return "\n".join(lines) or None
-
-
-def _eff(value) -> str:
-    return "-" if value is None else f"{value:.4f}"
 
 
 @dataclass
@@ -235,9 +232,10 @@ def remeasure(job, records: list[Record]) -> None:
     for r in records:
         r.attrs.update(measured.get(r.number, {}))
     if measured and job.study is not None:
-        from search.study import update_study_attr
-
-        update_study_attr(job.study, "full_protocol", {str(n): a for n, a in measured.items()})
+        stored = job.study.user_attrs.get("full_protocol", {})
+        job.study.set_user_attr(
+            "full_protocol", {**stored, **{str(n): a for n, a in measured.items()}}
+        )
 
 
 def after_remeasure_s(job) -> float:
@@ -246,9 +244,8 @@ def after_remeasure_s(job) -> float:
     reserve a short study overruns its budget."""
     from sweep.command import least_sweep_s
 
-    typical = 20.0  # no trial yet: Budget's first guess (search.study imports Optuna; not here)
-    if job.runner.durations:
-        typical = statistics.median(job.runner.durations)
+    durations = job.runner.durations
+    typical = statistics.median(durations) if durations else 20.0  # (Budget's first guess)
     return typical + least_sweep_s(device_kind(job.device))
 
 
@@ -330,22 +327,6 @@ def common_failure(records: list[Record], attempts) -> str:
         return "no trial ran"
     reason = max(set(reasons), key=reasons.count)
     return f"{reason} ({reasons.count(reason)} of {len(reasons)})"
-
-
-def verify(job, benchmark: bool):
-    def run(path: Path):
-        return verify_engine(
-            path,
-            job.target.config_path,
-            job.target.weight_dir,
-            job.device,
-            timeout_s=job.verify_timeout,
-            benchmark=benchmark,
-            gate=job.gate,
-            stress_positions=job.stress_positions,
-        )
-
-    return run
 
 
 def remember(job, record: Record) -> None:

@@ -10,7 +10,6 @@ import pytest
 from search import study as st
 from search.figures import param_importances, pareto_front, write_report
 from search.report import default_report_dir
-from search.study import create_demo_study
 from search.trial import Record
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -20,10 +19,10 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
+def demo(tmp_path_factory, demo_study):
     path = tmp_path_factory.mktemp("study") / "demo.db"
     url = f"sqlite:///{path}"
-    return url, create_demo_study(url, "demo")
+    return url, demo_study(url, "demo")
 
 
 def test_report_cli_writes_real_pngs_and_names_the_chosen_engine(demo, child_env, tmp_path):
@@ -61,8 +60,8 @@ def test_pareto_front_keeps_only_undominated_trials():
     assert [r.number for r in pareto_front(records)] == [3, 2]
 
 
-def test_importances_need_enough_feasible_trials(tmp_path):
-    study = create_demo_study(f"sqlite:///{tmp_path}/d.db", "d")
+def test_importances_need_enough_feasible_trials(tmp_path, demo_study):
+    study = demo_study(f"sqlite:///{tmp_path}/d.db", "d")
     values, why = param_importances(study)
     assert set(values) == {"cache", "attention", "fuse_qkv", "fuse_gate_up"}
     assert abs(sum(values.values()) - 1) < 1e-6 and "fANOVA" in why

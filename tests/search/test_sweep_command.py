@@ -10,7 +10,7 @@ import pytest
 from search.cli import main
 from search.report import default_report_dir
 from search.setup import UserError
-from search.study import create_demo_study, load_records
+from search.study import load_records
 from search.trial import Record
 from search.write import rank
 from sweep.command import leaders, study_variants, variant_from_spec
@@ -37,9 +37,9 @@ def test_a_variant_is_a_preset_a_json_object_or_a_named_json_object():
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
+def demo(tmp_path_factory, demo_study):
     url = f"sqlite:///{tmp_path_factory.mktemp('sweep_study') / 'demo.db'}"
-    return url, create_demo_study(url, "demo")
+    return url, demo_study(url, "demo")
 
 
 def test_study_variants_are_the_chosen_engine_then_the_best_distinct_correct_trials(demo):
