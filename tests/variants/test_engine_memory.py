@@ -192,7 +192,7 @@ def test_gpu_memory_returns_after_the_engine_goes(no_collector, tiny_config, sha
     from variants.presets import PRESETS
     from variants.probe import probe_capabilities
 
-    variant = PRESETS[preset]
+    variant = dataclasses.replace(PRESETS[preset], cache_tokens=Variant().cache_tokens)
     if (why := probe_capabilities("cuda", tiny_config).why_invalid(variant)) is not None:
         pytest.skip(why)
     config = {**tiny_config, "max_position_embeddings": 2048}
