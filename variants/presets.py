@@ -11,64 +11,28 @@ from variants.variant import Variant
 # one of 8192 on every trace, the serving traces by 10-23% (its pool does not move and its graphs
 # do not capture again inside a call), and a paged pool of 32768 holds all three serving traces
 # (docs/PERF.md).
-SLAB, PAGED = 131072, 32768
+SLAB = {"cache": "slab", "cache_tokens": 131072}
+PAGED64 = {"cache": "paged", "block_size": 64, "cache_tokens": 32768}
+# whole-step CUDA graphs (decode, and prefill at token buckets) over our Triton attention
+ALL_GRAPHS = {"attention": "triton", "graphs": "pow2", "prefill_graphs": "pow2"}
 
 PRESETS: dict[str, Variant] = {
     # Hopper and newer only: the same with each fused kernel launched with programmatic
     # dependent launch, its weights (and the attention's keys and values) prefetched into L2
     # while the kernel before runs (on the H200 the decode trace 8% faster, mixed 4%, prefill
     # within noise; scripts/variant_table.py).
-    "slab-triton-pdl-allgraphs": Variant(
-        cache="slab",
-        cache_tokens=SLAB,
-        attention="triton",
-        layers="fused-pdl",
-        graphs="pow2",
-        prefill_graphs="pow2",
-    ),
-    # GPU fast path first (the probe drops them elsewhere): whole-step CUDA graphs (decode, and
-    # prefill at token buckets) over our fused Triton kernels, the fastest assemblies measured on
-    # the H200, then over plain ops. "gemv": the decode step's projections on our few-row
-    # kernels with the norms, RoPE, SiLU and residual adds fused in (faster than the Triton
-    # stack on the decode, mixed, continuous, wide and long traces).
-    "slab-triton-gemv-allgraphs": Variant(
-        cache="slab",
-        cache_tokens=SLAB,
-        attention="triton",
-        layers="fused",
-        graphs="pow2",
-        prefill_graphs="pow2",
-    ),
-    "paged64-triton-gemv-allgraphs": Variant(
-        cache="paged",
-        block_size=64,
-        cache_tokens=PAGED,
-        attention="triton",
-        layers="fused",
-        graphs="pow2",
-        prefill_graphs="pow2",
-    ),  # fmt: skip
-    "slab-triton-fused-allgraphs": Variant(
-        cache="slab",
-        cache_tokens=SLAB,
-        attention="triton",
-        layers="triton",
-        graphs="pow2",
-        prefill_graphs="pow2",
-    ),
-    "paged64-triton-fused-allgraphs": Variant(
-        cache="paged",
-        block_size=64,
-        cache_tokens=PAGED,
-        attention="triton",
-        layers="triton",
-        graphs="pow2",
-        prefill_graphs="pow2",
-    ),  # fmt: skip
-    "slab-triton-fused-graphs": Variant(
-        cache="slab", cache_tokens=SLAB, attention="triton", layers="triton", graphs="pow2"
-    ),
-    "slab-sdpa-graphs": Variant(cache="slab", cache_tokens=SLAB, attention="sdpa", graphs="pow2"),
+    "slab-triton-pdl-allgraphs": Variant(**SLAB, **ALL_GRAPHS, layers="fused-pdl"),
+    # GPU fast path first (the probe drops them elsewhere): the graphs over our fused Triton
+    # kernels, the fastest assemblies measured on the H200, then over plain ops. "gemv": the
+    # decode step's projections on our few-row kernels with the norms, RoPE, SiLU and residual
+    # adds fused in (faster than the Triton stack on the decode, mixed, continuous, wide and
+    # long traces).
+    "slab-triton-gemv-allgraphs": Variant(**SLAB, **ALL_GRAPHS, layers="fused"),
+    "paged64-triton-gemv-allgraphs": Variant(**PAGED64, **ALL_GRAPHS, layers="fused"),
+    "slab-triton-fused-allgraphs": Variant(**SLAB, **ALL_GRAPHS, layers="triton"),
+    "paged64-triton-fused-allgraphs": Variant(**PAGED64, **ALL_GRAPHS, layers="triton"),
+    "slab-triton-fused-graphs": Variant(**SLAB, attention="triton", layers="triton", graphs="pow2"),
+    "slab-sdpa-graphs": Variant(**SLAB, attention="sdpa", graphs="pow2"),
     "slab-sdpa": Variant(cache="slab", attention="sdpa"),
     "paged-sdpa": Variant(cache="paged", block_size=64, attention="sdpa"),
     "slab-sdpa-compile": Variant(cache="slab", attention="sdpa", execution="compile"),

@@ -10,26 +10,19 @@ import hashlib
 from collections import OrderedDict
 
 from variants.cache.paged import PagedKVCache
-from variants.cache.pool import FIRST_CACHE_TOKENS, pool_bytes
+from variants.cache.pool import pool_bytes
 
 
 class PrefixCachedPagedKVCache(PagedKVCache):
-    def __init__(
-        self,
-        spec,
-        device,
-        dtype,
-        capacity_tokens: int = FIRST_CACHE_TOKENS,
-        block_size: int = 16,
-        limit_bytes=None,
-    ):
+    def __init__(self, *args, **kwargs):
+        """PagedKVCache's arguments."""
         self.refs: dict = {}  # block -> requests holding it (held blocks only)
         self.hash_of: dict = {}  # block -> chain hash, for indexed blocks (their K/V written)
         self.block_of: dict = {}  # chain hash -> block
         # indexed blocks no request holds, least recently released first: taken only when the
         # free list is empty, so they stay matchable for as long as memory allows
         self.evictable: OrderedDict = OrderedDict()
-        super().__init__(spec, device, dtype, capacity_tokens, block_size, limit_bytes)
+        super().__init__(*args, **kwargs)
 
     # ----------------------------------------------------------------- the prefix index
     def block_hashes(self, token_ids: list) -> list:
