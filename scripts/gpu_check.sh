@@ -2,7 +2,7 @@
 # The GPU check, run on the device machine (H200) over a copy of the tree:
 #   bash scripts/gpu_check.sh [STAGE...]   stages: env tests kernels fewrow tune tuneprefill
 #   profile timeline anatomy hostprofile sweep table compilereuse study grader
-#   realmodels replacement soak cachesizes
+#   realmodels replacement soak cachesizes knobs
 # (default: all). Writes logs and JSON under $OUT (or workspace/gpu_check) and a summary.txt.
 # Optuna is not installed there: wheels in .whl/ (carried) are installed into /tmp/site first.
 set -uo pipefail
@@ -122,16 +122,31 @@ render_engine(PRESETS['slab-triton-pdl-allgraphs'], '../../workspace/cachesizes/
             --engine "$engine" --device cuda --suite "${CACHE_SUITE:-all}" \
             --json "$OUT/cache_$name.json"
     done
-    "$PY" - "$OUT" <<'PY' | tee -a "$SUMMARY"
-import json, pathlib, sys
-rows = {p.stem[6:]: json.loads(p.read_text()) for p in sorted(pathlib.Path(sys.argv[1]).glob("cache_*.json"))}
-traces = sorted({t for r in rows.values() for t in r["traces"]})
-print("engine".ljust(10) + "".join(t[:12].rjust(13) for t in traces) + "   (ms, median of 3 fresh engines; peak MiB)")
-for name, r in rows.items():
-    cells = [r["traces"].get(t) for t in traces]
-    print(name.ljust(10) + "".join(("%.3f" % (1e3 * c["seconds"]) if c else "-").rjust(13) for c in cells))
-    print("".ljust(10) + "".join(("%d" % c["peak_mib"] if c else "-").rjust(13) for c in cells))
-PY
+    "$PY" scripts/trace_table.py "$OUT"/cache_*.json | tee -a "$SUMMARY"
+fi
+# The kernel search's decode-attention tables (tuning/decode_attention.py) for the fused-pdl slab
+# engine, from the hand rules and from the neutral defaults, and the engines they make against
+# today's (no table) and the neutral defaults untuned; KNOBS_BUDGET seconds of search each.
+if stage knobs; then
+    mkdir -p workspace/knobs
+    for prior in hand neutral; do
+        timed "knobs_$prior" "${KNOBS_LIMIT:-200}" "$PY" -m tuning.decode_attention \
+            --prior "$prior" --budget "${KNOBS_BUDGET:-120}" --json "$OUT/knobs_$prior.json"
+    done
+    "$PY" -m tuning.decode_attention --prior neutral --budget 0 \
+        --json "$OUT/knobs_neutral0.json" > /dev/null
+    for name in ${KNOB_ENGINES:-base hand neutral neutral0}; do
+        "$PY" -c "
+import json, sys; from variants.presets import PRESETS; from variants.render import render_engine
+from tuning.decode_attention import table_from_json
+path = '$OUT/knobs_$name.json'
+knobs = table_from_json(json.load(open(path))['table']) if '$name' != 'base' else None
+render_engine(PRESETS['slab-triton-pdl-allgraphs'], 'workspace/knobs/$name.py', '', 8.0, knobs=knobs)"
+        timed "knob_$name" "${KNOB_LIMIT:-150}" "$PY" evaluator/benchmark_throughput.py \
+            --engine "workspace/knobs/$name.py" --device cuda --suite "${KNOB_SUITE:-all}" \
+            --json "$OUT/knob_$name.json"
+    done
+    "$PY" scripts/trace_table.py "$OUT"/knob_*.json | tee -a "$SUMMARY"
 fi
 # the written engine reusing its trial's compiled kernels (an empty cache at the start), then
 # the fused layers without PDL on the slab, then on a paged cache (which adds only its own builds)

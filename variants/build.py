@@ -3,7 +3,7 @@
 import functools
 import importlib
 
-from variants.components import Ref, assembly_path, component_parts, model_options
+from variants.components import Ref, Table, assembly_path, component_parts, model_options
 
 
 def resolve(path: str):
@@ -16,11 +16,16 @@ def bind(path: str, options: dict):
     if not options:
         return resolve(path)
     values = {k: resolve(v.path) if isinstance(v, Ref) else v for k, v in options.items()}
+    values = {k: v.value if isinstance(v, Table) else v for k, v in values.items()}
     return functools.partial(resolve(path), **values)
 
 
-def build_engine(config: dict, weight_dir: str, device: str, variant, memory_budget_gib=None):
-    parts = {key: bind(path, options) for key, (path, options) in component_parts(variant).items()}
+def build_engine(
+    config: dict, weight_dir: str, device: str, variant, memory_budget_gib=None, knobs=None
+):
+    parts = {
+        key: bind(path, options) for key, (path, options) in component_parts(variant, knobs).items()
+    }
     return resolve(assembly_path(variant))(
         config, weight_dir, device, **parts, **model_options(variant),
         memory_budget_gib=memory_budget_gib,

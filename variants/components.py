@@ -95,6 +95,17 @@ class Ref:
     path: str
 
 
+@dataclass(frozen=True)
+class Table:
+    """An option that is data found for this machine: a constant of its own in engine.py."""
+
+    name: str
+    value: dict
+
+
+KNOBS_NAME = "DECODE_ATTENTION_KNOBS"
+
+
 def assembly_path(variant) -> str:
     """The function that builds the variant's engine from `component_parts`."""
     return ASSEMBLE_PREFIX_CACHING if variant.prefix_cache else ASSEMBLE
@@ -109,14 +120,17 @@ def model_options(variant) -> dict:
     }
 
 
-def component_parts(variant) -> dict:
+def component_parts(variant, knobs: dict | None = None) -> dict:
     """The assembly's components, each resolved when it is chosen: argument -> (module:name,
     the options it is bound to). The library binds them with functools.partial; the renderer
-    writes exactly that, so an engine carries no choice it does not use."""
+    writes exactly that, so an engine carries no choice it does not use. `knobs`: the decode
+    attention's launch per graph bucket the kernel search found (our Triton attention only)."""
     cache = PREFIX_CACHE if variant.prefix_cache else CACHES[variant.cache]
     sized = {} if variant.cache == "contiguous" else {"capacity_tokens": variant.cache_tokens}
     pdl = {"pdl": True} if variant.layers == "fused-pdl" else {}  # the fused layers' option
     attention = (ATTENTION[variant.attention], {})
+    if variant.attention == "triton" and knobs:
+        attention = (ATTENTION["triton"], {"knobs": Table(KNOBS_NAME, knobs)})
     if variant.attention == "sdpa" and variant.sdpa_backend != "auto":
         attention = (SDPA_PINNED, {"backend": variant.sdpa_backend})
     parts = {

@@ -22,6 +22,7 @@ from variants.components import (
     KERNEL_ORDER,
     READERS,
     Ref,
+    Table,
     assembly_path,
     component_parts,
     model_options,
@@ -345,8 +346,9 @@ def _bound(path: str, options: dict) -> str:
     name = path.split(":")[1]
     if not options:
         return name
+    named = lambda v: v.path.split(":")[1] if isinstance(v, Ref) else v.name  # noqa: E731
     args = [
-        f"{k}={v.path.split(':')[1] if isinstance(v, Ref) else repr(v)}" for k, v in options.items()
+        f"{k}={named(v) if isinstance(v, (Ref, Table)) else repr(v)}" for k, v in options.items()
     ]
     line = f"functools.partial({name}, {', '.join(args)})"
     if len(line) <= 80:
@@ -365,16 +367,36 @@ def _default(module: str, name: str, key: str):
     return inspect.Parameter.empty if parameter is None else parameter.default
 
 
+def _knobs_source(table: Table) -> str:
+    """The kernel search's table as a constant, a bucket a line."""
+    rows = "".join(
+        f"    {key!r}: dict({', '.join(f'{k}={v!r}' for k, v in launch.items())}),\n"
+        for key, launch in sorted(table.value.items())
+    )
+    return (
+        "# The decode attention's launch at each decode graph's (rows, context) bucket, found by\n"
+        "# timing it on this GPU at this model's shapes (tuning/decode_attention.py; results.log\n"
+        "# says what moved from the rules): paged_decode_attention's options.\n"
+        f"{table.name} = {{\n{rows}}}\n\n"
+    )
+
+
 def render_source(
-    variant, header: str = "", memory_budget_gib: float | None = None, weights: str = "any"
+    variant,
+    header: str = "",
+    memory_budget_gib: float | None = None,
+    weights: str = "any",
+    knobs: dict | None = None,
 ) -> str:
     """The engine's source; `memory_budget_gib` becomes its MEMORY_BUDGET_GIB (None: the
     device's memory is its only bound); `weights` picks its config and weight readers (READERS:
     "course" for a target in the course's format, its config in the course's keys and its
-    weights a course-layout model.pt, else "any")."""
+    weights a course-layout model.pt, else "any"); `knobs`: the kernel search's launches
+    (`component_parts`)."""
     if weights not in READERS:
         raise ValueError(f"unknown weights format {weights!r}; expected one of {list(READERS)}")
-    parts = component_parts(variant)
+    parts = component_parts(variant, knobs)
+    tables = [v for _, options in parts.values() for v in options.values() if isinstance(v, Table)]
     refs = [v.path for _, options in parts.values() for v in options.values() if isinstance(v, Ref)]
     assembly_module, assemble = assembly_path(variant).split(":")
     paths = [path for path, _ in parts.values()] + refs
@@ -421,7 +443,7 @@ def render_source(
         "# The most memory (GiB) one engine holds: weights, KV cache, CUDA graphs. Its KV cache\n"
         "# grows with the live requests up to what is left of it; a call that needs more raises\n"
         "# CacheFullError and changes nothing. None: the device's memory is the only bound.\n"
-        f"MEMORY_BUDGET_GIB = {budget!r}\n\n\n"
+        f"MEMORY_BUDGET_GIB = {budget!r}\n\n" + "".join(_knobs_source(t) for t in tables) + "\n"
         'def create_engine(model_config: dict, weight_dir: str, device: str = "cuda"):\n'
         '    """The course entry point: build, load and warm up (nothing lazy is left)."""\n'
         f"    return {assemble}(\n"
@@ -456,12 +478,17 @@ def render_source(
 
 
 def render_engine(
-    variant, path, header: str = "", memory_budget_gib: float | None = None, weights: str = "any"
+    variant,
+    path,
+    header: str = "",
+    memory_budget_gib: float | None = None,
+    weights: str = "any",
+    knobs: dict | None = None,
 ) -> Path:
     """Write the standalone engine atomically (a temp file in the same folder, then rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = render_source(variant, header, memory_budget_gib, weights)
+    text = render_source(variant, header, memory_budget_gib, weights, knobs)
     compile(text, str(path), "exec")  # a syntax error must never reach disk
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     with os.fdopen(fd, "w") as f:

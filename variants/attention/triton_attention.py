@@ -19,9 +19,14 @@ from variants.staging import host_tensor
 class TritonAttention:
     reads_cache_in_place = True
 
-    def __init__(self, spec, dtype):
+    def __init__(self, spec, dtype, knobs: dict | None = None):
+        """`knobs`: (rows, context) -> the decode kernel's launch (paged_decode_attention's
+        options) at each decode graph bucket, found on this GPU by the kernel search
+        (tuning/decode_attention.py); its contexts are the graphs' context buckets. Without
+        it, or for a call no bucket covers, the rules launch (decode_attention_rules.py)."""
         self.scale = 1.0 / math.sqrt(spec.head_dim)
         self.kv_heads = spec.num_kv_heads
+        self.knobs = knobs or {}
         # The decode kernel's arrival counters (int32, left at zero by each launch), shared by
         # every layer and graph. A larger batch adds a buffer; none is freed, since captured
         # graphs keep pointing at the one they were captured with.
@@ -30,7 +35,9 @@ class TritonAttention:
     def graph_contexts(self, max_positions: int, device) -> list:
         """The context buckets decode graphs are captured at. A graph fixes the decode grid's
         splits for its bucket's longest context, and past LONG_CONTEXT few rows get more of
-        them (`choose_num_splits`), which short contexts would pay for."""
+        them (`choose_num_splits`), which short contexts would pay for. With knobs, their own."""
+        if self.knobs:
+            return sorted({context for _, context in self.knobs})
         return graph_context_buckets(max_positions, device_capability(torch.device(device)))
 
     def block_table(self, cache, rids: list, max_len: int, device) -> torch.Tensor:
@@ -54,12 +61,14 @@ class TritonAttention:
 
     def decode_from_cache(self, q, cache, layer: int, plan, pdl: bool = False):
         """`pdl`: launch with programmatic dependent launch (the fused layers on Hopper)."""
-        sms = device_sm_count(q.device)
-        capability = device_capability(q.device)
-        splits = choose_num_splits(plan.max_len, q.shape[0], self.kv_heads, sms, capability)
+        launch = self.knobs.get((q.shape[0], plan.max_len))
+        if launch is None:
+            sms, capability = device_sm_count(q.device), device_capability(q.device)
+            splits = choose_num_splits(plan.max_len, q.shape[0], self.kv_heads, sms, capability)
+            launch = {"num_splits": splits}
         out = paged_decode_attention(
             q, cache.k[layer], cache.v[layer], plan.table, plan.kv_lens,
-            cache.kernel_block_size, self.scale, splits,
+            cache.kernel_block_size, self.scale, **launch,
             arrivals=self._arrivals(q.shape[0], q.device), pdl=pdl,
         )  # fmt: skip
         return out.flatten(1)

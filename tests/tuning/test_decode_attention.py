@@ -1,0 +1,222 @@
+"""The decode attention's knob search: the buckets the traces reach, the candidates, the search's
+gate (a wrong or refused launch never wins) and the table as the engine carries it."""
+
+import importlib.util
+import json
+import time
+
+import pytest
+import torch
+
+from evaluator.benchmark_traces import SUITES
+from evaluator.traces import Decode, replay
+from tuning import decode_attention as tuner
+from variants.build import build_engine
+from variants.presets import PRESETS
+from variants.render import render_engine
+from variants.spec import ModelSpec
+from variants.variant import Variant
+
+HOPPER, SMS = (9, 0), 132
+
+
+@pytest.fixture
+def course():
+    from pathlib import Path
+
+    config = json.loads((Path(__file__).parents[2] / "target" / "model_config.json").read_text())
+    return config, ModelSpec.from_config(config)
+
+
+def test_every_decode_step_of_the_traces_falls_in_a_bucket_timed_at_one_of_its_steps(course):
+    config, spec = course
+    buckets = tuner.graph_buckets(spec, HOPPER)
+    found = tuner.trace_buckets(config, buckets)
+    steps = sum(
+        1
+        for suite in SUITES.values()
+        for trace in suite(config)
+        for op, _ in replay(trace)
+        if isinstance(op, Decode)
+    )
+    assert sum(b.steps for b in found) == steps
+    assert [b.steps for b in found] == sorted((b.steps for b in found), reverse=True)
+    for b in found:
+        assert (b.rows, b.context) in buckets
+        assert len(b.lengths) <= b.rows and max(b.lengths) <= b.context
+        # the smallest bucket that holds it: a row fewer or a shorter context would not
+        shorter = [c for _, c in buckets if c < b.context]
+        assert not shorter or max(b.lengths) > max(shorter)
+
+
+def test_neutral_rules_give_one_context_bucket_and_the_hand_rules_two(course):
+    _, spec = course
+    assert {c for _, c in tuner.graph_buckets(spec, tuner.NEUTRAL)} == {4096}
+    assert {c for _, c in tuner.graph_buckets(spec, HOPPER)} == {1024, 4096}
+
+
+def test_the_prior_is_the_launch_the_rules_pick(course):
+    _, spec = course
+    hand = tuner.prior_launch(spec, 64, 1024, SMS, HOPPER)
+    neutral = tuner.prior_launch(spec, 64, 1024, SMS, tuner.NEUTRAL)
+    assert hand["tiles"] == (32, 1, 2) and hand["min_programs"] == 5 * SMS
+    assert neutral["tiles"] == (32, 4, 2) and neutral["min_programs"] == 0
+    assert tuner.layout_of(PRESETS["slab-triton-pdl-allgraphs"]) == ("slab", True)
+    assert tuner.layout_of(Variant(cache="paged", block_size=16)) == ("paged16", False)
+    assert neutral["parts"] == (256, 0) and hand["parts"] == (128, 64)
+
+
+@pytest.mark.parametrize("axis", tuner.PDL_AXES)
+def test_candidates_start_at_the_current_value_and_repeat_none(course, axis):
+    _, spec = course
+    bucket = tuner.Bucket(8, 1024, (131,) * 8, 1)
+    current = tuner.prior_launch(spec, 8, 1024, SMS, HOPPER)
+    values = tuner.candidates(axis, current, spec, bucket, SMS)
+    assert values[0] == current[axis] and len(values) == len(set(values)) > 1
+    if axis == "num_splits":
+        assert all(1 <= v <= 64 for v in values)
+
+
+class FakeBench:
+    """Times from a table of knob values; `wrong` launches give a large error, `refused` raise."""
+
+    def __init__(self, faster: dict, wrong=(), refused=()):
+        self.faster, self.wrong, self.refused = faster, wrong, refused
+        self.timed = []
+
+    def error(self, launch):
+        if any(launch[k] == v for k, v in self.refused):
+            raise AssertionError("refused")
+        return 1.0 if any(launch[k] == v for k, v in self.wrong) else 1e-3
+
+    def time_ms(self, launch):
+        self.timed.append(dict(launch))
+        return 1.0 - sum(self.faster.get((k, v), 0.0) for k, v in launch.items())
+
+
+def search(course, bench, deadline=None):
+    _, spec = course
+    bucket = tuner.Bucket(8, 1024, (131,) * 8, 1)
+    prior = tuner.prior_launch(spec, 8, 1024, SMS, HOPPER)
+    deadline = time.monotonic() + 60 if deadline is None else deadline
+    return prior, tuner.tune_bucket(bench, prior, spec, bucket, SMS, deadline)
+
+
+def test_the_search_keeps_what_is_faster_past_the_margin(course):
+    bench = FakeBench(
+        {("tiles", (32, 2, 2)): 0.2, ("num_splits", 32): 0.1, ("max_registers", 128): 0.005}
+    )
+    prior, found = search(course, bench)
+    assert found.best["tiles"] == (32, 2, 2) and found.best["num_splits"] == 32
+    assert found.best["max_registers"] == prior["max_registers"]  # 0.5% is within the margin
+    assert found.best_ms == pytest.approx(0.7) and found.prior_ms == pytest.approx(1.0)
+    assert set(found.moved) == {"tiles", "num_splits"}
+
+
+def test_a_planted_wrong_launch_never_wins_however_fast(course):
+    bench = FakeBench({("tiles", (64, 4, 2)): 0.5}, wrong=[("tiles", (64, 4, 2))])
+    prior, found = search(course, bench)
+    assert found.best == prior
+    assert any(launch["tiles"] == (64, 4, 2) for launch, _ in found.rejected)
+    assert all(t["tiles"] != (64, 4, 2) for t in bench.timed)  # rejected before it is timed
+
+
+def test_a_launch_that_raises_is_rejected_not_fatal(course):
+    bench = FakeBench({("num_splits", 4): 0.5}, refused=[("num_splits", 4)])
+    prior, found = search(course, bench)
+    assert found.best["num_splits"] != 4
+    assert any("refused" in str(err) for _, err in found.rejected)
+
+
+def test_the_search_stops_at_its_deadline_with_the_prior(course):
+    bench = FakeBench({("tiles", (32, 2, 2)): 0.5})
+    prior, found = search(course, bench, deadline=time.monotonic() - 1)
+    assert found.best == prior and found.tried == 0
+
+
+def test_a_noise_win_that_does_not_repeat_is_dropped(course):
+    calls = {"n": 0}
+
+    class Noisy(FakeBench):
+        def time_ms(self, launch):  # the candidate is faster once, then equal to the prior
+            calls["n"] += 1
+            return 0.9 if launch["tiles"] == (32, 2, 2) and calls["n"] < 5 else 1.0
+
+    prior, found = search(course, Noisy({}))
+    assert found.best == prior
+
+
+def test_bench_checks_a_launch_against_the_float32_reference(tiny_config):
+    """Through Triton's interpreter on the CPU: the prior is right, a planted fault is not."""
+    spec = ModelSpec.from_config(tiny_config)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    bucket = tuner.Bucket(2, 64, (37, 5), 1)
+    bench = tuner.KernelCheck(spec, bucket, "slab", False, device, torch.float32)
+    launch = tuner.prior_launch(spec, 2, 64, 4, tuner.NEUTRAL)
+    assert bench.error(launch) < 1e-4
+    bench.lens[0] = 20  # the kernel reads fewer tokens than the reference: a planted fault
+    assert bench.error(launch) > 1e-2
+
+
+def test_the_table_survives_json_and_is_written_into_the_engine(course, tmp_path):
+    _, spec = course
+    table = {
+        k: tuner.prior_launch(spec, *k, SMS, HOPPER) for k in tuner.graph_buckets(spec, HOPPER)
+    }
+    table[8, 1024] = {**table[8, 1024], "tiles": (32, 2, 2), "num_splits": 8}
+    assert tuner.table_from_json(json.loads(json.dumps(tuner.table_to_json(table)))) == table
+    path = render_engine(PRESETS["slab-triton-pdl-allgraphs"], tmp_path / "engine.py", knobs=table)
+    text = path.read_text()
+    assert "attention_cls=functools.partial(TritonAttention, knobs=DECODE_ATTENTION_KNOBS)" in text
+    assert text.count("DECODE_ATTENTION_KNOBS = {") == 1
+    spec_ = importlib.util.spec_from_file_location("knobs_engine", path)
+    module = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(module)
+    assert module.DECODE_ATTENTION_KNOBS == table
+
+
+def test_an_engine_without_our_attention_carries_no_table(course, tmp_path):
+    _, spec = course
+    table = {(8, 1024): tuner.prior_launch(spec, 8, 1024, SMS, HOPPER)}
+    path = render_engine(PRESETS["slab-sdpa-graphs"], tmp_path / "engine.py", knobs=table)
+    assert "DECODE_ATTENTION_KNOBS" not in path.read_text()
+
+
+def test_the_library_binds_the_table_and_its_contexts_are_the_graphs(tiny_config, tiny_weights):
+    spec = ModelSpec.from_config(tiny_config)
+    table = {
+        (b, c): tuner.prior_launch(spec, b, c, SMS, HOPPER) for b in (1, 2) for c in (128, 512)
+    }
+    from variants.attention.triton_attention import TritonAttention
+
+    attention = TritonAttention(spec, torch.float16, knobs=table)
+    assert attention.graph_contexts(512, "cpu") == [128, 512]
+    assert TritonAttention(spec, torch.float16).graph_contexts(512, "cpu") == [512]
+    if torch.cuda.is_available():
+        variant = Variant(cache="slab", attention="triton")
+        engine = build_engine(tiny_config, tiny_weights, "cuda", variant, knobs=table)
+        assert engine.attention.knobs == table
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_short_search_is_cached_and_its_engine_passes_the_gate(
+    tiny_config, sharp_weights, tmp_path
+):
+    from evaluator.correctness import check_engine
+
+    variant = Variant(cache="slab", attention="triton", layers="fused-pdl", graphs="pow2")
+    first = tuner.load_or_tune(tiny_config, sharp_weights, variant, tmp_path, "neutral", 20.0)
+    table, results, path = first
+    assert path.is_file() and results and all(r["best_us"] <= r["prior_us"] for r in results)
+    spec = ModelSpec.from_config(tiny_config)
+    assert set(table) == set(tuner.prior_table(spec, variant, "neutral", "cuda"))
+    started = time.monotonic()
+    again = tuner.load_or_tune(tiny_config, sharp_weights, variant, tmp_path, "neutral", 20.0)
+    assert again[0] == table and time.monotonic() - started < 5  # from the cache
+    engine_path = render_engine(variant, tmp_path / "engine.py", knobs=table)
+    module_spec = importlib.util.spec_from_file_location("tuned_engine", engine_path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    checked = check_engine(module.create_engine, tiny_config, sharp_weights, "cuda")
+    assert all(case["passed"] for case in checked.values()), checked

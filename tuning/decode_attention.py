@@ -1,0 +1,449 @@
+"""The decode attention's launch searched at the target's shapes on this GPU.
+
+A decode graph fixes the split-K kernel's launch (its splits, tiles, warps, how it cuts a head,
+a register cap) for its (rows, context) bucket. The hand rules (kernels/decode_attention_rules.py)
+were measured on one GPU and one model; here each bucket the traces reach is timed on the GPU at
+hand, at the live lengths the traces give it, and its knobs are searched coordinate by
+coordinate from a prior: the hand rules, or the neutral defaults (the rules' branch for a GPU
+nothing was measured on). Every candidate must match a float32 reference before it is timed.
+
+The result, a table (rows, context) -> launch, is cached per GPU, model shape, cache layout and
+Triton version (`cache_path`), bound to the attention as `knobs` and written into engine.py as
+constants; its context buckets become the decode graphs' own.
+
+    python -m tuning.decode_attention [--config target/model_config.json]
+        [--weight-dir target/weights] [--preset NAME | --variant JSON] [--prior hand|neutral]
+        [--budget 120] [--cache-dir studies/kernels] [--json table.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import platform
+import statistics
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from evaluator.benchmark_traces import SUITES
+from evaluator.traces import Decode, replay
+from variants.execution.cuda_graphs import batch_buckets
+from variants.kernels.decode_attention_rules import (
+    choose_num_splits,
+    default_max_registers,
+    default_parts,
+    default_prefetch_tiles,
+    default_tiles,
+    graph_context_buckets,
+    long_split_programs,
+    split_tokens_for,
+)
+from variants.kernels.prefill_attention import head_parts
+from variants.spec import ModelSpec
+
+# (BLOCK_N, warps, stages) tried for every bucket; the prior's own is tried first
+TILES = ((16, 1, 2), (16, 2, 2), (32, 1, 2), (32, 2, 2), (32, 4, 2), (64, 4, 2))
+# a candidate replaces the best so far only when it is faster by more than this share
+MARGIN = 0.01
+NEUTRAL = (0, 0)  # the capability the rules take for a GPU nothing was measured on
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """A decode graph's (rows, context) bucket, the live lengths it is timed at (the median step
+    the traces run in it) and how many steps of the traces fall in it."""
+
+    rows: int
+    context: int
+    lengths: tuple
+    steps: int = 0
+
+
+@dataclass
+class Tuned:
+    """What the search found for one bucket: the prior's launch and time, the best's."""
+
+    bucket: Bucket
+    prior: dict
+    best: dict
+    prior_ms: float
+    best_ms: float
+    tried: int = 0
+    rejected: list = field(default_factory=list)
+
+    @property
+    def moved(self) -> dict:
+        return {k: v for k, v in self.best.items() if self.prior.get(k) != v}
+
+
+def prior_launch(spec: ModelSpec, rows: int, context: int, sm_count: int, capability) -> dict:
+    """The launch the rules pick for a bucket, every knob explicit (the launcher's defaults)."""
+    splits = choose_num_splits(context, rows, spec.num_kv_heads, sm_count, capability)
+    block_d = max(16, 1 << (spec.head_dim - 1).bit_length())
+    tiles = default_tiles(rows, spec.num_kv_heads, block_d, sm_count, capability, splits)
+    cap = default_max_registers(tiles, rows, spec.num_kv_heads, splits, sm_count, capability)
+    return {
+        "num_splits": splits,
+        "tiles": tiles,
+        "split_tokens": split_tokens_for(tiles[0]),
+        "parts": default_parts(spec.head_dim, rows, spec.num_kv_heads, sm_count, capability),
+        "min_programs": long_split_programs(rows, spec.num_kv_heads, sm_count, capability),
+        "max_registers": cap or 0,
+        "prefetch_tiles": default_prefetch_tiles(rows, spec.num_kv_heads, splits, capability),
+    }
+
+
+def graph_buckets(spec: ModelSpec, capability, policy: str = "pow2", largest: int = 64):
+    """The (rows, context) buckets the decode graphs capture under the rules for `capability`."""
+    contexts = graph_context_buckets(spec.max_positions, capability)
+    return [(b, c) for c in contexts for b in batch_buckets(policy, largest)]
+
+
+def trace_buckets(config: dict, buckets: list) -> list:
+    """The buckets the timed traces' decode steps fall in, most steps first, each at the live
+    lengths of its median step (by longest row)."""
+    steps = defaultdict(list)
+    for suite in SUITES.values():
+        for trace in suite(config):
+            for op, lengths in replay(trace):
+                if not isinstance(op, Decode):
+                    continue
+                fits = [(b, c) for b, c in buckets if b >= len(lengths) and c >= max(lengths)]
+                if fits:
+                    steps[min(fits, key=lambda k: (k[1], k[0]))].append(tuple(lengths))
+    found = []
+    for (rows, context), seen in steps.items():
+        seen.sort(key=max)
+        found.append(Bucket(rows, context, seen[len(seen) // 2], len(seen)))
+    return sorted(found, key=lambda k: -k.steps)
+
+
+def candidates(axis: str, current: dict, spec: ModelSpec, bucket: Bucket, sm_count: int) -> list:
+    """The values one coordinate takes, the current one first."""
+    block_n = current["tiles"][0]
+    if axis == "tiles":
+        values = list(TILES)
+    elif axis == "num_splits":
+        s = current["num_splits"]
+        most = max(1, min(64, bucket.context // 16))
+        values = sorted({max(1, min(most, v)) for v in (s // 4, s // 2, s * 2, s * 4, 16)})
+    elif axis == "split_tokens":
+        values = [block_n, 2 * block_n, 4 * block_n]
+    elif axis == "parts":
+        padded = (max(16, 1 << (spec.head_dim - 1).bit_length()), 0)
+        values = [padded, head_parts(spec.head_dim)]
+    elif axis == "max_registers":
+        values = [0, 128, 168]
+    elif axis == "prefetch_tiles":  # tiles a split prefetches into L2 before its PDL wait
+        values = [0, 1, 2, 4]
+    else:  # min_programs: splits grow while this many programs work (0: never)
+        values = [0, 5 * sm_count]
+    first = current[axis]
+    return [first] + [v for v in values if v != first]
+
+
+# the knobs in the order they are searched; the prefetch only where the launch uses PDL
+AXES = ("tiles", "num_splits", "split_tokens", "parts", "max_registers", "min_programs")
+PDL_AXES = (*AXES, "prefetch_tiles")
+
+
+class KernelCheck:
+    """One bucket's inputs for the kernel alone, checked against a float32 reference."""
+
+    def __init__(self, spec: ModelSpec, bucket: Bucket, layout: str, pdl: bool, device, dtype):
+        gen = torch.Generator().manual_seed(0)
+        on_device = torch.Generator(device).manual_seed(0)
+        self.device, self.pdl, self.spec = device, pdl, spec
+        rows, ctx, kvh, d = bucket.rows, bucket.context, spec.num_kv_heads, spec.head_dim
+        lengths = list(bucket.lengths) + [1] * (rows - len(bucket.lengths))  # padding rows
+        self.block = ctx if layout == "slab" else int(layout.removeprefix("paged"))
+        width = -(-ctx // self.block)
+        table = torch.randperm(rows * width, generator=gen).view(rows, width)
+        self.table = table.to(device, torch.int32)
+        self.lens = torch.tensor(lengths, dtype=torch.int32, device=device)
+        shape = (rows * width * self.block, kvh, d)
+        self.k, self.v = (
+            torch.randn(shape, generator=on_device, device=device, dtype=dtype) for _ in "kv"
+        )
+        self.q = torch.randn(rows, spec.num_heads, d, generator=gen).to(device, dtype)
+        self.scale = 1.0 / math.sqrt(d)
+        self.want = self._reference()
+
+    def _reference(self) -> torch.Tensor:
+        """Each row's attention over its live tokens, in float32."""
+        group = self.spec.num_heads // self.spec.num_kv_heads
+        out = torch.zeros(self.q.shape, dtype=torch.float32, device=self.device)
+        for r, n in enumerate(self.lens.tolist()):
+            blocks = self.table[r].long()[:, None] * self.block
+            slots = (blocks + torch.arange(self.block, device=self.device)).flatten()[:n]
+            k = self.k[slots].float().repeat_interleave(group, dim=1)  # [n, heads, d]
+            v = self.v[slots].float().repeat_interleave(group, dim=1)
+            w = torch.einsum("hd,nhd->hn", self.q[r].float(), k) * self.scale
+            out[r] = torch.einsum("hn,nhd->hd", w.softmax(-1), v)
+        return out
+
+    def error(self, launch: dict) -> float:
+        """The launch's largest error against the float32 reference."""
+        from variants.kernels.decode_attention import paged_decode_attention
+
+        out = paged_decode_attention(
+            self.q, self.k, self.v, self.table, self.lens, self.block, self.scale, **launch,
+            pdl=self.pdl,
+        )  # fmt: skip
+        return float((out.float() - self.want).abs().max())
+
+
+class StepBench:
+    """A launch timed where it runs: the engine's decode step for the bucket (its CUDA graph,
+    every layer and the kernels around the attention), captured with the launch at the
+    bucket's live lengths and replayed back to back; its correctness from `check`."""
+
+    def __init__(self, engine, bucket: Bucket, check: KernelCheck, vocab: int):
+        self.engine, self.bucket, self.check = engine, bucket, check
+        gen = torch.Generator().manual_seed(bucket.rows * 10_000 + bucket.context)
+        self.ids = list(range(1 << 20, (1 << 20) + len(bucket.lengths)))
+        device = engine.device
+        draw = lambda n: torch.randint(0, vocab, (n,), generator=gen).to(device)  # noqa: E731
+        self.prompts = [draw(max(1, n - 1)) for n in bucket.lengths]
+        self.tokens = draw(len(self.ids))
+
+    def error(self, launch: dict) -> float:
+        return self.check.error(launch)
+
+    def time_ms(self, launch: dict, replays: int = 30, rounds: int = 3) -> float:
+        """The median GPU time of one decode step with `launch` at this bucket."""
+        e, key = self.engine, (self.bucket.rows, self.bucket.context)
+        e.attention.knobs[key] = launch
+        if any(r in e.lengths for r in self.ids):
+            e.remove(self.ids)
+        e.prefill(self.ids, self.prompts)
+        e.decode_runner.graphs.pop(key, None)  # captured again, with this launch
+        e.decode(self.ids, self.tokens)
+        graph = e.decode_runner.graphs[key]
+        times = []
+        for _ in range(rounds):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(replays):
+                graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / replays)
+        return statistics.median(times)
+
+
+def tune_bucket(bench, prior: dict, spec, bucket, sm_count, deadline: float, axes=AXES) -> Tuned:
+    """Coordinate descent from the prior: each knob in turn over its values, the others at the
+    best so far; a candidate must match the reference (within the prior's own error, at least
+    float16's 1e-2) and beat the best by MARGIN. Stops at `deadline` (time.monotonic).
+    `bench`: `error(launch)` and `time_ms(launch)` (StepBench)."""
+    tolerance = max(1e-2, 2 * bench.error(prior))
+    prior_ms = best_ms = bench.time_ms(prior)
+    result = Tuned(bucket, dict(prior), dict(prior), prior_ms, best_ms)
+    tries = ((axis, value) for axis in axes
+             for value in candidates(axis, result.best, spec, bucket, sm_count)[1:])  # fmt: skip
+    for axis, value in tries:
+        if time.monotonic() > deadline:
+            break
+        launch = {**result.best, axis: value}
+        result.tried += 1
+        try:
+            err = bench.error(launch)
+        except Exception as e:  # a launch this GPU or this shape refuses is no candidate
+            err = f"{type(e).__name__}: {e}"
+        if not (isinstance(err, float) and err <= tolerance):  # (a NaN fails too)
+            result.rejected.append((launch, err))
+            continue
+        ms = bench.time_ms(launch)
+        if ms < result.best_ms * (1 - MARGIN):
+            result.best, result.best_ms = launch, ms
+    if result.best == prior:
+        return result
+    # the winner timed again beside the prior: a margin won by noise does not stand
+    again, prior_again = bench.time_ms(result.best), bench.time_ms(prior)
+    if again > prior_again * (1 - MARGIN):
+        result.best, result.best_ms = dict(prior), prior_again
+    else:
+        result.best_ms, result.prior_ms = again, prior_again
+    return result
+
+
+def layout_of(variant) -> tuple:
+    """(layout, pdl) of an assembly: what its decode attention's launch depends on."""
+    layout = "slab" if variant.cache == "slab" else f"paged{variant.block_size}"
+    return layout, variant.layers == "fused-pdl"
+
+
+def machine_key(spec: ModelSpec, variant, prior: str, device) -> dict:
+    """What a table is valid for: the GPU, the versions, the model's shape, the layout."""
+    import triton
+
+    props = torch.cuda.get_device_properties(device)
+    layout, pdl = layout_of(variant)
+    return {
+        "gpu": props.name,
+        "capability": list(torch.cuda.get_device_capability(device)),
+        "sms": props.multi_processor_count,
+        "triton": triton.__version__,
+        "torch": torch.__version__.split("+")[0],
+        "host": platform.machine(),
+        "shape": [spec.num_layers, spec.num_heads, spec.num_kv_heads, spec.head_dim],
+        "hidden": [spec.hidden_size, spec.intermediate_size, spec.vocab_size],
+        "max_positions": spec.max_positions,
+        "dtype": str(spec.config_dtype).removeprefix("torch."),
+        "layout": layout,
+        "pdl": pdl,
+        "graphs": variant.graphs,
+        "prior": prior,
+    }
+
+
+def cache_path(folder, key: dict) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return Path(folder) / f"decode_attention-{digest}.json"
+
+
+def table_to_json(table: dict) -> dict:
+    return {f"{b}x{c}": {k: list(v) if isinstance(v, tuple) else v for k, v in launch.items()}
+            for (b, c), launch in table.items()}  # fmt: skip
+
+
+def table_from_json(data: dict) -> dict:
+    table = {}
+    for key, launch in data.items():
+        b, c = (int(x) for x in key.split("x"))
+        table[b, c] = {k: tuple(v) if isinstance(v, list) else v for k, v in launch.items()}
+    return table
+
+
+def prior_table(spec: ModelSpec, variant, prior: str, device) -> dict:
+    """The launch of every decode graph bucket as the rules (or the neutral defaults) pick it."""
+    device = torch.device(device)
+    sm_count = torch.cuda.get_device_properties(device).multi_processor_count
+    capability = tuple(torch.cuda.get_device_capability(device))
+    rules = capability if prior == "hand" else NEUTRAL
+    buckets = graph_buckets(spec, rules, variant.graphs if variant.graphs != "off" else "pow2")
+    return {k: prior_launch(spec, *k, sm_count, rules) for k in buckets}
+
+
+def tune(
+    config: dict,
+    weight_dir: str,
+    variant,
+    prior: str = "hand",
+    budget_s: float = 120.0,
+    device="cuda",
+    log=print,
+) -> tuple:
+    """(table, results): the launch of every decode graph bucket of `variant`'s engine (the
+    prior's where the traces never go or the budget ran out) and what the search did per
+    bucket, most steps first."""
+    from variants.build import build_engine
+
+    spec = ModelSpec.from_config(config)
+    device = torch.device(device)
+    sm_count = torch.cuda.get_device_properties(device).multi_processor_count
+    table = prior_table(spec, variant, prior, device)
+    buckets = trace_buckets(config, list(table))
+    if not buckets or budget_s <= 0:
+        return table, []
+    engine = build_engine(config, weight_dir, str(device), variant, knobs=dict(table))
+    deadline = time.monotonic() + budget_s  # (the engine's build is not the search's)
+    layout, pdl = layout_of(variant)
+    results = []
+    for bucket in buckets:
+        if time.monotonic() > deadline:
+            break
+        key = (bucket.rows, bucket.context)
+        check = KernelCheck(spec, bucket, layout, pdl, device, spec.config_dtype)
+        bench = StepBench(engine, bucket, check, spec.vocab_size)
+        axes = PDL_AXES if pdl else AXES
+        found = tune_bucket(bench, table[key], spec, bucket, sm_count, deadline, axes)
+        engine.remove(bench.ids)
+        engine.attention.knobs[key] = table[key] = found.best
+        results.append(found)
+        moved = ", ".join(f"{k}={v}" for k, v in found.moved.items()) or "prior kept"
+        log(
+            f"  {bucket.rows:3d} rows x {bucket.context:5d} ({bucket.steps:4d} steps, longest "
+            f"{max(bucket.lengths)}): a step {found.prior_ms * 1e3:7.1f} -> "
+            f"{found.best_ms * 1e3:7.1f} us, {found.tried} tried: {moved}"
+        )
+    del engine
+    return table, results
+
+
+def summary(results: list) -> list:
+    """The per-bucket results as plain data (results.log, the cache file)."""
+    plain = lambda v: list(v) if isinstance(v, tuple) else v  # noqa: E731
+    return [
+        {"rows": r.bucket.rows, "context": r.bucket.context, "steps": r.bucket.steps,
+         "longest": max(r.bucket.lengths), "prior_us": round(r.prior_ms * 1e3, 1),
+         "best_us": round(r.best_ms * 1e3, 1), "tried": r.tried,
+         "rejected": len(r.rejected), "moved": {k: plain(v) for k, v in r.moved.items()}}
+        for r in results
+    ]  # fmt: skip
+
+
+def load_or_tune(config, weight_dir, variant, folder, prior="hand", budget_s=120.0,
+                 device="cuda", log=print):  # fmt: skip
+    """(table, results, path): the cached table for this machine, model shape and layout, or
+    a new search, cached in `folder`."""
+    spec = ModelSpec.from_config(config)
+    key = machine_key(spec, variant, prior, torch.device(device))
+    path = cache_path(folder, key)
+    if path.is_file():
+        data = json.loads(path.read_text())
+        if data.get("key") == key:
+            return table_from_json(data["table"]), data.get("results", []), path
+    started = time.monotonic()
+    table, results = tune(config, weight_dir, variant, prior, budget_s, device, log=log)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"key": key, "seconds": round(time.monotonic() - started, 1),
+               "table": table_to_json(table), "results": summary(results)}  # fmt: skip
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(payload, indent=1))
+    tmp.replace(path)
+    return table, payload["results"], path
+
+
+def main(argv=None) -> int:
+    from variants.presets import PRESETS
+    from variants.variant import Variant
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="target/model_config.json")
+    parser.add_argument("--weight-dir", default="target/weights")
+    parser.add_argument("--preset", default="slab-triton-pdl-allgraphs", choices=sorted(PRESETS))
+    parser.add_argument("--variant", help="a Variant as JSON (instead of --preset)")
+    parser.add_argument("--prior", choices=("hand", "neutral"), default="hand")
+    parser.add_argument("--budget", type=float, default=120.0, help="seconds of search")
+    parser.add_argument("--cache-dir", help="reuse (or keep) the table for this machine here")
+    parser.add_argument("--json", help="write the table and the per-bucket results here")
+    args = parser.parse_args(argv)
+    config = json.loads(Path(args.config).read_text())
+    variant = Variant.from_dict(json.loads(args.variant)) if args.variant else PRESETS[args.preset]
+    started = time.monotonic()
+    if args.cache_dir:
+        table, results, path = load_or_tune(
+            config, args.weight_dir, variant, args.cache_dir, args.prior, args.budget
+        )
+        print(f"table {path}")
+    else:
+        table, found = tune(config, args.weight_dir, variant, args.prior, args.budget)
+        results = summary(found)
+    print(f"{len(results)} buckets searched in {time.monotonic() - started:.0f} s")
+    if args.json:
+        payload = {"table": table_to_json(table), "results": results}
+        Path(args.json).write_text(json.dumps(payload, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
