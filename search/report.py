@@ -237,6 +237,11 @@ def render_log(job, records: list[Record], ranked: list[Record], attempts: list[
     if notes:
         out.append(_section("notes", "\n".join(notes)))
     trials = "\n".join(trial_line(r) for r in sorted(records, key=lambda r: r.number))
+    minutes = job.phases.get("search", 0.0) / 60
+    timed = len(job.runner.durations)  # this run's trials that ran to a result
+    if minutes > 0 and timed:
+        rate = f"this run: {timed} in {minutes:.1f} min of search, {timed / minutes:.1f} a minute"
+        trials = f"{rate}\n{trials}"
     out.append(_section(f"trials ({len(records)})", trials or "(none)"))
     out.append(_section("top 5", top_table(ranked, 5)))
     done = installed(attempts)
@@ -246,6 +251,10 @@ def render_log(job, records: list[Record], ranked: list[Record], attempts: list[
         chosen = _why(r, ranked) + "\nvariant: " + json.dumps(r.variant, sort_keys=True)
         chosen += "\n\n" + trace_table(r)
     out.append(_section("chosen", chosen))
+    if getattr(job, "kernels", None) is not None:
+        from tuning.phase import lines
+
+        out.append(_section("kernel search (the decode attention's launch)", lines(job.kernels)))
     out.append(_section("verification", _verification(attempts)))
     phases = "\n".join(f"{name}: {secs:.1f} s" for name, secs in job.phases.items())
     out.append(_section("time per phase", phases))

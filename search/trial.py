@@ -199,6 +199,10 @@ class TrialRunner:
     # of one engine written into its file (MEMORY_BUDGET_GIB)
     memory_budget_mib: float | None = None
     engine_budget_gib: float | None = None
+    # the decode attention's launch: a table the kernel search found (tuning/decode_attention.py,
+    # as JSON), else the hand rules or, "neutral", the defaults of a GPU nothing was measured on
+    knobs: dict | None = None
+    kernel_prior: str = "hand"
     durations: list[float] = field(default_factory=list)
 
     def run(self, variant, protocol: str = "quick", check: bool = True, timeout_s=None):
@@ -457,6 +461,21 @@ def grader_peak(create_engine, job: dict, per_trace: dict) -> float:
     return time_trace(*args, warmup=1, repeat=2, fresh_engine=True)["peak_mib"]
 
 
+def kernel_knobs(job: dict, variant) -> dict | None:
+    """The decode attention's table for a trial's engine: the job's (the kernel search's), or
+    with the neutral prior the neutral defaults at every graph bucket; None: the rules."""
+    if variant.attention != "triton" or not str(job["device"]).startswith("cuda"):
+        return None
+    from tuning.decode_attention import prior_table, table_from_json
+    from variants.spec import ModelSpec
+
+    if job.get("knobs"):
+        return table_from_json(job["knobs"])
+    if job.get("kernel_prior") == "neutral":
+        return prior_table(ModelSpec.from_config(job["config"]), variant, "neutral", job["device"])
+    return None
+
+
 def run_job(job: dict, phases: Phases) -> dict:
     from evaluator.engine_loader import load_engine_module
     from variants.variant import Variant
@@ -465,7 +484,9 @@ def run_job(job: dict, phases: Phases) -> dict:
     phases.enter("render")
     render = load_renderer(job.get("renderer") or DEFAULT_RENDERER)
     engine_path = Path(job["engine_path"])
-    render(variant, engine_path, job.get("header", ""), job.get("engine_budget_gib"))
+    knobs = kernel_knobs(job, variant)
+    extra = {"knobs": knobs} if knobs else {}  # (a renderer of the user's may not take them)
+    render(variant, engine_path, job.get("header", ""), job.get("engine_budget_gib"), **extra)
     phases.enter("import")
     create_engine = load_engine_module(engine_path).create_engine
     # What is loaded now (torch, Triton, the engine's module) lives as long as the process: out

@@ -1,0 +1,64 @@
+"""The kernel search as a phase of the main job: its budget, the decision to keep a table and
+what results.log says."""
+
+import pytest
+
+from tuning.phase import LEAST_S, KernelSearch, decide, lines, search_budget_s
+
+
+def test_the_budget_is_a_share_of_the_run_within_what_is_left():
+    assert search_budget_s(1200, 900, 300) == pytest.approx(120)  # a tenth of 20 minutes
+    assert search_budget_s(7200, 7000, 300) == pytest.approx(300)  # at most five minutes
+    assert search_budget_s(1200, 400, 300) == pytest.approx(100)  # what the reserve leaves
+    assert search_budget_s(1200, 300 + LEAST_S / 2, 300) == 0.0  # too little to be worth it
+
+
+def searched(before, after, **kw):
+    return decide(
+        KernelSearch("hand", 120, table={(8, 1024): {}}, before=before, after=after, **kw)
+    )
+
+
+def test_a_table_is_kept_only_where_the_traces_geomean_is_faster():
+    kept = searched({"decode": 5.0, "continuous": 440.0}, {"decode": 5.1, "continuous": 400.0})
+    assert kept.kept and kept.gain == pytest.approx(((5.0 / 5.1) * (440 / 400)) ** 0.5)
+    slower = searched({"decode": 5.0, "continuous": 440.0}, {"decode": 5.5, "continuous": 440.0})
+    assert not slower.kept and "rules stay" in slower.why
+    untimed = searched({"decode": 5.0}, {}, why="the gate failed")
+    assert not untimed.kept and untimed.why == "the gate failed"
+
+
+def test_only_traces_timed_both_ways_count():
+    search = searched({"decode": 5.0}, {"decode": 4.0, "wide_decode": 200.0})
+    assert search.gain == pytest.approx(1.25)
+
+
+def test_the_log_names_what_moved_and_the_trace_times():
+    search = searched({"decode": 0.005}, {"decode": 0.004})
+    search.results = [
+        {"rows": 8, "context": 1024, "steps": 42, "longest": 131, "prior_us": 300.0,
+         "best_us": 280.0, "tried": 15, "rejected": 1, "moved": {"tiles": [32, 2, 2]}},
+    ]  # fmt: skip
+    text = lines(search)
+    assert "8 rows x  1024" in text and "tiles=[32, 2, 2]" in text and "300.0 -> 280.0" in text
+    assert (
+        "decode" in text
+        and "5.000" in text
+        and "4.000" in text
+        and text.endswith("1.250x on the traces' geometric mean")
+    )
+    assert lines(None).startswith("not run")
+
+
+def test_a_trial_renders_the_jobs_table_only_for_our_attention_on_cuda():
+    from search.trial import kernel_knobs
+    from tuning.decode_attention import table_to_json
+    from variants.variant import Variant
+
+    table = {(8, 1024): {"num_splits": 8, "tiles": (32, 2, 2)}}
+    job = {"device": "cuda", "knobs": table_to_json(table), "kernel_prior": "hand"}
+    ours, sdpa = Variant(cache="slab", attention="triton"), Variant(cache="slab", attention="sdpa")
+    assert kernel_knobs(job, ours) == table
+    assert kernel_knobs(job, sdpa) is None
+    assert kernel_knobs({**job, "device": "cpu"}, ours) is None
+    assert kernel_knobs({**job, "knobs": None}, ours) is None  # the hand rules: no table

@@ -1,0 +1,168 @@
+"""The kernel search as a phase of the main job (`bash run.sh`): after the study, the leading
+assembly's decode attention is searched on this GPU (decode_attention.py, in a child process,
+its table cached under studies/kernels/), then the leader is timed with the table in the
+grader's protocol, behind the correctness gate; the table is written into engine.py only where
+it is faster on the traces' geometric mean. results.log says what moved and by how much."""
+
+import json
+import math
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tuning.decode_attention import table_from_json, table_to_json
+
+# the share of the run's budget the kernel search may take, and its most seconds
+SHARE, MOST_S = 0.1, 300.0
+# the least that is worth a search (engine build and compiles aside)
+LEAST_S = 20.0
+
+
+@dataclass
+class KernelSearch:
+    """What the phase did, for results.log and the write phase."""
+
+    prior: str
+    budget_s: float
+    table: dict | None = None
+    results: list = field(default_factory=list)
+    seconds: float = 0.0
+    cached: str = ""
+    before: dict = field(default_factory=dict)  # trace -> seconds, the leader as it was
+    after: dict = field(default_factory=dict)  # trace -> seconds, with the table
+    kept: bool = False
+    why: str = ""
+
+    @property
+    def gain(self) -> float | None:
+        """The geometric mean over the traces both measured of before / after (> 1: faster)."""
+        common = [t for t in self.after if self.before.get(t) and self.after[t]]
+        if not common:
+            return None
+        return math.exp(sum(math.log(self.before[t] / self.after[t]) for t in common) / len(common))
+
+
+def search_budget_s(total_s: float, left_s: float, reserve_s: float) -> float:
+    """Seconds for the search: a share of the run's budget, at most MOST_S, within what the
+    steps after it leave (0: no search)."""
+    budget = min(SHARE * total_s, MOST_S, left_s - reserve_s)
+    return budget if budget >= LEAST_S else 0.0
+
+
+def decide(search: KernelSearch) -> KernelSearch:
+    """Keep the table where the leader with it passed the gate and is faster on the geomean."""
+    gain = search.gain
+    if not search.after:
+        search.kept, search.why = False, search.why or "the leader with the table was not timed"
+    elif gain is None or gain <= 1.0:
+        search.kept = False
+        search.why = f"not faster on the traces (geomean {gain or 0:.3f}x): the rules stay"
+    else:
+        search.kept, search.why = True, f"{gain:.3f}x on the traces' geometric mean"
+    return search
+
+
+def run_search(job, variant, prior: str, budget_s: float) -> KernelSearch:
+    """The table for `variant` from a child process (so a crash or a hung compile costs only
+    this phase), cached per GPU, model shape, layout and Triton version."""
+    from search.trial import run_child
+
+    found = KernelSearch(prior, budget_s)
+    folder = Path(getattr(job.args, "studies_dir", "studies")) / "kernels"
+    with tempfile.TemporaryDirectory(prefix="kernels-") as tmp:
+        out, log_path = Path(tmp) / "table.json", Path(tmp) / "log.txt"
+        cmd = [
+            sys.executable, "-m", "tuning.decode_attention",
+            "--config", str(job.target.config_path), "--weight-dir", str(job.target.weight_dir),
+            "--variant", json.dumps(variant.to_dict()), "--prior", prior,
+            "--budget", f"{budget_s:.0f}", "--cache-dir", str(folder), "--json", str(out),
+        ]  # fmt: skip
+        code, found.seconds = run_child(cmd, log_path, budget_s + 180)
+        text = log_path.read_text(errors="replace") if log_path.is_file() else ""
+        if code != 0 or not out.is_file():
+            lines = text.strip().splitlines()
+            found.why = f"the kernel search failed (exit {code}): {lines[-1] if lines else ''}"
+            return found
+        data = json.loads(out.read_text())
+    found.table = table_from_json(data["table"])
+    found.results = data["results"]
+    found.cached = next((ln[6:] for ln in text.splitlines() if ln.startswith("table ")), "")
+    return found
+
+
+def timed_with(job, variant, table: dict | None, timeout_s: float) -> tuple:
+    """(trace -> seconds, failure): `variant` in the grader's protocol behind the gate, with
+    the table (None: the rules)."""
+    from dataclasses import replace
+
+    runner = replace(job.runner, knobs=None if table is None else table_to_json(table))
+    outcome = runner.run(variant, protocol="full", check=True, timeout_s=timeout_s)
+    feasible = outcome.status == "ok" and all(c <= 0 for c in outcome.attrs.get("constraint", [1]))
+    if not feasible:
+        return {}, outcome.reason or f"status {outcome.status}, constraint not met"
+    seconds = {
+        k.removeprefix("full_seconds_"): v
+        for k, v in outcome.attrs.items()
+        if k.startswith("full_seconds_")
+    }
+    return seconds, None
+
+
+def lines(search: KernelSearch | None) -> str:
+    """The results log's section."""
+    if search is None:
+        return "not run (no CUDA, or the chosen engine does not launch our decode attention)"
+    out = [
+        f"prior: {search.prior} rules; budget {search.budget_s:.0f} s, took {search.seconds:.0f} s"
+    ]
+    if search.cached:
+        out.append(f"table: {search.cached}")
+    for r in search.results:
+        moved = ", ".join(f"{k}={v}" for k, v in r["moved"].items()) or "the prior kept"
+        out.append(
+            f"{r['rows']:3d} rows x {r['context']:5d} ({r['steps']} steps, longest {r['longest']}):"
+            f" a step {r['prior_us']:.1f} -> {r['best_us']:.1f} us, {r['tried']} tried"
+            f" ({r['rejected']} wrong or refused): {moved}"
+        )
+    if search.after:
+        out.append("trace            rules ms   tuned ms")
+        for trace in sorted(search.after):
+            before = search.before.get(trace)
+            cell = f"{1e3 * before:10.3f}" if before else "         -"
+            out.append(f"{trace:14s} {cell} {1e3 * search.after[trace]:10.3f}")
+    out.append(("kept: " if search.kept else "not kept: ") + search.why)
+    return "\n".join(out)
+
+
+def kernel_phase(job, leader) -> KernelSearch | None:
+    """Search the leading trial's decode attention, time the leader with the table, decide.
+    None where there is nothing to search: no CUDA, the phase off, or a leader that does not
+    launch our decode attention."""
+    from search.write import after_remeasure_s
+    from variants.variant import Variant
+
+    if leader is None or not str(job.device).startswith("cuda"):
+        return None
+    variant = Variant.from_dict(leader.variant)
+    if variant.attention != "triton" or getattr(job.args, "kernel_search", True) is False:
+        return None
+    typical = job.budget.typical_trial_s(job.runner.durations)
+    reserve = after_remeasure_s(job) + 3 * typical  # the leader timed with the table, twice
+    prior = job.runner.kernel_prior
+    found = KernelSearch(prior, search_budget_s(job.budget_s, job.seconds_left(), reserve))
+    if found.budget_s <= 0:
+        found.why = "no time left for it in this budget"
+        return found
+    found = run_search(job, variant, prior, found.budget_s)
+    if found.table is None:
+        return found
+    limit = 3 * typical
+    if leader.has_full and prior == "hand":
+        found.before = {t: n["seconds"] for t, n in leader.trace_numbers("full_").items()}
+    else:
+        found.before, failure = timed_with(job, variant, None, limit)
+    found.after, failure = timed_with(job, variant, found.table, limit)
+    if failure:
+        found.why = f"the leader with the table failed: {failure.splitlines()[0]}"
+    return decide(found)
