@@ -135,6 +135,20 @@ def _run_options(p) -> None:
         "the first trial (default: half the CPU cores, at most 8, and no more than fit in the "
         "GPU's free memory; 0: off)",
     )
+    p.add_argument(
+        "--kernel-search",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="on a GPU, after the study, search the chosen engine's decode attention launch at "
+        "this model's shapes (a tenth of the budget, at most 5 min; cached per GPU, model and "
+        "Triton in studies/kernels/) and keep it where the traces run faster (default: on)",
+    )
+    p.add_argument(
+        "--neutral-kernels",
+        action="store_true",
+        help="switch the kernel rules tuned by hand on the H200 off: trials and the kernel "
+        "search start from the defaults of a GPU nothing was measured on (a study of its own)",
+    )
     p.add_argument("--fresh", action="store_true", help="delete the study and start over")
     p.add_argument("--workspace", default="workspace", help="where engine.py and results.log go")
     p.add_argument(
@@ -352,6 +366,17 @@ class RunJob:
                     log.exception("the full-protocol re-measurement failed")
                     self.notes.append(f"the full-protocol re-measurement failed: {exc!r}")
         ranked = rank(records)
+        self.kernels = None
+        if standing is None and ranked:
+            from tuning.phase import kernel_phase
+
+            with self.phase("kernel search"):
+                try:
+                    self.kernels = kernel_phase(self, ranked[0])
+                except Exception as exc:  # the rules stay: an engine is still written
+                    log.exception("the kernel search failed")
+                    self.notes.append(f"the kernel search failed: {exc!r}")
+        tuned = self.kernels.table if self.kernels is not None and self.kernels.kept else None
         with self.phase("verify and write"):
             first = [standing] if standing is not None else []
             numbers = {r.number for r in first}
@@ -370,7 +395,16 @@ class RunJob:
             )
             attempts = write_verified(
                 first + rest,
-                lambda variant, path, text: render(variant, path, text, budget, weights=weights),
+                lambda variant, path, text: render(
+                    variant,
+                    path,
+                    text,
+                    budget,
+                    weights=weights,
+                    **(
+                        {"knobs": tuned} if tuned and variant.to_dict() == ranked[0].variant else {}
+                    ),
+                ),  # fmt: skip
                 self.workspace,
                 verify,
                 partial(header, self),
@@ -458,6 +492,8 @@ def search_with_optuna(job) -> tuple[list[Record], Record | None]:
     args = job.args
     target = job.target
     name = args.study or st.study_name(target.config, job.caps, target.fingerprint, job.gate)
+    if job.runner.kernel_prior == "neutral" and not args.study:  # its trials time other launches
+        name += "-neutral-kernels"
     url = args.storage or st.default_storage_url(name, args.studies_dir)
     job.storage_url, job.study_name, job.dashboard = url, name, st.dashboard_command(url)
     storage = st.open_storage(url, heartbeat_s=args.heartbeat)

@@ -33,6 +33,7 @@ from search.trial import (
     load_renderer,
     run_child,
 )
+from tuning.phase import MOST_S, SHARE
 from variants.checkpoint.formats import Checkpoint, find_weight_file
 from variants.probe import probe_capabilities
 from variants.registry import AXES
@@ -108,7 +109,10 @@ def set_up(job) -> None:
     from sweep.command import PIPELINE_LIMIT_S
 
     sweep_s = PIPELINE_LIMIT_S[kind]  # kept for the shape sweep after the search
-    job.budget = Budget(job.deadline, job.trial_timeout, total_s=job.budget_s, after_s=sweep_s)
+    # and for the kernel search of the leader (tuning/phase.py)
+    kernels = kind == "cuda" and getattr(args, "kernel_search", False)
+    after_s = sweep_s + (min(SHARE * job.budget_s, MOST_S) if kernels else 0.0)
+    job.budget = Budget(job.deadline, job.trial_timeout, total_s=job.budget_s, after_s=after_s)
     job.notes.append(f"budget {minutes:g} min, trial limit {job.trial_timeout:.0f} s")
     job.environment = describe_environment(job.device)
     job.memory_budget_gib, why = memory_budget_gib(args, job.device)
@@ -128,6 +132,7 @@ def set_up(job) -> None:
         gate=gate.to_dict(),
         memory_budget_mib=1024 * job.memory_budget_gib,
         engine_budget_gib=job.memory_budget_gib / ENGINES_ALIVE,
+        kernel_prior="neutral" if getattr(args, "neutral_kernels", False) else "hand",
     )
     # Verification runs public and stress in a fresh process: on a CPU with a long context the
     # stress case alone took over 10 minutes (public config, 2 cores).
