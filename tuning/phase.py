@@ -157,6 +157,9 @@ def kernel_phase(job, leader) -> KernelSearch | None:
     found = run_search(job, variant, prior, found.budget_s)
     if found.table is None:
         return found
+    if not any(r["moved"] for r in found.results):
+        found.why = "every bucket searched kept the prior's launch"
+        return found
     limit = 3 * typical
     if leader.has_full and prior == "hand":
         found.before = {t: n["seconds"] for t, n in leader.trace_numbers("full_").items()}
