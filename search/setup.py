@@ -111,7 +111,8 @@ def set_up(job) -> None:
     sweep_s = PIPELINE_LIMIT_S[kind]  # kept for the shape sweep after the search
     # and for the kernel search of the leader (tuning/phase.py)
     kernels = kind == "cuda" and getattr(args, "kernel_search", False)
-    after_s = sweep_s + (min(SHARE * job.budget_s, MOST_S) if kernels else 0.0)
+    job.kernel_search_s = min(SHARE * job.budget_s, MOST_S) if kernels else 0.0
+    after_s = sweep_s + job.kernel_search_s
     job.budget = Budget(job.deadline, job.trial_timeout, total_s=job.budget_s, after_s=after_s)
     job.notes.append(f"budget {minutes:g} min, trial limit {job.trial_timeout:.0f} s")
     job.environment = describe_environment(job.device)

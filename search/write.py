@@ -238,15 +238,18 @@ def remeasure(job, records: list[Record]) -> None:
         )
 
 
-def after_remeasure_s(job) -> float:
+def after_remeasure_s(job, kernels: bool = True) -> float:
     """What the steps after the re-measurement need at the least: the verification, about one
-    typical trial (about 20 s on an H200), and the shape sweep at its least. Without this
-    reserve a short study overruns its budget."""
+    typical trial (about 20 s on an H200), the shape sweep at its least and, with `kernels`,
+    the kernel search and the leader timed with its table. Without this reserve a short study
+    overruns its budget."""
     from sweep.command import least_sweep_s
 
     durations = job.runner.durations
     typical = statistics.median(durations) if durations else 20.0  # (Budget's first guess)
-    return typical + least_sweep_s(device_kind(job.device))
+    need = typical + least_sweep_s(device_kind(job.device))
+    search_s = getattr(job, "kernel_search_s", 0.0)
+    return need + (search_s + 3 * typical if kernels and search_s else 0.0)
 
 
 def candidates(job, records: list[Record], ranked: list[Record]) -> list[Record]:

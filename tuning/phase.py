@@ -148,7 +148,7 @@ def kernel_phase(job, leader) -> KernelSearch | None:
     if variant.attention != "triton" or getattr(job.args, "kernel_search", True) is False:
         return None
     typical = job.budget.typical_trial_s(job.runner.durations)
-    reserve = after_remeasure_s(job) + 3 * typical  # the leader timed with the table, twice
+    reserve = after_remeasure_s(job, kernels=False) + 3 * typical  # the leader timed twice
     prior = job.runner.kernel_prior
     found = KernelSearch(prior, search_budget_s(job.budget_s, job.seconds_left(), reserve))
     if found.budget_s <= 0:
