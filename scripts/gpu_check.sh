@@ -2,7 +2,7 @@
 # The GPU check, run on the device machine (H200) over a copy of the tree:
 #   bash scripts/gpu_check.sh [STAGE...]   stages: env tests kernels fewrow tune tuneprefill
 #   profile timeline anatomy hostprofile sweep table compilereuse study grader
-#   realmodels replacement soak cachesizes knobs
+#   realmodels replacement soak cachesizes knobs kernelstudy
 # (default: all). Writes logs and JSON under $OUT (or workspace/gpu_check) and a summary.txt.
 # Optuna is not installed there: wheels in .whl/ (carried) are installed into /tmp/site first.
 set -uo pipefail
@@ -50,7 +50,7 @@ fi
 # every GPU test (172) took 371 s on a warm H200 (docs/PERF.md, run 187); a call may take 600.
 # No -q here: addopts has one, and a second hides the "N passed" line.
 stage tests && timed gpu_tests "${TESTS_LIMIT:-540}" "$PY" -m pytest -m gpu -p no:cacheprovider \
-    --ignore=tests/variants/test_soak.py tests  # the soak has a stage of its own
+    --ignore=tests/variants/test_soak.py ${TESTS_PATHS:-tests}  # the soak has a stage of its own
 stage kernels && timed bench_kernels "${KERNELS_LIMIT:-240}" "$PY" scripts/bench_kernels.py \
     --json "$OUT/kernels.json"
 # FEWROW_ARGS, e.g. "--rows 8 --splits 1,2,3,4 --no-tiles" (a split-K sweep)
@@ -147,6 +147,18 @@ render_engine(PRESETS['slab-triton-pdl-allgraphs'], 'workspace/knobs/$name.py', 
             --json "$OUT/knob_$name.json"
     done
     "$PY" scripts/trace_table.py "$OUT"/knob_*.json | tee -a "$SUMMARY"
+fi
+# run.sh end to end with its kernel search, on the tests' tiny model (fast trials leave the
+# phase its time in a short budget): results.log's kernel search section
+if stage kernelstudy; then
+    mkdir -p /tmp/tiny_weights
+    "$PY" scripts/generate_toy_weights.py --config tests/data/tiny_config.json \
+        --output /tmp/tiny_weights/model.pt > /dev/null
+    timed kernel_study "${KSTUDY_LIMIT:-330}" bash run.sh --device cuda --fresh \
+        --model-config tests/data/tiny_config.json --weight-dir /tmp/tiny_weights \
+        --budget-minutes "${KSTUDY_MINUTES:-4}"
+    cp workspace/results.log "$OUT/kernel_study_results.log" 2>/dev/null
+    sed -n '/kernel search/,/^$/p' workspace/results.log | tee -a "$SUMMARY"
 fi
 # the written engine reusing its trial's compiled kernels (an empty cache at the start), then
 # the fused layers without PDL on the slab, then on a paged cache (which adds only its own builds)
