@@ -57,12 +57,15 @@ NEUTRAL = (0, 0)  # the capability the rules take for a GPU nothing was measured
 @dataclass(frozen=True)
 class Bucket:
     """A decode graph's (rows, context) bucket, the live lengths it is timed at (the median step
-    the traces run in it) and how many steps of the traces fall in it."""
+    the traces run in it), how many steps of the traces fall in it and its weight: the sum over
+    the traces of the share of each one's decode steps it holds (the objective is the traces'
+    geometric mean, where every trace counts alike)."""
 
     rows: int
     context: int
     lengths: tuple
     steps: int = 0
+    weight: float = 0.0
 
 
 @dataclass
@@ -106,22 +109,26 @@ def graph_buckets(spec: ModelSpec, capability, policy: str = "pow2", largest: in
 
 
 def trace_buckets(config: dict, buckets: list) -> list:
-    """The buckets the timed traces' decode steps fall in, most steps first, each at the live
-    lengths of its median step (by longest row)."""
-    steps = defaultdict(list)
+    """The buckets the timed traces' decode steps fall in, the heaviest first (`Bucket`), each
+    at the live lengths of its median step (by longest row)."""
+    steps, weight = defaultdict(list), defaultdict(float)
     for suite in SUITES.values():
         for trace in suite(config):
+            found = []
             for op, lengths in replay(trace):
                 if not isinstance(op, Decode):
                     continue
                 fits = [(b, c) for b, c in buckets if b >= len(lengths) and c >= max(lengths)]
                 if fits:
-                    steps[min(fits, key=lambda k: (k[1], k[0]))].append(tuple(lengths))
+                    found.append((min(fits, key=lambda k: (k[1], k[0])), tuple(lengths)))
+            for key, lengths in found:
+                steps[key].append(lengths)
+                weight[key] += 1 / len(found)
     found = []
     for (rows, context), seen in steps.items():
         seen.sort(key=max)
-        found.append(Bucket(rows, context, seen[len(seen) // 2], len(seen)))
-    return sorted(found, key=lambda k: -k.steps)
+        found.append(Bucket(rows, context, seen[len(seen) // 2], len(seen), weight[rows, context]))
+    return sorted(found, key=lambda k: (-k.weight, -k.steps))
 
 
 def candidates(axis: str, current: dict, spec: ModelSpec, bucket: Bucket, sm_count: int) -> list:
@@ -371,7 +378,7 @@ def tune(
         results.append(found)
         moved = ", ".join(f"{k}={v}" for k, v in found.moved.items()) or "prior kept"
         log(
-            f"  {bucket.rows:3d} rows x {bucket.context:5d} ({bucket.steps:4d} steps, longest "
+            f"  {bucket.rows:3d} rows x {bucket.context:5d} (weight {bucket.weight:.2f}, longest "
             f"{max(bucket.lengths)}): a step {found.prior_ms * 1e3:7.1f} -> "
             f"{found.best_ms * 1e3:7.1f} us, {found.tried} tried: {moved}"
         )
@@ -384,6 +391,7 @@ def summary(results: list) -> list:
     plain = lambda v: list(v) if isinstance(v, tuple) else v  # noqa: E731
     return [
         {"rows": r.bucket.rows, "context": r.bucket.context, "steps": r.bucket.steps,
+         "weight": round(r.bucket.weight, 2),
          "longest": max(r.bucket.lengths), "prior_us": round(r.prior_ms * 1e3, 1),
          "best_us": round(r.best_ms * 1e3, 1), "tried": r.tried,
          "rejected": len(r.rejected), "moved": {k: plain(v) for k, v in r.moved.items()}}

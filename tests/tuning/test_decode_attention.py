@@ -40,7 +40,10 @@ def test_every_decode_step_of_the_traces_falls_in_a_bucket_timed_at_one_of_its_s
         if isinstance(op, Decode)
     )
     assert sum(b.steps for b in found) == steps
-    assert [b.steps for b in found] == sorted((b.steps for b in found), reverse=True)
+    assert [b.weight for b in found] == sorted((b.weight for b in found), reverse=True)
+    traces = sum(1 for suite in SUITES.values() for trace in suite(config) if trace.decode_tokens)
+    assert sum(b.weight for b in found) == pytest.approx(traces)  # every trace counts once
+    assert (found[0].rows, found[0].context) == (8, 1024)  # decode, decode_8x128, the mixed
     for b in found:
         assert (b.rows, b.context) in buckets
         assert len(b.lengths) <= b.rows and max(b.lengths) <= b.context
