@@ -121,8 +121,8 @@ def lines(search: KernelSearch | None) -> str:
     for r in search.results:
         moved = ", ".join(f"{k}={v}" for k, v in r["moved"].items()) or "the prior kept"
         out.append(
-            f"{r['rows']:3d} rows x {r['context']:5d} ({r['steps']} steps, weight {r.get('weight')},"
-            f" longest {r['longest']}):"
+            f"{r['rows']:3d} rows x {r['context']:5d} ({r['steps']} steps, weight"
+            f" {r.get('weight')}, longest {r['longest']}):"
             f" a step {r['prior_us']:.1f} -> {r['best_us']:.1f} us, {r['tried']} tried"
             f" ({r['rejected']} wrong or refused): {moved}"
         )
