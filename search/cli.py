@@ -298,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     """The command's exit code: 0 done, 1 its job failed, 2 a user error (one line; the
     traceback with --debug)."""
     from evaluator.engine_loader import EngineLoadError
+    from variants.checkpoint.preflight import TargetError
 
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
@@ -310,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     module, _, function = COMMANDS[args.command][0].partition(":")
     try:
         return getattr(importlib.import_module(module), function)(args)
-    except (UserError, EngineLoadError) as exc:
+    except (UserError, TargetError, EngineLoadError) as exc:
         if args.debug:
             raise
         print(f"error: {exc}", file=sys.stderr)

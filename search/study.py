@@ -42,9 +42,9 @@ from search.setup import (
     device_kind,
     measure_ceilings,
     resolve_device,
-    resolve_target,
 )
 from search.trial import OBJECTIVE_TRACES, Record, TrialRunner
+from variants.checkpoint.preflight import resolve_target
 from variants.presets import PRESETS
 from variants.probe import probe_capabilities
 from variants.variant import Variant

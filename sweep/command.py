@@ -16,9 +16,10 @@ import sys
 import time
 from pathlib import Path
 
-from search.setup import UserError, device_kind, resolve_device, resolve_target
+from search.setup import UserError, device_kind, resolve_device
 from search.trial import Record, run_child, tail, write_atomic
 from search.write import rank
+from variants.checkpoint.preflight import resolve_target
 from variants.presets import PRESETS
 from variants.variant import Variant
 

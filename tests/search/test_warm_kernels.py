@@ -15,13 +15,13 @@ from search.setup import (
     has_triton_kernels,
     memory_workers,
     queued_variants,
-    resolve_target,
     warm_kernels,
     warm_queued,
     workers_for,
     workers_in_memory,
 )
 from search.trial import TrialRunner
+from variants.checkpoint.preflight import resolve_target
 from variants.presets import PRESETS
 from variants.probe import probe_capabilities
 from variants.variant import Variant

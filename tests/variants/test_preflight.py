@@ -8,9 +8,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-import search.setup as target_module
+import variants.checkpoint.preflight as target_module
 from evaluator.toy_weights import make_toy_weights
-from search.setup import TargetError, resolve_target
+from variants.checkpoint.preflight import TargetError, resolve_target
 
 
 def _tree_digest(folder) -> dict:
@@ -34,7 +34,7 @@ def test_a_hugging_face_folder_is_read_and_left_as_it_is(tiny_config, tmp_path, 
     before = _tree_digest(folder)
     target = resolve_target(str(folder / "config.json"), None)  # the weights: the config's folder
     assert _tree_digest(folder) == before
-    assert target.weight_dir == folder.resolve() and not target.embedded and not target.course
+    assert target.weight_dir == folder.resolve()
     assert target.weights_file.endswith("model.safetensors") and len(target.fingerprint) == 16
     assert target.weights_format == "any"  # the written engine carries every format's reader
 
@@ -70,7 +70,6 @@ def test_only_the_embedded_default_gets_toy_weights(tiny_config, tmp_path, monke
     monkeypatch.setattr(target_module, "default_target_paths", lambda root: (
         root / "target" / "model_config.json", root / "target" / "weights"))  # fmt: skip
     target = resolve_target(None, None)
-    assert target.embedded and target.course
     assert (repo / "target" / "weights" / "model.pt").is_file()
     assert any("generated the public toy weights" in n for n in target.notes)
     user = tmp_path / "user"
