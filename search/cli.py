@@ -22,7 +22,7 @@ from functools import partial
 from pathlib import Path
 
 from search.report import default_report_dir, render_log
-from search.setup import UserError, measure_ceilings, set_up, warm_first, warm_queued
+from search.setup import UserError, measure_ceilings, set_up
 from search.trial import DEFAULT_RENDERER, OBJECTIVE_TRACES, Record, load_renderer, write_atomic
 from search.write import (
     candidates,
@@ -36,6 +36,7 @@ from search.write import (
     verify_engine,
     write_verified,
 )
+from tuning.warmup import warm_first, warm_queued
 from variants.presets import ranked_defaults
 from variants.variant import Variant
 

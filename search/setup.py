@@ -1,36 +1,25 @@
 """Set-up, before any trial: the target pre-flighted (variants/checkpoint/preflight.py), this
 machine described, the device, gate, budget and memory budget resolved, the capabilities, the
-search space and the trial runner; then, on a GPU, the queued assemblies' Triton kernels compiled
-side by side before the first trial. The worker, `sweep` and `generate` resolve their device here
+search space and the trial runner. The worker, `sweep` and `generate` resolve their device here
 too.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import logging
 import os
 import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from evaluator.gate_choice import select_gate
-from search.trial import (
-    CPU_OBJECTIVE_TRACES,
-    OBJECTIVE_TRACES,
-    TrialRunner,
-    load_renderer,
-    run_child,
-)
+from search.trial import CPU_OBJECTIVE_TRACES, OBJECTIVE_TRACES, TrialRunner
 from tuning.phase import MOST_S, SHARE
 from variants.checkpoint.preflight import resolve_target
 from variants.probe import probe_capabilities
@@ -363,137 +352,3 @@ class SearchSpace:
     def describe(self) -> list[tuple[str, tuple]]:
         """(axis, choices offered on this machine) in registry order."""
         return [(axis.name, self.offered[axis.name]) for axis in AXES if axis.name in self.offered]
-
-
-# --- the kernel warm-up -----------------------------------------------------------------------
-# An engine's first run compiles its Triton kernels on one CPU core: 46-70 s for the fused-pdl
-# preset on an H200 (scripts/compile_reuse.py), most of a trial. Triton keeps them on disk, keyed
-# by source and line, so a child that renders the same file and runs the correctness gate leaves
-# them for the trial. Several children run at once and nothing is timed meanwhile; one that fails
-# or runs out of time costs only its seconds (its trial compiles what is still missing).
-
-BUDGET_SHARE = 0.25  # of the job's budget, at most, for the warm-up (and never more than a trial)
-# Beyond its weights and cache a child's engine takes up to about 0.9 GiB at a trial's peak
-# (graph pools, workspaces; scripts/engine_memory.py).
-CHILD_EXTRA_BYTES = 1 << 30
-
-
-@dataclass
-class Warmed:
-    name: str
-    status: str  # the gate's status (ok, infeasible, failed), "timed out" or "not started"
-    seconds: float
-
-
-def default_workers() -> int:
-    """Half the CPU cores, at most eight: each child compiles on one core, and six children on
-    16 cores take as long as the slowest of them alone."""
-    return max(1, min(8, (os.cpu_count() or 2) // 2))
-
-
-def workers_in_memory(free_bytes: int, weight_bytes: int, cache_bytes: int) -> int:
-    """How many children fit in 80% of the GPU's free memory, each as much as one engine alone
-    takes: its weights, a cache of `cache_bytes` and `CHILD_EXTRA_BYTES`. At least one."""
-    return max(1, int(0.8 * free_bytes) // (weight_bytes + cache_bytes + CHILD_EXTRA_BYTES))
-
-
-def memory_workers(job) -> int:
-    """`workers_in_memory` for this job's GPU and model: the weights at their files' size (an
-    upper bound: float32 files load as float16), the cache as large as the largest first one
-    an assembly may choose (the gate's traces stay near it)."""
-    from variants.registry import AXES_BY_NAME
-
-    device = torch.device(job.device)
-    free, _ = torch.cuda.mem_get_info(device)
-    spec = ModelSpec.from_config(job.target.config)
-    cache = max(AXES_BY_NAME["cache_tokens"].values) * spec.kv_bytes_per_token(
-        spec.compute_dtype(device)
-    )
-    weights = sum(p.stat().st_size for p in Path(job.target.weight_dir).iterdir() if p.is_file())
-    return workers_in_memory(free, weights, cache)
-
-
-def has_triton_kernels(variant, renderer: str) -> bool:
-    with tempfile.TemporaryDirectory(prefix="warm-") as tmp:
-        path = Path(tmp) / "engine.py"
-        load_renderer(renderer)(variant, path, "")
-        return "@triton.jit" in path.read_text()
-
-
-def queued_variants(study) -> list:
-    """The study's enqueued, not yet run assemblies, in queue order."""
-    from optuna.trial import TrialState
-
-    waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
-    return [
-        Variant.from_dict(t.user_attrs["variant"]) for t in waiting if "variant" in t.user_attrs
-    ]
-
-
-def warm_kernels(runner, variants, limit_s: float, workers: int) -> list[Warmed]:
-    """Render each variant as its trial will and run the correctness gate alone, `workers` at a
-    time, all of it within `limit_s`; each child's outcome."""
-    deadline = time.monotonic() + limit_s
-
-    def one(variant) -> Warmed:
-        left = deadline - time.monotonic()
-        if left < 1.0:
-            return Warmed(variant.name, "not started", 0.0)
-        with tempfile.TemporaryDirectory(prefix="warm-") as tmp:
-            tmp = Path(tmp)
-            cmd = runner.command(variant, tmp, protocol="quick", check=True, traces=())
-            code, seconds = run_child(cmd, tmp / "log.txt", left)
-            result = tmp / "result.json"
-            if code is None:
-                status = "timed out"
-            elif result.is_file():
-                status = json.loads(result.read_text())["status"]
-            else:
-                status = f"exit code {code}"
-        log.info("warm-up of %s: %s in %.1f s", variant.name, status, seconds)
-        return Warmed(variant.name, status, seconds)
-
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        return list(pool.map(one, variants))
-
-
-def workers_for(job) -> int:
-    """How many children at once: `--warm-workers`, else `default_workers()` or as many as fit
-    in the GPU's memory, the fewer; 0 off a GPU."""
-    if not job.device.startswith("cuda"):
-        return 0
-    if job.args.warm_workers is not None:
-        return max(0, job.args.warm_workers)
-    return min(default_workers(), memory_workers(job))
-
-
-def warm_queued(job, study) -> str | None:
-    """`warm_first` over the study's queued assemblies, those that `--trials` leaves room for."""
-    if not workers_for(job):
-        return None
-    from search.study import started_trials
-
-    queued = queued_variants(study)
-    if job.args.trials is not None:
-        queued = queued[: max(0, job.args.trials - len(started_trials(study)))]
-    return warm_first(job, queued)
-
-
-def warm_first(job, variants: list) -> str | None:
-    """Warm the kernels of those `variants` that have Triton kernels, on a GPU unless
-    `--warm-workers 0`; a note for the results log, or None when nothing ran."""
-    workers = workers_for(job)
-    if not workers:
-        return None
-    variants = [v for v in variants if has_triton_kernels(v, job.runner.renderer)]
-    if not variants:
-        return None
-    limit = min(job.trial_timeout, BUDGET_SHARE * job.budget_s, job.seconds_left())
-    start = time.monotonic()
-    warmed = warm_kernels(job.runner, variants, limit, workers)
-    outcomes = "; ".join(f"{w.name}: {w.status}, {w.seconds:.0f} s" for w in warmed)
-    return (
-        f"kernel warm-up: {len(variants)} {'assembly' if len(variants) == 1 else 'assemblies'} "
-        f"with Triton kernels to run first, {min(workers, len(variants))} at a time, in "
-        f"{time.monotonic() - start:.0f} s (limit {limit:.0f} s): {outcomes}"
-    )

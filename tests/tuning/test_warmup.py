@@ -9,8 +9,9 @@ import optuna
 import pytest
 import torch
 
-from search.setup import (
-    SearchSpace,
+from search.setup import SearchSpace
+from search.trial import TrialRunner
+from tuning.warmup import (
     default_workers,
     has_triton_kernels,
     memory_workers,
@@ -20,13 +21,14 @@ from search.setup import (
     workers_for,
     workers_in_memory,
 )
-from search.trial import TrialRunner
 from variants.checkpoint.preflight import resolve_target
 from variants.presets import PRESETS
 from variants.probe import probe_capabilities
 from variants.variant import Variant
 
-MARKED_RENDERER = f"{Path(__file__).parent / 'fake_render.py'}:render_marked"
+# the search tests' fake engine: correct, crashing or hanging by variant
+FAKE_RENDER = Path(__file__).parents[1] / "search" / "fake_render.py"
+FAKE_RENDERER, MARKED_RENDERER = f"{FAKE_RENDER}:render_engine", f"{FAKE_RENDER}:render_marked"
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -49,8 +51,8 @@ def test_the_queued_assemblies_in_queue_order(tiny_config):
     assert queued_variants(study) == queued[1:]
 
 
-def test_each_child_reports_its_gate(tiny_config, tiny_weights, fake_renderer, tmp_path):
-    runner = TrialRunner(tiny_config, tiny_weights, "cpu", renderer=fake_renderer)
+def test_each_child_reports_its_gate(tiny_config, tiny_weights):
+    runner = TrialRunner(tiny_config, tiny_weights, "cpu", renderer=FAKE_RENDERER)
     runner.gate_cases = ("public",)
     warmed = warm_kernels(runner, [CORRECT, CRASH], limit_s=300, workers=2)
     assert [w.name for w in warmed] == [CORRECT.name, CRASH.name]
@@ -59,10 +61,8 @@ def test_each_child_reports_its_gate(tiny_config, tiny_weights, fake_renderer, t
     assert runner.durations == []  # warm-ups are not trials: no typical trial time from them
 
 
-def test_a_hung_child_is_killed_at_the_limit_and_later_ones_do_not_start(
-    tiny_config, tiny_weights, fake_renderer
-):
-    runner = TrialRunner(tiny_config, tiny_weights, "cpu", renderer=fake_renderer)
+def test_a_hung_child_is_killed_at_the_limit_and_later_ones_do_not_start(tiny_config, tiny_weights):
+    runner = TrialRunner(tiny_config, tiny_weights, "cpu", renderer=FAKE_RENDERER)
     start = time.monotonic()
     warmed = warm_kernels(runner, [HANG, CORRECT], limit_s=6, workers=1)
     assert time.monotonic() - start < 30  # killed at 6 s (plus the kill's grace)
