@@ -3,6 +3,7 @@
 # whose own pip dependency is triton 2.3.1) every CPU variant passes the correctness gate, and the
 # probe offers nothing this stack lacks (no FlexAttention, SDPA GQA by expansion, no Triton
 # kernels: they need triton >= 3.0). GPU variants under 2.3 are not covered (needs such a GPU).
+# Optuna (>= 5.0, the search's) is not installed: the tests run here import none of it.
 #
 # Makes a venv ($VENV, default /tmp/venv-oldest), installs torch 2.3.1 (the CPU wheel index when
 # reachable, else PyPI: ~2.5 GB with its CUDA wheels) and the tests' other deps (never a second

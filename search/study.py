@@ -30,6 +30,7 @@ from pathlib import Path
 import optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages._heartbeat import BaseHeartbeat
+from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
 from search.setup import (
@@ -58,8 +59,6 @@ SHAPE_KEYS = (
 ).split()
 DIRECTIONS = ("maximize", "minimize")
 METRIC_NAMES = ("tokens_per_s", "peak_mib")
-# Optuna >= 5 stores constraints per trial; 3.x/4.x only take a sampler-side constraints_func.
-HAS_SET_CONSTRAINT = hasattr(optuna.trial.Trial, "set_constraint")
 
 
 def _slug(text: str) -> str:
@@ -197,13 +196,7 @@ def open_storage(url: str, heartbeat_s: int | None = None):
             raise _missing_driver(url, exc) from exc
     path = journal_path(url)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    try:
-        from optuna.storages.journal import JournalFileBackend
-
-        backend = JournalFileBackend(path)
-    except ImportError:  # Optuna < 4.0
-        backend = optuna.storages.JournalFileStorage(path)
-    return optuna.storages.JournalStorage(backend)
+    return optuna.storages.JournalStorage(JournalFileBackend(path))
 
 
 def _missing_driver(url: str, exc: ImportError):
@@ -218,14 +211,9 @@ def dashboard_command(url: str) -> str:
     return f"optuna-dashboard {journal_path(url) if _is_journal(url) else url}"
 
 
-def _constraints(trial) -> list[float]:
-    return list(trial.user_attrs.get("constraint", [1.0]))
-
-
 def make_sampler(seed: int | None = None) -> optuna.samplers.BaseSampler:
     """Multi-objective TPE that ranks infeasible (wrong or too-close) trials below feasible ones."""
-    kwargs = {} if HAS_SET_CONSTRAINT else {"constraints_func": _constraints}
-    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=8, constant_liar=True, **kwargs)
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=8, constant_liar=True)
 
 
 def open_study(storage, name: str, fresh: bool = False, seed: int | None = None) -> optuna.Study:
@@ -244,7 +232,7 @@ def open_study(storage, name: str, fresh: bool = False, seed: int | None = None)
     )
     if list(study.metric_names or []) != list(METRIC_NAMES):
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # experimental in Optuna 3.x-5.x; names are cosmetic
+            warnings.simplefilter("ignore")  # experimental (Optuna 5); the names are cosmetic
             study.set_metric_names(list(METRIC_NAMES))
     return study
 
@@ -260,9 +248,8 @@ def load_study(storage, name: str | None) -> optuna.Study:
 
 
 def set_constraint(trial, value: float) -> None:
-    trial.set_user_attr("constraint", [value])
-    if HAS_SET_CONSTRAINT:
-        trial.set_constraint("correctness", value)
+    trial.set_user_attr("constraint", [value])  # the records read it without Optuna
+    trial.set_constraint("correctness", value)
 
 
 def load_records(study: optuna.Study) -> list[Record]:

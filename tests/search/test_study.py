@@ -125,8 +125,7 @@ def test_constraints_reach_the_sampler_and_duplicates_reuse_results(tmp_path, ti
     trials = study.get_trials()
     assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.COMPLETE]
     assert [t.user_attrs["constraint"][0] > 0 for t in trials] == [False, True]
-    if st.HAS_SET_CONSTRAINT:
-        assert trials[1].constraints == {"correctness": pytest.approx(2.5)}
+    assert trials[1].constraints == {"correctness": pytest.approx(2.5)}
     # The same variant again is not run: the trial copies the earlier result.
     earlier = find_duplicate(study, Variant(cache="slab"))
     assert earlier.number == 0
