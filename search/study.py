@@ -1,17 +1,12 @@
 """The study and the search in it: the study's name, storage and sampler, the ask-and-tell loop
-and the worker command. (The main job's search phase, which without Optuna runs the ranked
-defaults alone, is `search_trials` in search.cli: this module needs Optuna.)
+and the worker command (the main job's search phase is `search_trials` in search.cli, which
+without Optuna runs the ranked defaults alone).
 
 The storage URL is the single source of truth: trials, the model the study tunes (study user
 attributes) and the verified best all live there, so a second run resumes and several workers
-share one study. The default is `studies/<name>.db`, the name from the model's shape, its weights,
-the gate, the GPU (or cpu) and torch: a study is only resumed where it measured.
-
-The loop: known-good assemblies first, then the sampler, inside a time budget. Each trial runs in
-a child process (`search.trial`); its numbers become user attributes, its correctness margin the
-constraint. A variant seen before is not run again: the trial copies the earlier result. Several
-processes may share one storage and its trial target (a trial asked for after the target was
-reached is marked "skipped" and not run).
+share one study and its trial target. The default is `studies/<name>.db`, the name from the
+model's shape, its weights, the gate, the GPU (or cpu) and torch: a study is only resumed where
+it measured. A variant seen before is not run again: the trial copies the earlier result.
 """
 
 from __future__ import annotations
@@ -32,6 +27,7 @@ from optuna.exceptions import UpdateFinishedTrialError
 from optuna.storages._heartbeat import BaseHeartbeat
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
+from tqdm import tqdm
 
 from search.setup import (
     DEFAULT_TRIAL_TIMEOUT_S,
@@ -237,16 +233,6 @@ def open_study(storage, name: str, fresh: bool = False, seed: int | None = None)
     return study
 
 
-def load_study(storage, name: str | None) -> optuna.Study:
-    """An existing study; `name` may be omitted when the storage holds exactly one."""
-    if name is None:
-        names = optuna.get_all_study_names(storage)
-        if len(names) != 1:
-            raise SystemExit(f"the storage holds {len(names)} studies; name one with --study")
-        name = names[0]
-    return optuna.load_study(study_name=name, storage=storage, sampler=make_sampler())
-
-
 def set_constraint(trial, value: float) -> None:
     trial.set_user_attr("constraint", [value])  # the records read it without Optuna
     trial.set_constraint("correctness", value)
@@ -438,23 +424,19 @@ def _over_target(study, trial, n_trials: int | None) -> bool:
     return sum(t.number < trial.number for t in started_trials(study)) >= n_trials
 
 
-def _progress(total, initial):
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None
-    return tqdm(
-        total=total, initial=initial, desc="trials", unit="trial", dynamic_ncols=True, disable=None
-    )
-
-
 def optimize(study, space, runner, budget: Budget, n_trials: int | None = None) -> int:
     """Run trials until `n_trials` have started in the study or the budget is spent; returns
     how many this process ran (duplicates included)."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     done = 0
-    bar = _progress(n_trials, len(started_trials(study)))
-    try:
+    with tqdm(
+        total=n_trials,
+        initial=len(started_trials(study)),
+        desc="trials",
+        unit="trial",
+        dynamic_ncols=True,
+        disable=None,
+    ) as bar:
         while n_trials is None or len(started_trials(study)) < n_trials:
             limit = budget.time_for_trial(runner.durations)
             if limit is None:
@@ -474,12 +456,8 @@ def optimize(study, space, runner, budget: Budget, n_trials: int | None = None) 
                 variant, summary = _run_one(study, space, runner, trial, limit)
             done += 1
             log.info("trial %d %s: %s", trial.number, variant.name, summary)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix_str(summary[:60])
-    finally:
-        if bar is not None:
-            bar.close()
+            bar.update(1)
+            bar.set_postfix_str(summary[:60])
     return done
 
 
@@ -526,7 +504,7 @@ def worker(args) -> int:
     storage = open_storage(args.storage, heartbeat_s=args.heartbeat)
     name = args.study
     known = name is not None and name in optuna.get_all_study_names(storage)
-    attrs = load_study(storage, name).user_attrs if known else {}
+    attrs = optuna.load_study(study_name=name, storage=storage).user_attrs if known else {}
     config_path = args.model_config or attrs.get("model_config_path")
     if not config_path:
         raise UserError(f"no study {name!r} in {args.storage}: create it with `python -m "
