@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import logging
 import shlex
 import sys
@@ -456,19 +457,11 @@ class RunJob:
 # the ranked defaults alone. A study whose verified best still stands is not searched again.
 
 
-def optuna_available() -> bool:
-    try:
-        import optuna  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def search_trials(job) -> tuple[list[Record], Record | None]:
     """The study (or the defaults alone); if the machinery itself breaks, whatever trials
     finished, so that an engine is still verified and written."""
     try:
-        if job.args.no_optuna or not optuna_available():
+        if job.args.no_optuna or importlib.util.find_spec("optuna") is None:
             why = "--no-optuna" if job.args.no_optuna else "Optuna cannot be imported"
             job.notes.append(f"{why}: evaluated the ranked default candidates only")
             log.warning("%s: evaluating the ranked default candidates only", why)

@@ -71,30 +71,39 @@ def write_report(
     chosen = best.get("trial")
     importances, why = param_importances(study)
 
+    # name: (the figure or None, its caption, why it may not be drawn)
     figures = {
         "tradeoff.png": (
             tradeoff_figure(records, chosen),
             "throughput vs peak memory of the feasible trials, the Pareto front and the chosen "
             "engine",
+            "no feasible trial",
         ),
         "axis_effects.png": (
             axis_effects_figure(records),
             "tokens/s by choice on each variant axis that varies",
+            "no variant axis takes two values among the feasible trials",
         ),
-        "history.png": (history_figure(records), "tokens/s per trial and the best so far"),
+        "history.png": (
+            history_figure(records),
+            "tokens/s per trial and the best so far",
+            "no finished trial",
+        ),
         "floor_efficiency.png": (
             floor_figure(ranked, top),
             "floor efficiency per trace of the top assemblies",
+            "the trials carry no floor_eff_<trace> numbers",
         ),
         "importances.png": (
             importance_figure(importances),
             f"parameter importances for tokens/s ({why})",
+            why,
         ),
     }
     written, lines, missing = [], [], []
-    for name, (fig, caption) in figures.items():
+    for name, (fig, caption, why_not) in figures.items():
         if fig is None:
-            missing.append(f"- `{name}`: not drawn ({_why_missing(name, why)})")
+            missing.append(f"- `{name}`: not drawn ({why_not})")
             continue
         written.append(save(fig, out_dir / name))
         lines.append(f"- [`{name}`]({name}): {caption}")
@@ -124,16 +133,6 @@ def _sweep_figures(out_dir: Path, sweep_path: Path | None) -> tuple[list[Path], 
     if not drawn:
         lines = [f"- shape sweep `{path.name}`: no measured point to draw"]
     return [p for p, _ in drawn], lines
-
-
-def _why_missing(name: str, why_importance: str) -> str:
-    return {
-        "tradeoff.png": "no feasible trial",
-        "axis_effects.png": "no variant axis takes two values among the feasible trials",
-        "history.png": "no finished trial",
-        "floor_efficiency.png": "the trials carry no floor_eff_<trace> numbers",
-        "importances.png": why_importance,
-    }[name]
 
 
 def _markdown(study, records: list[Record], ranked, best: dict, figs, missing, top: int) -> str:
