@@ -233,6 +233,16 @@ def open_study(storage, name: str, fresh: bool = False, seed: int | None = None)
     return study
 
 
+def load_study(storage, name: str | None) -> optuna.Study:
+    """An existing study; `name` may be omitted when the storage holds exactly one."""
+    if name is None:
+        names = optuna.get_all_study_names(storage)
+        if len(names) != 1:
+            raise SystemExit(f"the storage holds {len(names)} studies; name one with --study")
+        name = names[0]
+    return optuna.load_study(study_name=name, storage=storage, sampler=make_sampler())
+
+
 def set_constraint(trial, value: float) -> None:
     trial.set_user_attr("constraint", [value])  # the records read it without Optuna
     trial.set_constraint("correctness", value)
@@ -504,7 +514,7 @@ def worker(args) -> int:
     storage = open_storage(args.storage, heartbeat_s=args.heartbeat)
     name = args.study
     known = name is not None and name in optuna.get_all_study_names(storage)
-    attrs = optuna.load_study(study_name=name, storage=storage).user_attrs if known else {}
+    attrs = load_study(storage, name).user_attrs if known else {}
     config_path = args.model_config or attrs.get("model_config_path")
     if not config_path:
         raise UserError(f"no study {name!r} in {args.storage}: create it with `python -m "
