@@ -67,13 +67,11 @@ HEADS = {
     "fused": "variants.layers.fused_stack:fused_head",
     "fused-pdl": "variants.layers.fused_stack:fused_head",  # bound to pdl=True
 }
-# the Triton stacks' graphs check, clamp and embed their ids in one kernel (no copy node)
-CHECKS = {
-    layers: "variants.kernels.token_check:checked_embedding"
-    for layers in ("triton", "fused", "fused-pdl")
-}
-# and their decode graphs read the call's ids in place, their metadata from pinned memory
-GATHERS = dict.fromkeys(CHECKS, "variants.kernels.prompt_gather:gathered_embedding")
+# the Triton stacks' graphs read a call's ids in place and check, clamp and embed them in one
+# kernel, their metadata from pinned memory (no copy node)
+GATHERS = dict.fromkeys(
+    ("triton", "fused", "fused-pdl"), "variants.kernels.prompt_gather:gathered_embedding"
+)
 GRAPHS = {
     "pow2": "variants.execution.cuda_graphs:use_cuda_graphs",
     "every8": "variants.execution.cuda_graphs:use_cuda_graphs",
@@ -145,13 +143,11 @@ def component_parts(variant, knobs: dict | None = None) -> dict:
         parts["wrap"] = (COMPILE, {"mode": variant.compile_mode})
     if variant.layers in HEADS:
         parts["head"] = (HEADS[variant.layers], pdl)
-    checked = {"checked_embedding": Ref(CHECKS[variant.layers])} if variant.layers in CHECKS else {}
+    gathered = (
+        {"gathered_embedding": Ref(GATHERS[variant.layers])} if variant.layers in GATHERS else {}
+    )
     if variant.graphs != "off":
-        gathered = {"gathered_embedding": Ref(GATHERS[variant.layers])} if checked else {}
-        parts["capture"] = (
-            GRAPHS[variant.graphs],
-            {"policy": variant.graphs, **checked, **gathered},
-        )
+        parts["capture"] = (GRAPHS[variant.graphs], {"policy": variant.graphs, **gathered})
     if variant.prefill_graphs != "off":
-        parts["capture_prefill"] = (PREFILL_GRAPHS[variant.prefill_graphs], checked)
+        parts["capture_prefill"] = (PREFILL_GRAPHS[variant.prefill_graphs], gathered)
     return parts

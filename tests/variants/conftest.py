@@ -113,13 +113,18 @@ class EagerReplay:
         self.graphs._body(self.engine, self.batch, self.ctx)
 
 
-def emulated_decode_graphs(engine, largest, check_ids=None, warm=False, **embedding):
+def emulated_decode_graphs(engine, largest, check_ids=None, warm=False, gathered_embedding=None):
     """The engine's decode runner, its buckets "captured" as eager replays (listed in
     `graphs.captured`; `warm`: each body run once first, as a capture does); the engine's decode
-    steps routed through it. `embedding`: DecodeGraphs' checked/gathered embedding."""
+    steps routed through it. `check_ids` False: the check of the ids left to the engine, as
+    where PyTorch cannot capture it (DeferredRangeCheck.in_graph)."""
     from variants.execution.cuda_graphs import DecodeGraphs
 
-    graphs = DecodeGraphs(engine, "pow2", largest_batch=largest, check_ids=check_ids, **embedding)
+    if check_ids is not None:
+        engine.token_check.in_graph = check_ids
+    graphs = DecodeGraphs(
+        engine, "pow2", largest_batch=largest, gathered_embedding=gathered_embedding
+    )
     graphs.captured = []
 
     def capture_one(engine, b, ctx):

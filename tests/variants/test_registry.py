@@ -129,26 +129,17 @@ def test_component_parts_follow_the_variant():
     assert pdl["stack"] == ("variants.layers.fused_stack:run_fused_stack", {"pdl": True})
     assert pdl["head"] == ("variants.layers.fused_stack:fused_head", {"pdl": True})
     assert "head" not in component_parts(Variant(cache="slab", layers="triton"))
-    # the Triton stacks' graphs check, clamp and embed their ids in one kernel (and the decode
-    # graphs read them in place); the torch stack's graphs keep torch's ops
-    assert fused["capture"] == (
-        GRAPHS["pow2"],
-        {
-            "policy": "pow2",
-            "checked_embedding": Ref("variants.kernels.token_check:checked_embedding"),
-            "gathered_embedding": Ref("variants.kernels.prompt_gather:gathered_embedding"),
-        },
-    )
+    # the Triton stacks' graphs read their ids in place and check, clamp and embed them in one
+    # kernel; the torch stack's graphs keep torch's ops
+    gathered = {"gathered_embedding": Ref("variants.kernels.prompt_gather:gathered_embedding")}
+    assert fused["capture"] == (GRAPHS["pow2"], {"policy": "pow2", **gathered})
     assert component_parts(Variant(graphs="every8"))["capture"] == (
         GRAPHS["every8"], {"policy": "every8"}
     )  # fmt: skip
     triton_prefill = component_parts(
         Variant(attention="triton", layers="triton", prefill_graphs="pow2")
     )["capture_prefill"]
-    assert triton_prefill == (
-        PREFILL_GRAPHS["pow2"],
-        {"checked_embedding": Ref("variants.kernels.token_check:checked_embedding")},
-    )
+    assert triton_prefill == (PREFILL_GRAPHS["pow2"], gathered)
     assert component_parts(Variant(attention="triton", prefill_graphs="pow2"))[
         "capture_prefill"
     ] == (PREFILL_GRAPHS["pow2"], {})

@@ -6,7 +6,8 @@ rows that write only the cache's scratch slot; backends that read a gathered con
 context-length buckets. With the Triton stacks' gathered embedding the graph's first kernel
 reads the call's ids where they are and its metadata from pinned memory, as the prefill graphs
 do (kernels/prompt_gather.py): the host queues neither a copy nor the ids' copy kernel.
-Captured in create_engine; needs CUDA and a slab or paged cache."""
+Captured in create_engine; needs CUDA and a slab or paged cache. `GraphRunner` is what this
+runner and the prefill graphs' share: the capture, the pool they follow, the ids' check."""
 
 import array
 import contextlib
@@ -58,7 +59,7 @@ def no_collection(collect: bool = True):
     capture, destroys them mid-capture, which invalidates it ("operation not permitted when
     stream is capturing"; seen on the H200 when a test built engines back to back).
     torch.cuda.graph no longer collects before a capture in recent PyTorch. A capture inside
-    an engine call (after the cache's pool moved) passes collect=False: a collection costs
+    an engine call (after the cache's pool moved) collects nothing: a collection costs
     100-300 ms with torch and Triton loaded, which the call would pay."""
     if collect:
         gc.collect()
@@ -71,75 +72,108 @@ def no_collection(collect: bool = True):
             gc.enable()
 
 
-@contextlib.contextmanager
-def capturing(graph: torch.cuda.CUDAGraph, pool, stream: torch.cuda.Stream):
-    """Capture the block into `graph` on `stream`, sharing memory pool `pool`. Unlike
-    torch.cuda.graph this does not empty the device and pinned-host caches first: a capture
-    inside a call (after the cache's pool moved) would then pay for giving memory back and
-    asking for it again (cudaFree, cudaMalloc and cudaHostAlloc, which synchronise)."""
-    with torch.cuda.stream(stream):
-        graph.capture_begin(pool=pool)
-        try:
-            yield
-        finally:
-            graph.capture_end()
+class GraphRunner:
+    """A runner of CUDA graphs captured per bucket over static buffers: it owns them, their
+    memory pool and the cache generation they point at, and is handed the engine on each call
+    (it keeps no reference to it)."""
 
-
-def upload(graph: torch.cuda.CUDAGraph) -> None:
-    """Replay a graph once, with its inputs in their padding state (rows that write only the
-    scratch slot). A graph's first launch also uploads it to the device: on the H200 that made
-    the first replay of each graph cost 0.3-0.6 ms of host time (profiled), paid in every timed
-    trace of a fresh engine unless create_engine pays it."""
-    graph.replay()
-
-
-class DecodeGraphs:
-    """The decode runner of an engine: it owns the graphs and their static buffers, and is
-    handed the engine on each call (it keeps no reference to it)."""
-
-    def __init__(
-        self, engine, policy: str, largest_batch: int = 64, check_ids=None,
-        checked_embedding=None, gathered_embedding=None,
-    ):  # fmt: skip
-        """`check_ids`: each graph starts the engine's deferred token check itself (default:
-        where the check can be captured, `DeferredRangeCheck.in_graph`). The Triton stacks'
-        graphs check, clamp and embed their ids in one kernel, `checked_embedding`
-        (kernels/token_check.py), and with `gathered_embedding` (kernels/prompt_gather.py) read
-        a call's ids in place."""
+    def __init__(self, engine, gathered_embedding=None):
+        """`gathered_embedding`: the Triton stacks' (kernels/prompt_gather.py); the graphs then
+        read a call's ids where they are, their first kernel gathering, checking and embedding
+        them, and its metadata from one pinned buffer."""
         self.cache, self.token_check, self.device = engine.cache, engine.token_check, engine.device
-        in_graph = engine.token_check.in_graph
-        self.check_ids = in_graph if check_ids is None else bool(check_ids) and in_graph
-        # the graphs read the ids in place (their first kernel gathers, checks and embeds)
-        self.checked_embedding, self.gathered_embedding = checked_embedding, gathered_embedding
-        self.gather = self.check_ids and None not in (checked_embedding, gathered_embedding)
-        spec, device = engine.spec, engine.device
+        # the graphs start the engine's deferred check of the ids they run, where this PyTorch
+        # can capture it (DeferredRangeCheck.in_graph); else the engine starts it
+        self.check_ids = engine.token_check.in_graph
+        self.gather = gathered_embedding if self.check_ids else None
+        self.graphs: dict = {}
+        self.pool = None  # one memory pool for the graphs of one cache pool
+        self.generation = None  # the cache's generation the graphs point at
+
+    def _stage_through(self, host: int, staged: int) -> None:
+        """The pinned memory a call's metadata goes through: gathering, one buffer of `host`
+        int64s that the graphs' first kernel reads; else a ring of `staged`, copied in."""
+        if self.gather:
+            self.host = torch.zeros(host, dtype=torch.long, pin_memory=self.device.type == "cuda")
+            self.host_at = self.host.data_ptr()  # (a tensor call costs the H200's host ~1 us)
+        else:
+            self.staging = PinnedRing(staged, self.device)
+
+    def _write_host(self, values: array.array, count: int) -> None:
+        """The first `count` values into the pinned buffer, once the graph before has read it
+        (the check's event follows that read)."""
+        self.token_check.wait()
+        ctypes.memmove(self.host_at, values.buffer_info()[0], 8 * count)
+
+    def _graph(self, body) -> torch.cuda.CUDAGraph:
+        """`body` run once (kernels chosen, workspaces allocated), then captured into the pool
+        on the capture stream, with the inputs in their padding state (rows that write only the
+        cache's scratch slot). Unlike torch.cuda.graph this does not empty the device and
+        pinned-host caches first: a capture inside a call (after the cache's pool moved) would
+        then pay for giving memory back and asking for it again (cudaFree, cudaMalloc and
+        cudaHostAlloc, which synchronise)."""
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        stream = capture_stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with no_collection(collect=False), torch.cuda.stream(stream):
+            body()
+            graph = torch.cuda.CUDAGraph()
+            graph.capture_begin(pool=self.pool)
+            try:
+                body()
+            finally:
+                graph.capture_end()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        # A graph's first launch also uploads it to the device: on the H200 that made the first
+        # replay of each graph cost 0.3-0.6 ms of host time (profiled), paid in every timed
+        # trace of a fresh engine unless create_engine pays it.
+        graph.replay()
+        torch.cuda.synchronize(self.device)
+        return graph
+
+    def _pool_moved(self) -> bool:
+        """Whether the cache's pool moved since the graphs were captured; they pointed at the
+        old one and are dropped, captured again as calls need them."""
+        if self.generation == self.cache.generation:
+            return False
+        self.graphs.clear()
+        self.generation = self.cache.generation
+        return True
+
+    def _embedded(self, e, tokens: torch.Tensor) -> torch.Tensor:
+        """The embedding rows of a graph's token buffer, its ids copied in unchecked: their
+        check started (where the graph runs it), then clamped in place (`in_vocab`). Padding
+        rows hold ids of earlier calls, clamped already."""
+        if self.check_ids:
+            e.token_check.start(tokens)
+        return e.weights.embed[e.in_vocab(tokens, out=tokens)]
+
+
+class DecodeGraphs(GraphRunner):
+    """The decode runner of an engine: a graph per (batch, context) bucket."""
+
+    def __init__(self, engine, policy: str, largest_batch: int = 64, gathered_embedding=None):
+        super().__init__(engine, gathered_embedding)
         self.batches = batch_buckets(policy, largest_batch)
         self.contexts = self._contexts(engine)
-        big, width = self.batches[-1], self.cache.table_width(spec.max_positions)
+        big, width = self.batches[-1], self.cache.table_width(engine.spec.max_positions)
         self.width = width
         # Per batch bucket b, one buffer: positions [b], write slots [b], context lengths [b],
         # then the [b, width] row table; a call fills it with one pinned copy, or (gathering)
-        # writes it into one pinned buffer, followed by the call's row count and each row's
+        # writes it into the pinned buffer, followed by the call's row count and each row's
         # source (prompt_gather.py), that the graph's first kernel reads.
-        self.metas = {b: torch.zeros(b * (3 + width), dtype=torch.long, device=device)
+        self.metas = {b: torch.zeros(b * (3 + width), dtype=torch.long, device=self.device)
                       for b in self.batches}  # fmt: skip
-        if self.gather:
-            cuda = torch.device(device).type == "cuda"
-            self.host = torch.zeros(big * (4 + width) + 1, dtype=torch.long, pin_memory=cuda)
-            self.host_at = self.host.data_ptr()  # (a tensor call costs the H200's host ~1 us)
-        else:
-            self.staging = PinnedRing(big * (3 + width), device)
+        self._stage_through(big * (4 + width) + 1, big * (3 + width))
         # The call's ids, copied in; when gathering, only the address their sources count from.
-        self.tokens = torch.zeros(big, dtype=torch.long, device=device)
+        self.tokens = torch.zeros(big, dtype=torch.long, device=self.device)
         self.tokens_at = self.tokens.data_ptr()
         # each batch size's view of it, made once (a slice is a torch call: ~3 us of host)
         self.token_views = [self.tokens[:b] for b in range(big + 1)]
         # (bucket, context) -> the views [:0], [:1], ... of the logits its graph writes (the
         # head's own output: no copy into a buffer of ours inside the graph)
         self.outputs: dict = {}
-        self.graphs: dict = {}
-        self.pool = None
-        self.generation = None
 
     def _contexts(self, engine) -> list:
         """The context buckets. An attention that reads the cache in place serves every context
@@ -154,31 +188,15 @@ class DecodeGraphs:
     def capture(self, engine) -> None:
         """Capture every (batch, context) bucket; largest first so the shared pool is sized
         once. After the cache's pool moves, buckets are captured again as calls need them."""
-        self.graphs.clear()
-        self.pool = None
         self.generation = self.cache.generation
         with no_collection():
             for ctx in reversed(self.contexts):
                 for b in reversed(self.batches):
                     self._capture_one(engine, b, ctx)
-        torch.cuda.synchronize(self.device)
 
     def _capture_one(self, engine, b: int, ctx: int) -> None:
-        if self.pool is None:  # one memory pool for the graphs of one cache pool
-            self.pool = torch.cuda.graph_pool_handle()
-        stream = capture_stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            # padding rows only (the gathering buffer's layout is the bucket's own)
-            self._fill([], [], b)
-            self._body(engine, b, ctx)  # warm-up run: kernels chosen, workspaces allocated
-            graph = torch.cuda.CUDAGraph()
-            with capturing(graph, self.pool, stream):
-                self._body(engine, b, ctx)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        self._fill([], [], b)
-        upload(graph)
-        self.graphs[b, ctx] = graph
+        self._fill([], [], b)  # padding rows (the gathering buffer's layout is the bucket's own)
+        self.graphs[b, ctx] = self._graph(lambda: self._body(engine, b, ctx))
 
     def _views(self, b: int) -> tuple:
         meta = self.metas[b]
@@ -199,27 +217,21 @@ class DecodeGraphs:
         )
         if self.gather:  # the call's row count, then the rows' sources, follow the metadata
             size = b * (3 + self.width)
-            x = self.gathered_embedding(
+            x = self.gather(
                 e.token_check, self.host, self.metas[b], self.tokens, b, size, size + 1,
                 e.spec.vocab_size, e.weights.embed,
             )  # fmt: skip
         else:
-            tokens = self.tokens[:b]  # the call's ids, copied in unchecked: clamped (in_vocab)
-            # the padding rows are checked too: ids of earlier calls, clamped already
-            if self.check_ids:
-                x = graph_inputs(e, tokens, self.checked_embedding)
-            else:
-                x = e.weights.embed[e.in_vocab(tokens, out=tokens)]
-        x = e.stack(e, x, positions, plan, None)
-        logits = e.output_logits(x, e.weights.norm, e.weights.head).float()
+            x = self._embedded(e, self.tokens[:b])
+        logits = e._logits(e.stack(e, x, positions, plan, None))
         self.outputs[b, ctx] = [logits[:n] for n in range(b + 1)]
 
     def _fill(self, rids: list, positions: list, bucket: int, source: int = 0) -> None:
         """All the indices bucket graphs read: positions, write slots, context lengths and the
         full-width row table, in one pinned host->device copy; gathering, written into the
-        pinned buffer (once the graph before has read it) with the call's row count and each
-        row's `source` (its ids' distance from the token buffer, in int64s). Padding rows write
-        the cache's scratch slot, attend to one token of it and embed id 0."""
+        pinned buffer with the call's row count and each row's `source` (its ids' distance
+        from the token buffer, in int64s). Padding rows write the cache's scratch slot, attend
+        to one token of it and embed id 0."""
         cache, pad, width = self.cache, bucket - len(rids), self.width
         scratch = cache.scratch_token()
         write = cache.step_slots(rids, positions)
@@ -233,15 +245,12 @@ class DecodeGraphs:
             return
         values.append(len(rids))
         values.extend(int_fill(source, bucket))
-        self.token_check.wait()  # the check follows the last graph's read of the buffer
-        ctypes.memmove(self.host_at, values.buffer_info()[0], 8 * len(values))
+        self._write_host(values, len(values))
 
     def decode(self, engine, rids: list, tokens: torch.Tensor, positions: list) -> torch.Tensor:
-        if self.generation != self.cache.generation:  # the pool moved: old graphs point at it
-            self.graphs.clear()
+        if self._pool_moved():
             self.pool = None
             self.contexts = self._contexts(engine)
-            self.generation = self.cache.generation
         b = len(rids)
         longest = max(positions) + 1
         bucket = next((s for s in self.batches if s >= b), None)
@@ -251,8 +260,7 @@ class DecodeGraphs:
                 self.token_check.start(tokens)
             return engine.eager.decode(engine, rids, tokens, positions)
         if (bucket, ctx) not in self.graphs:
-            with no_collection(collect=False):
-                self._capture_one(engine, bucket, ctx)
+            self._capture_one(engine, bucket, ctx)
         if self.gather:  # the ids read where they are: int64 (check_token_tensor), contiguous
             tokens = tokens if tokens.is_contiguous() else tokens.contiguous()  # held to replay
             self._fill(rids, positions, bucket, (tokens.data_ptr() - self.tokens_at) // 8)
@@ -263,21 +271,9 @@ class DecodeGraphs:
         return self.outputs[bucket, ctx][b].clone()  # a fresh tensor
 
 
-def graph_inputs(e, tokens: torch.Tensor, checked_embedding=None) -> torch.Tensor:
-    """A graph body's embedded ids (from its static buffer, copied in unchecked): the engine's
-    deferred range check started on them, the ids clamped in place (`in_vocab`), then their
-    embedding rows (with `checked_embedding`, the three in one kernel)."""
-    if checked_embedding is not None:
-        return checked_embedding(e.token_check, tokens, e.spec.vocab_size, e.weights.embed)
-    e.token_check.start(tokens)
-    return e.weights.embed[e.in_vocab(tokens, out=tokens)]
-
-
-def use_cuda_graphs(engine, policy: str, checked_embedding=None, gathered_embedding=None) -> None:
+def use_cuda_graphs(engine, policy: str, gathered_embedding=None) -> None:
     """Capture decode graphs at `policy`'s batch buckets (pow2, every8) for the engine and
     route its decode steps through them."""
-    runner = DecodeGraphs(
-        engine, policy, checked_embedding=checked_embedding, gathered_embedding=gathered_embedding
-    )
+    runner = DecodeGraphs(engine, policy, gathered_embedding=gathered_embedding)
     runner.capture(engine)
     engine.run_with(decode=runner)

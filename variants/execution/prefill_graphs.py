@@ -7,13 +7,12 @@ the next power-of-two token bucket; the varlen attention kernel runs on a fixed 
 its (prompt, q-block) pairs from a table, so one graph serves every mix of prompt lengths.
 Padding tokens write the cache's scratch slot, belong to no prompt and reach no output row.
 Calls beyond the largest bucket or with more prompts than the table holds run eagerly.
-With the Triton stacks' checked embedding (and events a graph can record) the graph reads a
+With the Triton stacks' gathered embedding (and events a graph can record) the graph reads a
 call's prompts where they are and its metadata from pinned memory, in its first kernel
 (kernels/prompt_gather.py): the host neither concatenates the prompts nor queues a copy.
 Needs CUDA, a slab or paged pool and our Triton attention."""
 
 import array
-import ctypes
 import functools
 import itertools
 
@@ -21,18 +20,11 @@ import torch
 
 from variants.attention.padding import PrefillBatch
 from variants.cache.plans import CachePlan
-from variants.execution.cuda_graphs import (
-    capture_stream,
-    capturing,
-    doubling_buckets,
-    graph_inputs,
-    no_collection,
-    upload,
-)
+from variants.execution.cuda_graphs import GraphRunner, doubling_buckets, no_collection
 from variants.kernels.device import device_capability
 from variants.kernels.prefill_attention import prefill_schedule, prefill_tiles
-from variants.kernels.prompt_gather import gathered_embedding, prompt_sources
-from variants.staging import PinnedRing, int_fill, int_range
+from variants.kernels.prompt_gather import prompt_sources
+from variants.staging import int_fill, int_range
 
 
 @functools.lru_cache(maxsize=256)
@@ -53,23 +45,14 @@ def length_meta(lengths: tuple, t: int, prompts: int, block_m: int, blocks: int)
     return positions, rest
 
 
-class PrefillGraphs:
-    """The prefill runner of an engine: it owns the graphs and their static buffers, and is
-    handed the engine on each call (it keeps no reference to it)."""
+class PrefillGraphs(GraphRunner):
+    """The prefill runner of an engine: a graph of the layers per token bucket, and one of the
+    head per prompt count."""
 
     def __init__(
-        self, engine, largest_tokens: int = 8192, most_prompts: int = 64, check_ids=None,
-        checked_embedding=None,
-    ):  # fmt: skip
-        """`check_ids` and `checked_embedding` as in DecodeGraphs: the graphs start the
-        engine's deferred token check; with `checked_embedding` (the Triton stacks') they read
-        the prompts in place."""
-        self.cache, self.token_check, self.device = engine.cache, engine.token_check, engine.device
-        in_graph = engine.token_check.in_graph
-        self.check_ids = in_graph if check_ids is None else bool(check_ids) and in_graph
-        # the graphs read the prompts in place (their first kernel gathers, checks and embeds)
-        self.checked_embedding = checked_embedding
-        self.gather = self.check_ids and checked_embedding is not None
+        self, engine, largest_tokens: int = 8192, most_prompts: int = 64, gathered_embedding=None
+    ):
+        super().__init__(engine, gathered_embedding)
         spec, device = engine.spec, engine.device
         self.buckets = doubling_buckets(16, largest_tokens)
         self.prompts = most_prompts
@@ -86,33 +69,24 @@ class PrefillGraphs:
         # pinned buffer the first kernel reads: bucket T's metadata, then its T rows' sources.
         self.tokens = torch.zeros(self.buckets[-1], dtype=torch.long, device=device)
         host = max(self._meta_size(t) + (t if self.gather else 0) for t in self.buckets)
-        if self.gather:
-            pinned = torch.device(device).type == "cuda"
-            self.host = torch.zeros(host, dtype=torch.long, pin_memory=pinned)
-        else:
-            self.staging = PinnedRing(self.meta.numel(), device)
+        self._stage_through(host, size)
         # A call's ints are built here in place, every page touched once now: built by growing
         # an array instead, the fill costs the H200's host 3-13 us an append, 86 us for 4 x 128
         # (8 in all on the development machine's CPU; scripts/bench_host_fill.py).
         self.values, self.values_size = array.array("q", bytes(8 * host)), host
-        # addresses read once (a tensor call costs the H200's host about a microsecond)
-        self.tokens_at = self.tokens.data_ptr()
-        self.copy_to = (self.host.data_ptr(), self.values.buffer_info()[0]) if self.gather else None
+        self.tokens_at = self.tokens.data_ptr()  # (a tensor call costs the H200's host ~1 us)
         # The last token's hidden state of each prompt. The head runs in a graph of its own per
         # power-of-two prompt count: inside the layers' graph it would run all P rows (6 us
         # more GPU time a call); launched eagerly it costs 150-240 us of host time a call on
         # the H200's host.
         self.hidden = torch.zeros(most_prompts, spec.hidden_size, dtype=engine.dtype, device=device)
         self.head_rows = doubling_buckets(1, most_prompts)
-        self.graphs: dict = {}
         self.heads: dict = {}
         # prompt count m -> the views [:0], [:1], ... of the logits its head graph writes (the
         # head's own output: no copy into a buffer of ours inside the graph)
         self.head_outputs: dict = {}
         # Views made once (a slice is a torch call: ~3 us of host time)
         self.meta_views = {t: self.meta[: self._meta_size(t)] for t in self.buckets}
-        self.pool = None
-        self.generation = None
         self.place = None  # the buffer a call's unchecked ids were packed into, if any
 
     def _blocks(self, tokens: int) -> int:
@@ -132,39 +106,20 @@ class PrefillGraphs:
 
     def capture(self, engine) -> None:
         """Capture every bucket, largest first so the shared pool is sized once."""
-        self.graphs.clear()
-        self.pool = torch.cuda.graph_pool_handle()
         self.generation = self.cache.generation
         with no_collection():
             for t in reversed(self.buckets):
                 self._capture_bucket(engine, t)
             for m in self.head_rows:
-                self._capture_head(engine, m)
+                self.heads[m] = self._graph(functools.partial(self._head, engine, m))
         # The head at every prompt count once, for the eager path: Triton specializes a kernel
         # on its row count (1, multiples of 16, others), and no timed call may compile one.
         for n in range(1, self.prompts + 1):
             engine._logits(self.hidden[:n])
 
     def _capture_bucket(self, engine, t: int) -> None:
-        self._fill([], [], t)
+        self._fill([], [], t)  # no prompt: scratch writes only
         self.graphs[t] = self._graph(lambda: self._body(engine, t))
-
-    def _capture_head(self, engine, m: int) -> None:
-        self.heads[m] = self._graph(lambda: self._head(engine, m))
-
-    def _graph(self, body) -> torch.cuda.CUDAGraph:
-        device = self.device
-        stream = capture_stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):
-            body()  # warm-up run: kernels chosen, workspaces allocated
-            graph = torch.cuda.CUDAGraph()
-            with capturing(graph, self.pool, stream):
-                body()
-        torch.cuda.current_stream(device).wait_stream(stream)
-        upload(graph)  # the inputs still hold _fill's padding: no prompt, scratch writes only
-        torch.cuda.synchronize(device)
-        return graph
 
     def _body(self, e, t: int) -> None:
         positions, write, last, starts, schedule = self._views(t)
@@ -174,38 +129,35 @@ class PrefillGraphs:
             cu_seqlens=starts, schedule=schedule,
         )  # fmt: skip
         if self.gather:  # the call's token count sits at starts[P] of the metadata
-            x = gathered_embedding(
+            x = self.gather(
                 e.token_check, self.host, self.meta_views[t], self.tokens, t,
                 2 * t + 2 * self.prompts, self._meta_size(t), e.spec.vocab_size, e.weights.embed,
             )  # fmt: skip
         else:
-            tokens = self.tokens[:t]  # the call's ids, copied in unchecked: clamped here
-            # the padding rows are checked too: ids of earlier calls, clamped already
-            if self.check_ids:
-                x = graph_inputs(e, tokens, self.checked_embedding)
-            else:
-                x = e.weights.embed[e.in_vocab(tokens, out=tokens)]
+            x = self._embedded(e, self.tokens[:t])
         x = e.stack(e, x, positions, plan, batch)
         torch.index_select(x, 0, last, out=self.hidden)
 
     def _head(self, e, m: int) -> None:
         """Norm and head on the first m prompt slots (float32, as Engine._logits returns)."""
-        logits = e.output_logits(self.hidden[:m], e.weights.norm, e.weights.head).float()
+        logits = e._logits(self.hidden[:m])
         self.head_outputs[m] = [logits[:r] for r in range(m + 1)]
+
+    def fits(self, tokens: int, prompts: int) -> bool:
+        """Whether a graph runs a call of that many tokens and prompts (else the eager pass)."""
+        return tokens <= self.buckets[-1] and prompts <= self.prompts
 
     def stage(self, engine, rids: list, prompts: list, lengths: list, deferred: bool):
         """The call's ids as `prefill` takes them. Unchecked (`deferred`) ids of a call a graph
         runs: its prompts as they are, where the graph reads them in place; else packed
         straight into the graph's token buffer (checked by the graph after this call, or by
         the check started here). Anything else is staged as the eager runner does."""
-        n, count = sum(lengths), len(prompts)
         self.place = None
-        if deferred:
-            if self.gathers(n, count):
-                return prompts  # the step's graph reads, checks and clamps them in place
-            self.place = self.token_buffer(n, count)
-        if self.place is None:
+        if not (deferred and self.fits(sum(lengths), len(prompts))):
             return engine.eager.stage(engine, rids, prompts, lengths, deferred)
+        if self.gather:
+            return prompts  # the step's graph reads, checks and clamps them in place
+        self.place = self.tokens[: sum(lengths)]
         tokens = torch.cat(prompts, out=self.place)
         if not self.check_ids:
             engine.token_check.start(tokens)  # the step clamps the ids it runs with
@@ -216,24 +168,13 @@ class PrefillGraphs:
         if self.place is not None:
             engine.in_vocab(self.place, out=self.place)
 
-    def gathers(self, tokens: int, prompts: int) -> bool:
-        """Whether a graph will run the call reading its prompts in place."""
-        return self.gather and tokens <= self.buckets[-1] and prompts <= self.prompts
-
-    def token_buffer(self, tokens: int, prompts: int) -> torch.Tensor | None:
-        """Where a call's packed ids go when a graph will run it (the engine concatenates the
-        prompts straight into it); None when the call runs eagerly."""
-        if tokens > self.buckets[-1] or prompts > self.prompts:
-            return None
-        return self.tokens[:tokens]
-
     def _fill(self, rids: list, lengths: list, t: int, prompts=()) -> None:
         """Everything bucket t's graph reads but the tokens, written as int64s into `values`
         from slices and repeats (C copies: a list of ~1,300 ints and its conversion cost 80-130
         us a call, scripts/bench_host_fill.py; each piece goes into place, none grows an
         array), in one pinned host->device copy; gathering, written into the pinned buffer with
-        the rows' sources in `prompts` (once the graph before has read it). All but the write
-        slots depend on the lengths alone: built once per shape (`length_meta`)."""
+        the rows' sources in `prompts`. All but the write slots depend on the lengths alone:
+        built once per shape (`length_meta`)."""
         positions, rest = length_meta(tuple(lengths), t, self.prompts, self.block_m[t],
                                       self._blocks(t))  # fmt: skip
         values, size = self.values, self._meta_size(t)
@@ -255,35 +196,27 @@ class PrefillGraphs:
             values[at : at + count] = int_fill(source, count)
             at += count
         assert len(values) == self.values_size, "a prompt's sources had the wrong length"
-        self.token_check.wait()  # the check follows the last graph's read of the buffer
-        ctypes.memmove(*self.copy_to, 8 * at)  # write_host, its addresses read once
+        self._write_host(values, at)
 
     def prefill(self, engine, rids: list, lengths: list, tokens) -> torch.Tensor:
-        """tokens: the call's packed ids, or (when `gathers`) its prompts, unchecked."""
+        """tokens: the call's packed ids, or (gathering a call that `fits`) its prompts."""
         n = sum(lengths)
-        t = next((b for b in self.buckets if b >= n), None)
-        if t is None or len(rids) > self.prompts:
-            if isinstance(tokens, list):  # (`stage` asks `gathers` first: not reached)
-                tokens = torch.cat(tokens)
-                self.token_check.start(tokens)
+        if not self.fits(n, len(rids)):
             return engine.eager.prefill(engine, rids, lengths, tokens)
-        if self.generation != self.cache.generation:  # the pool moved: old graphs point at it
-            self.graphs.clear()  # (the head graphs read no cache)
-            self.generation = self.cache.generation
+        t = next(b for b in self.buckets if b >= n)
+        self._pool_moved()  # (the head graphs read no cache)
         if self.gather:
             prompts = tokens if isinstance(tokens, list) else [tokens]
             prompts = [p if p.is_contiguous() else p.contiguous() for p in prompts]  # held
             if t not in self.graphs:
-                with no_collection(collect=False):
-                    self._capture_bucket(engine, t)
+                self._capture_bucket(engine, t)
             self._fill(rids, lengths, t, prompts)  # after a capture: it fills the buffer too
         else:
             if t not in self.graphs:
                 # The capture's runs clamp the token buffer, which may hold this call's
                 # unchecked ids (concatenated into place): kept aside for the replay's check.
                 held = self.tokens[:n].clone()
-                with no_collection(collect=False):
-                    self._capture_bucket(engine, t)
+                self._capture_bucket(engine, t)
                 self.tokens[:n].copy_(held)
             self._fill(rids, lengths, t)
             if tokens.data_ptr() != self.tokens.data_ptr():  # not concatenated into place
@@ -295,8 +228,8 @@ class PrefillGraphs:
         return self.head_outputs[m][rows].clone()  # a fresh tensor
 
 
-def use_prefill_graphs(engine, checked_embedding=None) -> None:
+def use_prefill_graphs(engine, gathered_embedding=None) -> None:
     """Capture prefill graphs for the engine and route its prefill passes through them."""
-    runner = PrefillGraphs(engine, checked_embedding=checked_embedding)
+    runner = PrefillGraphs(engine, gathered_embedding=gathered_embedding)
     runner.capture(engine)
     engine.run_with(prefill=runner)

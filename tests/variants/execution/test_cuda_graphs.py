@@ -165,7 +165,7 @@ def test_triton_attention_graphs_before_hopper_keep_one_context_bucket(
 
 
 def _gathering_engine(config, weights, cache: str, emulate, largest: int = 4):
-    """The fused layers on the Triton attention with the checked embedding: the emulated graphs
+    """The fused layers on the Triton attention with the gathered embedding: the emulated graphs
     read the call's ids in place and their metadata from the host buffer (prompt_gather.py),
     and the first layer reads its positions after the inputs kernel wrote them."""
     pytest.importorskip("triton")
@@ -174,7 +174,6 @@ def _gathering_engine(config, weights, cache: str, emulate, largest: int = 4):
     from variants.cache.slab import SlabKVCache
     from variants.engine import assemble_engine
     from variants.kernels.prompt_gather import gathered_embedding
-    from variants.kernels.token_check import checked_embedding
     from variants.layers.fused_stack import fused_head, run_fused_stack
 
     cache_cls = SlabKVCache if cache == "slab" else PagedKVCache
@@ -182,10 +181,7 @@ def _gathering_engine(config, weights, cache: str, emulate, largest: int = 4):
         config, weights, "cpu", cache_cls=cache_cls, attention_cls=TritonAttention,
         stack=run_fused_stack, head=fused_head,
     )  # fmt: skip
-    graphs = emulate(
-        engine, largest=largest, checked_embedding=checked_embedding,
-        gathered_embedding=gathered_embedding,
-    )  # fmt: skip
+    graphs = emulate(engine, largest=largest, gathered_embedding=gathered_embedding)
     engine.check_device_tokens = False  # the ids checked late, as on a GPU
     assert graphs.gather and graphs.check_ids
     return engine, graphs

@@ -26,10 +26,14 @@ class _EagerReplay:
         self.body(self.engine, self.arg)
 
 
-def _emulated(engine, largest_tokens, most_prompts, check_ids=None, checked_embedding=None):
+def _emulated(engine, largest_tokens, most_prompts, check_ids=None, gathered_embedding=None):
+    """`check_ids` False: the check of the ids left to the engine, as where PyTorch cannot
+    capture it (DeferredRangeCheck.in_graph)."""
+    if check_ids is not None:
+        engine.token_check.in_graph = check_ids
     graphs = PrefillGraphs(
-        engine, largest_tokens=largest_tokens, most_prompts=most_prompts, check_ids=check_ids,
-        checked_embedding=checked_embedding,
+        engine, largest_tokens=largest_tokens, most_prompts=most_prompts,
+        gathered_embedding=gathered_embedding,
     )  # fmt: skip
     graphs.captured = []
 
@@ -206,9 +210,9 @@ def test_a_recapture_keeps_the_call_s_ids_for_its_check(tiny_config, tiny_weight
 
 
 def _gathering_engine(config, weights, largest_tokens=64, most_prompts=3):
-    """A slab engine on the Triton stack with its checked embedding: the emulated graphs read
+    """A slab engine on the Triton stack with its gathered embedding: the emulated graphs read
     the prompts in place (kernels/prompt_gather.py), as on a GPU whose ids are checked late."""
-    from variants.kernels.token_check import checked_embedding
+    from variants.kernels.prompt_gather import gathered_embedding
 
     engine = assemble_engine(
         config, weights, "cpu", cache_cls=SlabKVCache, attention_cls=TritonAttention,
@@ -216,7 +220,7 @@ def _gathering_engine(config, weights, largest_tokens=64, most_prompts=3):
     )  # fmt: skip
     graphs = _emulated(
         engine, largest_tokens=largest_tokens, most_prompts=most_prompts,
-        checked_embedding=checked_embedding,
+        gathered_embedding=gathered_embedding,
     )  # fmt: skip
     engine.check_device_tokens = False
     assert graphs.gather
@@ -279,21 +283,6 @@ def test_a_bad_gathered_id_raises_and_the_next_call_is_clean(tiny_config, sharp_
     step = engine.decode([1, 5], torch.tensor([2, 3]))
     want = ref.forward(torch.cat([live, torch.tensor([2])])[None])[0, -1]
     assert torch.allclose(step[0], want, atol=1e-4)
-
-
-def test_prompts_past_the_largest_bucket_run_eagerly_with_their_check(tiny_config, tiny_weights):
-    """Handed prompts that no graph holds, the step concatenates them, starts their check and
-    runs the eager pass (the engine asks `gathers` first, so only a direct caller gets here)."""
-    engine, graphs = _gathering_engine(tiny_config, tiny_weights, largest_tokens=16)
-    vocab = tiny_config["vocab_size"]
-    prompts = [torch.arange(10), torch.tensor([vocab + 1] + [3] * 9)]
-    assert not graphs.gathers(20, 2)
-    for rid, prompt in zip((1, 2), prompts):
-        engine.cache.allocate(rid, prompt.numel())
-    out = graphs.prefill(engine, [1, 2], [10, 10], prompts)
-    want = ReferenceModel(tiny_config, tiny_weights, "cpu").forward(prompts[0][None])[0, -1]
-    assert out.shape == (2, vocab) and torch.allclose(out[0], want, atol=1e-4)
-    assert f"token id {vocab + 1} is outside" in engine.token_check.error(vocab, "prefill")
 
 
 def test_returned_logits_are_a_copy(tiny_config, tiny_weights):
