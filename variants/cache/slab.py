@@ -114,13 +114,8 @@ class SlabKVCache:
         return slot_len
 
     def allocate(self, rid: int, length: int) -> None:
-        if not self.free_slots or length > self.max_len:
-            self.reserve([rid], [length])
+        self.reserve([rid], [length])  # (a free slot that holds it: nothing to do)
         self.slot_of[rid] = self.free_slots.pop()
-
-    def extend(self, rid: int, length: int) -> None:
-        if length > self.max_len:
-            self.reserve([rid], [length])
 
     def extend_step(self, rids: list, positions: list, live=None) -> None:
         """Room for a decode step: each row's token at its position (`live` as in reserve)."""

@@ -32,15 +32,12 @@ def _allocate_plan(cache, rids, lengths) -> CachePlan:
 
 
 def _append_plan(cache, rids, positions) -> CachePlan:
-    """What a decode step does: extend by one token each, write at `positions`, read to p+1."""
-    for rid, p in zip(rids, positions):
-        cache.extend(rid, p + 1)
+    """What a decode step does: room for one token each, write at `positions`, read to p+1."""
+    cache.extend_step(list(rids), list(positions))
     kv_lens = [p + 1 for p in positions]
     return CachePlan(
         list(rids),
-        write_index=torch.tensor(
-            [cache.token_slots(r, p, p + 1)[0] for r, p in zip(rids, positions)]
-        ),
+        write_index=torch.tensor(cache.step_slots(list(rids), list(positions))),
         kv_lens=torch.tensor(kv_lens),
         max_len=max(kv_lens),
         uniform=min(kv_lens) == max(kv_lens),

@@ -21,8 +21,8 @@ def test_allocate_release_and_lowest_slot_first(tiny_spec):
     assert sorted(cache.free_slots) == [0, 2, 3] and 10 not in cache.slot_of
     cache.allocate(13, 1)
     assert cache.slot_of[13] == 0
-    cache.extend(13, 512)  # a slot holds max_positions already
-    assert cache.slots == 4
+    cache.extend_step([13], [511])  # a slot holds max_positions already
+    assert cache.slots == 4 and cache.generation == 0
     for rid in (11, 13):
         cache.release(rid)
     assert sorted(cache.free_slots) == [0, 1, 2, 3] and cache.slot_of == {}
