@@ -60,8 +60,8 @@ class Engine:
         self.check_device_tokens = device.type != "cuda"
         self.token_check = DeferredRangeCheck(device, in_graph=True)
         # How a call's forward pass runs: op by op (EagerRunner), or by the graph runners
-        # (execution/cuda_graphs.py, prefill_graphs.py) that `run_with` installs, which fall
-        # back to `eager` for a call they do not cover. Runners hold no reference back to the
+        # (execution/cuda_graphs.py, prefill_graphs.py) that assemble_engine installs, which
+        # fall back to `eager` for a call they do not cover. Runners hold no reference back to the
         # engine (it is passed to them), so its last reference frees it, its cache and its
         # graphs without the cyclic collector.
         self.eager = EagerRunner()
@@ -197,11 +197,6 @@ class Engine:
         return batch
 
     # ----------------------------------------------------------------- set-up
-    def run_with(self, prefill=None, decode=None) -> None:
-        """Route prefill and decode calls through these runners (None: keep the current one)."""
-        self.prefill_runner = prefill or self.prefill_runner
-        self.decode_runner = decode or self.decode_runner
-
     def warm_up(self) -> None:
         """Run every code path once (and compile it) so no timed call pays a first-call cost."""
         ids = [-1, -2, -3]
@@ -274,9 +269,10 @@ def assemble_engine(
     `cache_cls(spec, device, dtype, limit_bytes=...)` makes the KV cache (its first size is
     bound to it) and `attention_cls(spec, dtype)` the attention; `stack`, `wrap` and `head` are
     the Engine's;
-    `capture(engine)` and `capture_prefill(engine)`, when given, capture the decode and prefill
-    CUDA graphs after the first warm-up. `dtype`: "config" (the reference's rule) or a dtype's
-    name; `fuse_qkv`, `fuse_gate_up`: the projections' weights concatenated.
+    `capture(engine)` and `capture_prefill(engine)`, when given, return the decode and prefill
+    runners of CUDA graphs, captured after the first warm-up. `dtype`: "config" (the
+    reference's rule) or a dtype's name; `fuse_qkv`, `fuse_gate_up`: the projections' weights
+    concatenated.
     `memory_budget_gib`: the most the engine may hold (weights, KV cache, graphs and buffers;
     None: what the device has): its cache then grows no further, and a call that needs more
     raises CacheFullError, changing nothing."""
@@ -298,8 +294,10 @@ def assemble_engine(
     attention = attention_cls(spec, dtype)
     engine = Engine(spec, weights, device, dtype, cache, attention, stack, wrap, head)
     engine.warm_up()
-    for capture_graphs in filter(None, (capture, capture_prefill)):
-        capture_graphs(engine)
+    if capture:
+        engine.decode_runner = capture(engine)
+    if capture_prefill:
+        engine.prefill_runner = capture_prefill(engine)
     if capture or capture_prefill:
         engine.warm_up()  # through the graphs: first-replay costs stay out of timed calls
     if budget is not None:  # the rest of the budget, once graphs and buffers are made

@@ -139,7 +139,7 @@ def emulated_decode_graphs(engine, largest, check_ids=None, warm=False, gathered
         for b in graphs.batches:
             capture_one(engine, b, c)
     graphs.generation = engine.cache.generation
-    engine.run_with(decode=graphs)
+    engine.decode_runner = graphs
     return graphs
 
 

@@ -198,13 +198,10 @@ class DecodeGraphs(GraphRunner):
         self._fill([], [], b)  # padding rows (the gathering buffer's layout is the bucket's own)
         self.graphs[b, ctx] = self._graph(lambda: self._body(engine, b, ctx))
 
-    def _views(self, b: int) -> tuple:
+    def _body(self, e, b: int, ctx: int) -> None:
         meta = self.metas[b]
         positions, write, kv_lens = meta[: 3 * b].view(3, b)
-        return positions, write, kv_lens, meta[3 * b :].view(b, self.width)
-
-    def _body(self, e, b: int, ctx: int) -> None:
-        positions, write, kv_lens, table = self._views(b)
+        table = meta[3 * b :].view(b, self.width)
         plan = CachePlan(
             rids=None,
             write_index=write,
@@ -271,9 +268,8 @@ class DecodeGraphs(GraphRunner):
         return self.outputs[bucket, ctx][b].clone()  # a fresh tensor
 
 
-def use_cuda_graphs(engine, policy: str, gathered_embedding=None) -> None:
-    """Capture decode graphs at `policy`'s batch buckets (pow2, every8) for the engine and
-    route its decode steps through them."""
+def use_cuda_graphs(engine, policy: str, gathered_embedding=None) -> DecodeGraphs:
+    """The engine's decode runner: graphs captured at `policy`'s batch buckets (pow2, every8)."""
     runner = DecodeGraphs(engine, policy, gathered_embedding=gathered_embedding)
     runner.capture(engine)
-    engine.run_with(decode=runner)
+    return runner

@@ -53,12 +53,12 @@ class PrefillGraphs(GraphRunner):
         self, engine, largest_tokens: int = 8192, most_prompts: int = 64, gathered_embedding=None
     ):
         super().__init__(engine, gathered_embedding)
-        spec, device = engine.spec, engine.device
+        spec, device = engine.spec, self.device
         self.buckets = doubling_buckets(16, largest_tokens)
         self.prompts = most_prompts
         # Each bucket's schedule must be built for the q-block size the kernel launches with on
         # this GPU for that many tokens.
-        capability = device_capability(torch.device(device))
+        capability = device_capability(device)
         self.block_m = {t: prefill_tiles(spec.head_dim, capability, t)[0] for t in self.buckets}
         # One long buffer; bucket T uses a prefix of it, laid out as positions [T], write
         # slots [T], last-token rows [P], prompt starts [P + 1], q-block table [2, Q(T)].
@@ -228,8 +228,8 @@ class PrefillGraphs(GraphRunner):
         return self.head_outputs[m][rows].clone()  # a fresh tensor
 
 
-def use_prefill_graphs(engine, gathered_embedding=None) -> None:
-    """Capture prefill graphs for the engine and route its prefill passes through them."""
+def use_prefill_graphs(engine, gathered_embedding=None) -> PrefillGraphs:
+    """The engine's prefill runner: graphs captured at every token bucket and prompt count."""
     runner = PrefillGraphs(engine, gathered_embedding=gathered_embedding)
     runner.capture(engine)
-    engine.run_with(prefill=runner)
+    return runner

@@ -49,7 +49,7 @@ def _emulated(engine, largest_tokens, most_prompts, check_ids=None, gathered_emb
     for t in reversed(graphs.buckets):
         capture_one(engine, t, warm_up=False)
     graphs.heads = {m: _EagerReplay(graphs._head, engine, m) for m in graphs.head_rows}
-    engine.run_with(prefill=graphs)
+    engine.prefill_runner = graphs
     return graphs
 
 
