@@ -80,10 +80,9 @@ class SlabKVCache:
         longest = max(lengths)
         if len(rids) <= len(self.free_slots) and longest <= self.max_len:
             return  # (the call's usual case, on the hot path: nothing to count)
-        calling = set(rids)
         held = self.max_len
         if live is not None:
-            held = max((n for r, n in live.items() if r not in calling), default=0)
+            held = max((n for r, n in live.items() if r not in rids), default=0)
         wanted = max(longest, held)
         shortest = self._slot_length(wanted)
         slot_len = self.max_len if wanted <= self.max_len else self._slot_length(wanted * 5 // 4)
@@ -102,8 +101,7 @@ class SlabKVCache:
                 ):
                     break  # (the last, the least that holds them, is new_pools' to refuse)
         if (slots, slot_len) != (self.slots, self.max_len):
-            why = f"{needed} live requests of up to {wanted} tokens"
-            self._resize(slots, slot_len, why)
+            self._resize(slots, slot_len, f"{needed} live requests of up to {wanted} tokens")
 
     def _slot_length(self, tokens: int) -> int:
         """FIRST_SLOT_TOKENS, doubled until it holds `tokens` (at most max_positions)."""
