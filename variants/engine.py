@@ -294,12 +294,10 @@ def assemble_engine(
     attention = attention_cls(spec, dtype)
     engine = Engine(spec, weights, device, dtype, cache, attention, stack, wrap, head)
     engine.warm_up()
-    if capture:
-        engine.decode_runner = capture(engine)
-    if capture_prefill:
-        engine.prefill_runner = capture_prefill(engine)
-    if capture or capture_prefill:
-        engine.warm_up()  # through the graphs: first-replay costs stay out of timed calls
+    if capture or capture_prefill:  # then every path again, through the graphs
+        engine.decode_runner = capture(engine) if capture else engine.eager
+        engine.prefill_runner = capture_prefill(engine) if capture_prefill else engine.eager
+        engine.warm_up()  # first-replay costs stay out of timed calls
     if budget is not None:  # the rest of the budget, once graphs and buffers are made
         held = _allocated(device) - before if device.type == "cuda" else weights.nbytes()
         cache.limit_bytes = budget - max(held - cache.memory_bytes(), weights.nbytes())

@@ -180,10 +180,9 @@ class DecodeGraphs(GraphRunner):
         from one graph a batch, unless it asks for buckets of its own (its launch depends on
         them); one that reads a gathered context needs a bucket per length it reads, up to
         what the cache holds now."""
-        attention, most = engine.attention, engine.spec.max_positions
-        if not attention.reads_cache_in_place:
+        if not engine.attention.reads_cache_in_place:
             return doubling_buckets(128, self.cache.max_context)
-        return attention.graph_contexts(most, self.device)
+        return engine.attention.graph_contexts(engine.spec.max_positions, self.device)
 
     def capture(self, engine) -> None:
         """Capture every (batch, context) bucket; largest first so the shared pool is sized
