@@ -90,9 +90,13 @@ class GraphRunner:
         self.pool = None  # one memory pool for the graphs of one cache pool
         self.generation = None  # the cache's generation the graphs point at
 
-    def _stage_through(self, host: int, staged: int) -> None:
-        """The pinned memory a call's metadata goes through: gathering, one buffer of `host`
-        int64s that the graphs' first kernel reads; else a ring of `staged`, copied in."""
+    def _buffers(self, tokens: int, host: int, staged: int) -> None:
+        """The graphs' token buffer of `tokens` ids (gathering, only the address the ids'
+        sources count from), and the pinned memory a call's metadata goes through: gathering,
+        one buffer of `host` int64s that the graphs' first kernel reads; else a ring of
+        `staged`, copied in."""
+        self.tokens = torch.zeros(tokens, dtype=torch.long, device=self.device)
+        self.tokens_at = self.tokens.data_ptr()  # (a tensor call costs the H200's host ~1 us)
         if self.gather:
             self.host = torch.zeros(host, dtype=torch.long, pin_memory=self.device.type == "cuda")
             self.host_at = self.host.data_ptr()  # (a tensor call costs the H200's host ~1 us)
@@ -165,11 +169,9 @@ class DecodeGraphs(GraphRunner):
         # source (prompt_gather.py), that the graph's first kernel reads.
         self.metas = {b: torch.zeros(b * (3 + width), dtype=torch.long, device=self.device)
                       for b in self.batches}  # fmt: skip
-        self._stage_through(big * (4 + width) + 1, big * (3 + width))
-        # The call's ids, copied in; when gathering, only the address their sources count from.
-        self.tokens = torch.zeros(big, dtype=torch.long, device=self.device)
-        self.tokens_at = self.tokens.data_ptr()
-        # each batch size's view of it, made once (a slice is a torch call: ~3 us of host)
+        self._buffers(big, big * (4 + width) + 1, big * (3 + width))
+        # each batch size's view of the token buffer, made once (a slice is a torch call: ~3 us
+        # of host time)
         self.token_views = [self.tokens[:b] for b in range(big + 1)]
         # (bucket, context) -> the views [:0], [:1], ... of the logits its graph writes (the
         # head's own output: no copy into a buffer of ours inside the graph)
@@ -248,9 +250,8 @@ class DecodeGraphs(GraphRunner):
             self.pool = None
             self.contexts = self._contexts(engine)
         b = len(rids)
-        longest = max(positions) + 1
         bucket = next((s for s in self.batches if s >= b), None)
-        ctx = next((c for c in self.contexts if c >= longest), None)
+        ctx = next((c for c in self.contexts if c > max(positions)), None)  # holds position + 1
         if bucket is None or ctx is None:
             if self.check_ids:  # the engine left the check to a graph
                 self.token_check.start(tokens)

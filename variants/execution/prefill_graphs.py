@@ -64,17 +64,15 @@ class PrefillGraphs(GraphRunner):
         # slots [T], last-token rows [P], prompt starts [P + 1], q-block table [2, Q(T)].
         size = max(self._meta_size(t) for t in self.buckets)
         self.meta = torch.zeros(size, dtype=torch.long, device=device)
-        # The call's packed ids; when the graphs gather, only the address their sources count
-        # from. The metadata is staged through pinned buffers and a copy, or (gathering) one
-        # pinned buffer the first kernel reads: bucket T's metadata, then its T rows' sources.
-        self.tokens = torch.zeros(self.buckets[-1], dtype=torch.long, device=device)
+        # The call's packed ids; the metadata staged through pinned buffers and a copy, or
+        # (gathering) one pinned buffer the first kernel reads: bucket T's metadata, then its T
+        # rows' sources.
         host = max(self._meta_size(t) + (t if self.gather else 0) for t in self.buckets)
-        self._stage_through(host, size)
+        self._buffers(self.buckets[-1], host, size)
         # A call's ints are built here in place, every page touched once now: built by growing
         # an array instead, the fill costs the H200's host 3-13 us an append, 86 us for 4 x 128
         # (8 in all on the development machine's CPU; scripts/bench_host_fill.py).
         self.values, self.values_size = array.array("q", bytes(8 * host)), host
-        self.tokens_at = self.tokens.data_ptr()  # (a tensor call costs the H200's host ~1 us)
         # The last token's hidden state of each prompt. The head runs in a graph of its own per
         # power-of-two prompt count: inside the layers' graph it would run all P rows (6 us
         # more GPU time a call); launched eagerly it costs 150-240 us of host time a call on
