@@ -135,7 +135,7 @@ def test_triton_attention_graphs_fix_their_splits_per_context_bucket(
     splits, launch = [], triton_attention.paged_decode_attention
     monkeypatch.setattr(
         triton_attention, "paged_decode_attention",
-        lambda *args, **kwargs: splits.append(args[7]) or launch(*args, **kwargs),
+        lambda *args, **kwargs: splits.append(kwargs["num_splits"]) or launch(*args, **kwargs),
     )  # fmt: skip
     ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
     variant = Variant(cache="slab", attention="triton")
@@ -151,6 +151,41 @@ def test_triton_attention_graphs_fix_their_splits_per_context_bucket(
         assert splits == [want_splits] * tiny_config["num_hidden_layers"]
         want = ref.forward(torch.tensor(history)[None])[0, -1].float()
         assert (out[0] - want).abs().max().item() < 1e-4
+
+
+def test_a_knob_table_sets_the_graphs_contexts_and_each_buckets_launch(
+    tiny_config, sharp_weights, monkeypatch, emulate_decode_graphs
+):
+    """The kernel search's table (tuning/decode_attention.py): its contexts are the graphs'
+    buckets and a bucket's graph launches the decode attention with its row of the table, on
+    any GPU; every step matches the reference."""
+    pytest.importorskip("triton")
+    import variants.attention.triton_attention as triton_attention
+
+    launches, launch = [], triton_attention.paged_decode_attention
+    monkeypatch.setattr(
+        triton_attention, "paged_decode_attention",
+        lambda *args, **kwargs: launches.append(kwargs) or launch(*args, **kwargs),
+    )  # fmt: skip
+    short = {"num_splits": 2, "tiles": (16, 4, 2), "split_tokens": 16, "max_registers": 0}
+    long = {"num_splits": 3, "tiles": (32, 4, 2), "split_tokens": 32, "min_programs": 0}
+    most = tiny_config["max_position_embeddings"]
+    knobs = {(b, c): dict(row) for b in (1, 2) for c, row in ((64, short), (most, long))}
+    ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
+    variant = Variant(cache="slab", attention="triton")
+    engine = build_engine(tiny_config, sharp_weights, "cpu", variant, knobs=knobs)
+    graphs = emulate_decode_graphs(engine, largest=2)
+    assert graphs.contexts == [64, most]
+    history = list(range(1, 63))
+    engine.prefill([0], [torch.tensor(history)])
+    for token, want in ((5, short), (6, short), (7, long)):  # contexts 63-65
+        launches.clear()
+        out = engine.decode([0], torch.tensor([token]))
+        history.append(token)
+        got = [{k: kw[k] for k in want} for kw in launches]
+        assert got == [want] * tiny_config["num_hidden_layers"]
+        expect = ref.forward(torch.tensor(history)[None])[0, -1].float()
+        assert (out[0] - expect).abs().max().item() < 1e-4
 
 
 def test_triton_attention_graphs_before_hopper_keep_one_context_bucket(
