@@ -154,7 +154,7 @@ if stage kernelstudy; then
     mkdir -p /tmp/tiny_weights
     "$PY" scripts/generate_toy_weights.py --config tests/data/tiny_config.json \
         --output /tmp/tiny_weights/model.pt > /dev/null
-    timed kernel_study "${KSTUDY_LIMIT:-330}" bash run.sh --device cuda --fresh \
+    timed kernel_study "${KSTUDY_LIMIT:-330}" bash run.sh --device cuda --fresh --kernel-search \
         --model-config tests/data/tiny_config.json --weight-dir /tmp/tiny_weights \
         --budget-minutes "${KSTUDY_MINUTES:-4}"
     cp workspace/results.log "$OUT/kernel_study_results.log" 2>/dev/null

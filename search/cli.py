@@ -140,10 +140,11 @@ def _run_options(p) -> None:
     p.add_argument(
         "--kernel-search",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=False,
         help="on a GPU, after the study, search the chosen engine's decode attention launch at "
         "this model's shapes (a tenth of the budget, at most 5 min; cached per GPU, model and "
-        "Triton in studies/kernels/) and keep it where the traces run faster (default: on)",
+        "Triton in studies/kernels/) and keep it where the traces run faster (default: off "
+        "until its end-to-end run on a GPU is checked)",
     )
     p.add_argument(
         "--neutral-kernels",

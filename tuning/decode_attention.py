@@ -276,7 +276,7 @@ def tune_bucket(bench, prior: dict, spec, bucket, sm_count, deadline: float, axe
     # the winner timed again beside the prior: a margin won by noise does not stand
     again, prior_again = bench.time_ms(result.best), bench.time_ms(prior)
     if again > prior_again * (1 - MARGIN):
-        result.best, result.best_ms = dict(prior), prior_again
+        result.best, result.best_ms, result.prior_ms = dict(prior), prior_again, prior_again
     else:
         result.best_ms, result.prior_ms = again, prior_again
     return result
