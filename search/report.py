@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import statistics
 from collections import Counter
 from pathlib import Path
 
@@ -219,6 +220,20 @@ def _verification(attempts: list[Attempt]) -> str:
     return "\n".join(parts)
 
 
+def trial_time(records: list[Record]) -> str:
+    """Where a screened trial's time goes: each phase's median over the trials that timed it."""
+    timed = [
+        r.attrs["phase_seconds"]
+        for r in records
+        if r.attrs.get("phase_seconds") and r.attrs.get("protocol", "quick") == "quick"
+    ]
+    if not timed:
+        return ""
+    names = list(dict.fromkeys(name for p in timed for name in p))
+    parts = [f"{n} {statistics.median(p[n] for p in timed if n in p):.1f} s" for n in names]
+    return f"\na trial's time (medians of {len(timed)}): " + ", ".join(parts)
+
+
 def render_log(job, records: list[Record], ranked: list[Record], attempts: list[Attempt]) -> str:
     """The results log of a main job (search.cli.RunJob) once its phases are done."""
     out = [f"# results of: python -m search {job.args.command_line}\n"]
@@ -241,7 +256,7 @@ def render_log(job, records: list[Record], ranked: list[Record], attempts: list[
     timed = len(job.runner.durations)  # this run's trials that ran to a result
     if minutes > 0 and timed:
         rate = f"this run: {timed} in {minutes:.1f} min of search, {timed / minutes:.1f} a minute"
-        trials = f"{rate}\n{trials}"
+        trials = f"{rate}{trial_time(records)}\n{trials}"
     out.append(_section(f"trials ({len(records)})", trials or "(none)"))
     out.append(_section("top 5", top_table(ranked, 5)))
     done = installed(attempts)

@@ -20,7 +20,7 @@ import torch
 
 from evaluator.gate_choice import select_gate
 from search.trial import CPU_OBJECTIVE_TRACES, OBJECTIVE_TRACES, TrialRunner
-from tuning.phase import MOST_S, SHARE
+from tuning.phase import LEADER_TIMINGS, MOST_S, SHARE
 from variants.checkpoint.preflight import resolve_target
 from variants.probe import probe_capabilities
 from variants.registry import AXES
@@ -99,8 +99,14 @@ def set_up(job) -> None:
     # and for the kernel search of the leader (tuning/phase.py)
     kernels = kind == "cuda" and getattr(args, "kernel_search", False)
     job.kernel_search_s = min(SHARE * job.budget_s, MOST_S) if kernels else 0.0
-    after_s = sweep_s + job.kernel_search_s
-    job.budget = Budget(job.deadline, job.trial_timeout, total_s=job.budget_s, after_s=after_s)
+    job.budget = Budget(
+        job.deadline,
+        job.trial_timeout,
+        total_s=job.budget_s,
+        after_s=sweep_s,
+        kept_s=job.kernel_search_s,
+        kept_trials=LEADER_TIMINGS if kernels else 0.0,
+    )
     job.notes.append(f"budget {minutes:g} min, trial limit {job.trial_timeout:.0f} s")
     job.environment = describe_environment(job.device)
     job.memory_budget_gib, why = memory_budget_gib(args, job.device)
@@ -140,7 +146,9 @@ class Budget:
     """Wall-clock deadline for the loop and what must stay in reserve after it: the full-protocol
     re-measurement of three leaders (about one trial each on an H200) and the final verification
     (a third of a trial there), in typical trials, plus `after_s` (the shape sweep's limit),
-    never more than `max_reserve_share` of the whole budget."""
+    never more than `max_reserve_share` of the whole budget; on top of that `kept_s` and
+    `kept_trials` typical trials, whatever the share (the kernel search and the leader timed
+    with its table: a share of the budget of their own)."""
 
     deadline: float  # time.monotonic() value
     trial_timeout_s: float
@@ -149,6 +157,8 @@ class Budget:
     max_reserve_share: float = 0.35
     first_guess_s: float = 20.0
     after_s: float = 0.0
+    kept_s: float = 0.0
+    kept_trials: float = 0.0
 
     def typical_trial_s(self, durations: list[float]) -> float:
         return statistics.median(durations) if durations else self.first_guess_s
@@ -158,6 +168,7 @@ class Budget:
         typical = self.typical_trial_s(durations)
         wanted = self.reserve_trials * typical + self.after_s
         reserve = min(wanted, self.max_reserve_share * self.total_s)
+        reserve += self.kept_s + self.kept_trials * typical
         left = self.deadline - time.monotonic() - reserve
         if left < 0.75 * typical:
             return None

@@ -217,6 +217,11 @@ class TrialRunner:
                 self.durations.append(seconds)  # crashes and timeouts say nothing typical
         outcome = outcome_from_result(result, variant, self, protocol)
         outcome.attrs["trial_seconds"] = round(seconds, 3)
+        if result.get("phase_seconds"):  # start-up: the interpreter's too, before `main`
+            phases = dict(result["phase_seconds"])
+            before = max(0.0, seconds - result.get("worker_seconds", seconds))
+            phases["start-up"] = round(phases.get("start-up", 0.0) + before, 3)
+            outcome.attrs["phase_seconds"] = phases
         return outcome
 
     def command(self, variant, tmp: Path, protocol="quick", check=True, traces=None) -> list[str]:
@@ -341,12 +346,22 @@ def load_renderer(spec: str):
 
 
 class Phases:
+    """The phase a trial is in (a marker file the parent reads when it kills a hung trial) and
+    the seconds each took, for results.log's account of where a trial's time goes."""
+
     def __init__(self, output: Path):
         self.marker = Path(str(output) + ".phase")
+        self.seconds: dict[str, float] = {}
+        self.current, self.since = None, time.perf_counter()
 
-    def enter(self, name: str) -> None:
-        log.info("phase %s", name)
-        self.marker.write_text(name)
+    def enter(self, name: str | None) -> None:
+        now = time.perf_counter()
+        if self.current is not None:
+            self.seconds[self.current] = round(now - self.since, 3)
+        self.current, self.since = name, now
+        if name is not None:
+            log.info("phase %s", name)
+            self.marker.write_text(name)
 
 
 def gate(create_engine, job: dict) -> dict:
@@ -539,12 +554,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     job = json.loads(Path(argv[0]).read_text())
     start = time.perf_counter()
+    phases = Phases(Path(job["output"]))
+    phases.enter("start-up")  # (run_job's imports: torch, the evaluator)
     try:
-        result = run_job(job, Phases(Path(job["output"])))
+        result = run_job(job, phases)
     except Exception as exc:
         traceback.print_exc()
         result = {"status": "failed", "reason": f"{type(exc).__name__}: {exc}"}
+    phases.enter(None)
     result["worker_seconds"] = time.perf_counter() - start
+    result["phase_seconds"] = phases.seconds
     write_atomic(Path(job["output"]), json.dumps(result, default=str, allow_nan=True))
     return 0
 

@@ -248,8 +248,10 @@ def after_remeasure_s(job, kernels: bool = True) -> float:
     durations = job.runner.durations
     typical = statistics.median(durations) if durations else 20.0  # (Budget's first guess)
     need = typical + least_sweep_s(device_kind(job.device))
+    from tuning.phase import LEADER_TIMINGS
+
     search_s = getattr(job, "kernel_search_s", 0.0)
-    return need + (search_s + 3 * typical if kernels and search_s else 0.0)
+    return need + (search_s + LEADER_TIMINGS * typical if kernels and search_s else 0.0)
 
 
 def candidates(job, records: list[Record], ranked: list[Record]) -> list[Record]:

@@ -17,6 +17,9 @@ from tuning.decode_attention import table_from_json, table_to_json
 SHARE, MOST_S = 0.1, 300.0
 # the least that is worth a search (engine build and compiles aside)
 LEAST_S = 20.0
+# the leader timed with the table (and without, when it has no full-protocol numbers), in
+# typical trials: kept for it in the study's reserve
+LEADER_TIMINGS = 3.0
 
 
 @dataclass
@@ -149,7 +152,7 @@ def kernel_phase(job, leader) -> KernelSearch | None:
     if variant.attention != "triton" or getattr(job.args, "kernel_search", True) is False:
         return None
     typical = job.budget.typical_trial_s(job.runner.durations)
-    reserve = after_remeasure_s(job, kernels=False) + 3 * typical  # the leader timed twice
+    reserve = after_remeasure_s(job, kernels=False) + LEADER_TIMINGS * typical
     prior = job.runner.kernel_prior
     found = KernelSearch(prior, search_budget_s(job.budget_s, job.seconds_left(), reserve))
     if found.budget_s <= 0:
@@ -161,7 +164,7 @@ def kernel_phase(job, leader) -> KernelSearch | None:
     if not any(r["moved"] for r in found.results):
         found.why = "every bucket searched kept the prior's launch"
         return found
-    limit = 3 * typical
+    limit = LEADER_TIMINGS * typical
     if leader.has_full and prior == "hand":
         found.before = {t: n["seconds"] for t, n in leader.trace_numbers("full_").items()}
     else:

@@ -28,7 +28,13 @@ from variants.variant import Variant
 
 log = logging.getLogger(__name__)
 
-BUDGET_SHARE = 0.25  # of the job's budget, at most, for the warm-up (and never more than a trial)
+# The warm-up's limit: a share of the job's budget, or what the model needs if that is more
+# (a cut child loses its compile, which its trial then does alone), never more than a trial's.
+BUDGET_SHARE = 0.25
+# What the model needs: the compiles (61 s for six course-model assemblies at once on an H200,
+# results.log of 2026-12-03) and, a GiB of weights, an allowance for each child's loads (the
+# reference and two engines) and its float32 reference's steps.
+WARM_BASE_S, WARM_S_PER_GIB = 75.0, 30.0
 # Beyond its weights and cache a child's engine takes up to about 0.9 GiB at a trial's peak
 # (graph pools, workspaces; scripts/engine_memory.py).
 CHILD_EXTRA_BYTES = 1 << 30
@@ -65,6 +71,19 @@ def memory_workers(job) -> int:
     )
     weights = sum(p.stat().st_size for p in Path(job.target.weight_dir).iterdir() if p.is_file())
     return workers_in_memory(free, weights, cache)
+
+
+def needed_s(weight_dir) -> float:
+    """What a warm-up child needs for the model in `weight_dir` (its files' size)."""
+    weights = sum(p.stat().st_size for p in Path(weight_dir).iterdir() if p.is_file())
+    return WARM_BASE_S + WARM_S_PER_GIB * weights / 2**30
+
+
+def warm_limit_s(job) -> float:
+    """The warm-up's seconds: `BUDGET_SHARE` of the budget or the model's need, the more,
+    within the trial limit and what is left of the budget."""
+    need = needed_s(job.target.weight_dir)
+    return min(job.trial_timeout, max(BUDGET_SHARE * job.budget_s, need), job.seconds_left())
 
 
 def has_triton_kernels(variant, renderer: str) -> bool:
@@ -142,7 +161,7 @@ def warm_first(job, variants: list) -> str | None:
     variants = [v for v in variants if has_triton_kernels(v, job.runner.renderer)]
     if not variants:
         return None
-    limit = min(job.trial_timeout, BUDGET_SHARE * job.budget_s, job.seconds_left())
+    limit = warm_limit_s(job)
     start = time.monotonic()
     warmed = warm_kernels(job.runner, variants, limit, workers)
     outcomes = "; ".join(f"{w.name}: {w.status}, {w.seconds:.0f} s" for w in warmed)

@@ -29,3 +29,11 @@ def test_no_trial_when_less_than_three_quarters_of_one_is_left():
     b = budget(100.0, after_s=90.0)  # the reserve is 35 s; 65 s left
     assert b.time_for_trial([90.0]) is None
     assert b.time_for_trial([60.0]) == pytest.approx(65.0, abs=1.0)
+
+
+def test_the_kernel_search_keeps_its_share_beyond_the_capped_reserve():
+    # a 5-minute budget: the trials' reserve is capped at 35 % (105 s); the kernel search's 30 s
+    # and the leader's three typical timings (60 s) are kept on top of it
+    b = budget(300.0, after_s=90.0, kept_s=30.0, kept_trials=3.0)
+    assert b.time_for_trial([20.0]) == pytest.approx(300.0 - 105.0 - 30.0 - 60.0, abs=1.0)
+    assert budget(300.0, after_s=90.0).time_for_trial([20.0]) == pytest.approx(195.0, abs=1.0)

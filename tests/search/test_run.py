@@ -6,6 +6,7 @@ hang, wrong logits and a too-close answer planted by variant value. Each test ru
 """
 
 import json
+import re
 import time
 
 import optuna
@@ -140,6 +141,10 @@ def test_results_log_names_every_trial_and_the_choice(planted):
     assert "planted crash in create_engine" in text and "timed out after" in text
     assert "optuna-dashboard " + planted["storage"] in text
     assert "test_correctness.py: exit 0" in text
+    # where a trial's time goes, phase by phase (the child's start-up, the gate, the timing)
+    rate = next(line for line in text.splitlines() if line.startswith("a trial's time"))
+    for phase in ("start-up", "render", "import", "correctness", "benchmark"):
+        assert re.search(rf"\b{phase} \d+\.\d s", rate), (phase, rate)
     # The shape sweep of the correct variants, the chosen first, next to the study's report.
     report = planted["tmp"] / "planted"
     assert "shape sweep of 2 variant(s) (torch.compile variants left out on a CPU) (exit 0" in text

@@ -12,11 +12,15 @@ import torch
 from search.setup import SearchSpace
 from search.trial import TrialRunner
 from tuning.warmup import (
+    WARM_BASE_S,
+    WARM_S_PER_GIB,
     default_workers,
     has_triton_kernels,
     memory_workers,
+    needed_s,
     queued_variants,
     warm_kernels,
+    warm_limit_s,
     warm_queued,
     workers_for,
     workers_in_memory,
@@ -109,6 +113,7 @@ def gpu_job(config, weights, workers: int, trials=None):
         args=args,
         device="cuda",
         runner=runner,
+        target=SimpleNamespace(weight_dir=weights),
         trial_timeout=300.0,
         budget_s=1200.0,
         seconds_left=lambda: 1000.0,
@@ -135,6 +140,30 @@ def test_no_more_warm_ups_than_trials_asked_for(tiny_config, tiny_weights):
 
 
 GIB = 1 << 30
+
+
+def test_the_warm_up_is_sized_by_the_model(tmp_path):
+    """A share of the budget, or what the model's weights need if that is more: a child cut
+    short loses its compile. Never over a trial's limit or what is left."""
+    small, large = tmp_path / "small", tmp_path / "large"
+    for folder, size in ((small, 10 * 2**20), (large, 4 * GIB)):
+        folder.mkdir()
+        with open(folder / "model.safetensors", "wb") as f:
+            f.truncate(size)  # (sparse: no disk used)
+    assert needed_s(large) == pytest.approx(WARM_BASE_S + 4 * WARM_S_PER_GIB)
+
+    def job(weights, minutes, left=1e9):
+        return SimpleNamespace(
+            target=SimpleNamespace(weight_dir=weights),
+            trial_timeout=300.0,
+            budget_s=60.0 * minutes,
+            seconds_left=lambda: left,
+        )
+
+    assert warm_limit_s(job(small, 20)) == 300.0  # a quarter of 20 minutes, the trial limit
+    assert warm_limit_s(job(small, 3)) == pytest.approx(needed_s(small))  # over 45 s
+    assert warm_limit_s(job(large, 3)) == pytest.approx(WARM_BASE_S + 4 * WARM_S_PER_GIB)
+    assert warm_limit_s(job(large, 3, left=100.0)) == 100.0
 
 
 def test_the_children_that_fit_in_the_gpus_memory():
