@@ -364,24 +364,21 @@ class Phases:
             self.marker.write_text(name)
 
 
-def gate(create_engine, job: dict) -> dict:
+def gate(create_engine, job: dict, phases: Phases | None = None) -> dict:
     """The correctness gate of the job (the course's check unless the job names another), and
     the margin the search asks beyond it: half the course's tolerance, or within the noise
     gate's multiple."""
-    from evaluator.correctness import check_engine
+    from evaluator.correctness import check_prepared, prepare_check
     from evaluator.gate_choice import gate_from_dict
+    from evaluator.gates import CourseGate
 
     judge = gate_from_dict(job["gate"]) if job.get("gate") else None
-    tolerance = {} if judge else {"atol": job["atol"], "rtol": job["rtol"]}
-    cases = check_engine(
-        create_engine,
-        job["config"],
-        job["weight_dir"],
-        job["device"],
-        cases=tuple(job.get("gate_cases", ("public", "stress"))),
-        gate=judge,
-        **tolerance,
-    )
+    cases = tuple(job.get("gate_cases", ("public", "stress")))
+    gate_ = judge or CourseGate(job["atol"], job["rtol"])
+    prepared = prepare_check(gate_, job["config"], job["weight_dir"], job["device"], cases)
+    if phases is not None:
+        phases.enter("correctness")
+    cases = check_prepared(create_engine, prepared)
     shares = [c.get("noise_share") for c in cases.values() if c.get("noise_share") is not None]
     result = {
         "check": cases,
@@ -511,8 +508,8 @@ def run_job(job: dict, phases: Phases) -> dict:
     gc.freeze()
     result: dict = {"status": "ok", "reason": None}
     if job.get("check", True):
-        phases.enter("correctness")
-        result = gate(create_engine, job)
+        phases.enter("reference")  # the cases' calls and the gate's reference outputs
+        result = gate(create_engine, job, phases)
         if result["status"] != "ok":
             return result
     phases.enter("benchmark")

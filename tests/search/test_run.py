@@ -143,7 +143,7 @@ def test_results_log_names_every_trial_and_the_choice(planted):
     assert "test_correctness.py: exit 0" in text
     # where a trial's time goes, phase by phase (the child's start-up, the gate, the timing)
     rate = next(line for line in text.splitlines() if line.startswith("a trial's time"))
-    for phase in ("start-up", "render", "import", "correctness", "benchmark"):
+    for phase in ("start-up", "render", "import", "reference", "correctness", "benchmark"):
         assert re.search(rf"\b{phase} \d+\.\d s", rate), (phase, rate)
     # The shape sweep of the correct variants, the chosen first, next to the study's report.
     report = planted["tmp"] / "planted"
