@@ -178,6 +178,62 @@ def run_child(cmd: list[str], log_path: Path, timeout_s: float) -> tuple[int | N
     return code, time.perf_counter() - start
 
 
+# What a trial's process imports before its job: a forkserver that has them forks each trial
+# (tens of ms) where a fresh interpreter importing torch took seconds. Nothing here touches CUDA,
+# so each forked trial still starts its own context.
+PRELOAD = ("torch", "evaluator.correctness", "evaluator.benchmark", "variants.render")
+_forkserver = None
+
+
+def forkserver():
+    global _forkserver
+    if _forkserver is None:
+        import multiprocessing
+
+        _forkserver = multiprocessing.get_context("forkserver")
+        preload = ["search.trial", *PRELOAD]
+        if importlib.util.find_spec("triton") is not None:
+            preload.append("triton")
+        _forkserver.set_forkserver_preload(preload)
+    return _forkserver
+
+
+def run_trial_child(job_path: Path, log_path: Path, timeout_s: float):
+    """`python -m search.trial JOB.json` as `run_child` runs it (its own session, its output in
+    `log_path`, its group killed at the limit), forked from the preloaded forkserver.
+    (returncode, or None on a timeout; seconds)."""
+    start = time.perf_counter()
+    proc = forkserver().Process(target=_trial_process, args=(str(job_path), str(log_path)))
+    proc.start()
+    proc.join(max(timeout_s, 1.0))
+    code = proc.exitcode
+    if code is None:
+        for sig, grace in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:  # (killed before it made its session)
+                proc.kill()
+            proc.join(grace)
+            if proc.exitcode is not None:
+                break
+    return code, time.perf_counter() - start
+
+
+def _trial_process(job_path: str, log_path: str) -> None:
+    os.setsid()
+    os.chdir(REPO_ROOT)
+    out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    stop_with_parent()
+    code = main([job_path])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 NOT_IN_JOB = ("timeout_s", "durations")  # the parent's, not the child's
 
 
@@ -210,8 +266,8 @@ class TrialRunner:
         limit = self.timeout_s if timeout_s is None else timeout_s
         with tempfile.TemporaryDirectory(prefix="trial-") as tmp:
             tmp = Path(tmp)
-            cmd = self.command(variant, tmp, protocol, check)
-            code, seconds = run_child(cmd, tmp / "log.txt", limit)
+            self.command(variant, tmp, protocol, check)
+            code, seconds = run_trial_child(tmp / "job.json", tmp / "log.txt", limit)
             result = self._result(tmp / "result.json", code, limit, tmp / "log.txt")
             if protocol == "quick" and result["status"] != "failed":
                 self.durations.append(seconds)  # crashes and timeouts say nothing typical
