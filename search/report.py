@@ -108,11 +108,8 @@ def trial_line(r: Record) -> str:
             if n in per
         )
         peak = f"peak {_num(a.get('peak_mib'), 0)} MiB"
-        if a.get("engine_peak_mib") is not None:  # the peak is the grader's pattern's
-            peak = (
-                f"peak {_num(a.get('peak_mib'), 0)} MiB in the grader's pattern "
-                f"({_num(a.get('engine_peak_mib'), 0)} one engine)"
-            )
+        if a.get("grader_peak_mib") is not None:  # (a trial of a worker: the grader's too)
+            peak += " in the grader's pattern"
         body = (
             f" | {_num(a.get('tokens_per_s'))} tok/s gmean, {peak},"
             f" create {_num(a.get('create_s'), 2)} s | tok/s/decode tok/s per trace: {traces}"

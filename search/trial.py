@@ -20,7 +20,6 @@ import logging
 import math
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -41,7 +40,6 @@ DEFAULT_RENDERER = "variants.render:render_engine"
 # A trial may use at most this share of the tolerance: a variant that passes by a hair here can
 # fail on the hidden model or traces.
 TOL_SHARE_LIMIT = 0.5
-QUICK_LONG_PASS_S = 1.0  # in the quick protocol a longer pass is timed once (`time_one`)
 REPO_ROOT = Path(__file__).resolve().parent.parent
 INFEASIBLE = 1.0e6  # the constraint of a result that reports no share of the tolerance
 
@@ -343,9 +341,6 @@ def outcome_from_result(result: dict, variant, runner: TrialRunner, protocol: st
         attrs[f"{prefix}grader_peak_mib"] = result["grader_peak_mib"]
     if result["status"] == "ok" and result.get("traces"):
         attrs.update(trace_attrs(result["traces"], prefix))
-        if f"{prefix}grader_peak_mib" in attrs:  # the memory objective: the grader's pattern
-            attrs[f"{prefix}engine_peak_mib"] = attrs[f"{prefix}peak_mib"]
-            attrs[f"{prefix}peak_mib"] = attrs[f"{prefix}grader_peak_mib"]
         values = (attrs[f"{prefix}tokens_per_s"], attrs[f"{prefix}peak_mib"])
     elif result["status"] == "infeasible":
         # the worst on both objectives: no Pareto front (the dashboard's ignores constraints)
@@ -471,32 +466,14 @@ def measure(create_engine, job: dict) -> dict:
 
 
 def time_one(create_engine, job: dict, trace, full: bool) -> dict:
-    """Full: the grader's protocol. Quick: the grader's with one repeat (a warm-up engine, then
-    one pass of a fresh engine: what a first pass pays, a pool that moves and graphs that
-    capture again, is timed as the grader times it), and two more passes (on a third engine)
-    only when a pass is short enough for noise to matter: on an H200 a pass of the continuous
-    trace takes about 0.4 s (seconds with a slow engine), the public ones a few milliseconds; on
-    a CPU a pass takes seconds."""
+    """Full: the grader's protocol (a warm-up engine, then three fresh engines by assignment).
+    Quick: the same with two repeats: what a first pass pays (a pool that moves, graphs that
+    capture again) is timed as the grader times it, and the peak is the grader's (a warm-up
+    engine and two repeats alive while the last is built)."""
     from evaluator.benchmark import time_trace
 
     args = (create_engine, job["config"], job["weight_dir"], job["device"], trace)
-    if full:
-        return time_trace(*args, warmup=1, repeat=3, fresh_engine=True)
-    timing = time_trace(*args, warmup=1, repeat=1, fresh_engine=True)
-    if timing["seconds"] >= QUICK_LONG_PASS_S:
-        return timing
-    more = time_trace(*args, warmup=0, repeat=2, fresh_engine=False)
-    every = timing["all_seconds"] + more["all_seconds"]
-    seconds = statistics.median(every)
-    return {
-        **timing,
-        "seconds": seconds,
-        "all_seconds": every,
-        "tokens_per_s": (timing["prefill_tokens"] + timing["decode_tokens"]) / seconds,
-        "decode_tokens_per_s": timing["decode_tokens"] / seconds,
-        "peak_mib": max(timing["peak_mib"], more["peak_mib"]),
-        "engines_built": timing.get("engines_built", 1) + more.get("engines_built", 1),
-    }
+    return time_trace(*args, warmup=1, repeat=3 if full else 2, fresh_engine=True)
 
 
 def _floor_efficiency(trace, job: dict, seconds: float):
@@ -512,21 +489,6 @@ def _floor_efficiency(trace, job: dict, seconds: float):
     except Exception as exc:  # the floor model is a diagnostic; it never fails a trial
         log.warning("floor efficiency unavailable: %s", exc)
         return None
-
-
-def grader_peak(create_engine, job: dict, per_trace: dict) -> float:
-    """The peak (MiB) of the trace that took the most memory, in the grader's pattern (a
-    warm-up engine and two repeats: three engines alive while the last is built); the full
-    protocol measured every trace that way already."""
-    from evaluator.benchmark import time_trace
-    from evaluator.benchmark_traces import get_trace
-
-    if job["protocol"] == "full":
-        return max(t["peak_mib"] for t in per_trace.values())
-    name = max(per_trace, key=lambda n: per_trace[n]["peak_mib"])
-    trace = get_trace(name, job["config"])
-    args = (create_engine, job["config"], job["weight_dir"], job["device"], trace)
-    return time_trace(*args, warmup=1, repeat=2, fresh_engine=True)["peak_mib"]
 
 
 def kernel_knobs(job: dict, variant) -> dict | None:
@@ -571,8 +533,8 @@ def run_job(job: dict, phases: Phases) -> dict:
     phases.enter("benchmark")
     result["traces"] = measure(create_engine, job)
     if result["traces"]:  # (a kernel warm-up times nothing)
-        phases.enter("memory")
-        peak = result["grader_peak_mib"] = grader_peak(create_engine, job, result["traces"])
+        # every trace ran in the grader's pattern: its peak is the grader's
+        peak = result["grader_peak_mib"] = max(t["peak_mib"] for t in result["traces"].values())
         budget = job.get("memory_budget_mib")
         if budget is not None and peak > budget:
             reason = (
