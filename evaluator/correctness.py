@@ -115,8 +115,10 @@ def prepare_check(
     cases: tuple[str, ...] | list[str] = CASES,
     seed: int = 0,
     stress_positions: int | None = None,
+    cache_dir: str | os.PathLike | None = None,
 ) -> PreparedCheck:
-    """Materialize the cases' calls and let the gate build its references."""
+    """Materialize the cases' calls and let the gate build its references (its noise
+    measurement kept in `cache_dir`, when given)."""
     device = torch.device(device)
     calls, rows = {}, {}
     for case in cases:
@@ -124,7 +126,7 @@ def prepare_check(
         calls[case] = materialize(trace, int(config["vocab_size"]), device, token_seed)
         rows[case] = case_rows(calls[case])
     start = time.perf_counter()
-    judges = gate.prepare(config, str(weight_dir), device, rows)
+    judges = gate.prepare(config, str(weight_dir), device, rows, cache_dir=cache_dir)
     log.info("%s gate prepared in %.1f s", gate.name, time.perf_counter() - start)
     return PreparedCheck(gate, config, str(weight_dir), device, calls, rows, judges)
 

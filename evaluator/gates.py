@@ -50,8 +50,11 @@ class Gate(Protocol):
     atol: float
     rtol: float
 
-    def prepare(self, config, weight_dir, device, rows_by_case: dict) -> PreparedGate:
-        """Build what the gate compares with (references, noise) once, for every case."""
+    def prepare(
+        self, config, weight_dir, device, rows_by_case: dict, cache_dir=None
+    ) -> PreparedGate:
+        """Build what the gate compares with (references, noise) once, for every case; the
+        noise measurement is kept in `cache_dir` (`measure_noise`)."""
 
     def to_dict(self) -> dict: ...
 
@@ -83,12 +86,14 @@ class CourseGate:
     measure_noise: bool = False
     name: ClassVar[str] = "course"
 
-    def prepare(self, config, weight_dir, device, rows_by_case: dict) -> CoursePrepared:
+    def prepare(
+        self, config, weight_dir, device, rows_by_case: dict, cache_dir=None
+    ) -> CoursePrepared:
         model = ReferenceModel(config, weight_dir, device)
         noise = None
         if self.measure_noise:
             dtype = compute_dtype_for(config, device)
-            noise = measure_noise(config, weight_dir, device, dtype, rows_by_case)
+            noise = measure_noise(config, weight_dir, device, dtype, rows_by_case, cache_dir)
         return CoursePrepared(self, model, rows_by_case, noise)
 
     def to_dict(self) -> dict:
@@ -170,9 +175,12 @@ class NoiseGate:
     def model_dtype(self, config: dict, device) -> torch.dtype:
         return dtype_from_name(self.dtype) if self.dtype else compute_dtype_for(config, device)
 
-    def prepare(self, config, weight_dir, device, rows_by_case: dict) -> NoisePrepared:
+    def prepare(
+        self, config, weight_dir, device, rows_by_case: dict, cache_dir=None
+    ) -> NoisePrepared:
         dtype = self.model_dtype(config, device)
-        return NoisePrepared(self, measure_noise(config, weight_dir, device, dtype, rows_by_case))
+        noise = measure_noise(config, weight_dir, device, dtype, rows_by_case, cache_dir)
+        return NoisePrepared(self, noise)
 
     def to_dict(self) -> dict:
         return {"name": self.name, **asdict(self)}

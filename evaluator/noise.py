@@ -8,8 +8,11 @@ one at a time; what is kept is rows of logits on the CPU.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 
@@ -55,8 +58,51 @@ def measure_noise(
     device: str | torch.device,
     model_dtype: torch.dtype,
     rows_by_case: dict[str, CaseRows],
+    cache_dir: str | os.PathLike | None = None,
 ) -> dict[str, CaseNoise]:
-    """The noise of `model_dtype` on every case's rows, computed on `device`."""
+    """The noise of `model_dtype` on every case's rows, computed on `device`. `cache_dir`: kept
+    there and read back under a key of everything it depends on (the config, the weight files,
+    the device, torch, the dtype, the rows): a search's trials measure it once."""
+    path = None
+    if cache_dir is not None:
+        key = noise_key(config, weight_dir, device, model_dtype, rows_by_case)
+        path = Path(cache_dir) / f"noise-{key}.pt"
+        if path.is_file():
+            try:
+                return _load(path)
+            except Exception:  # a torn or foreign file: measure again
+                pass
+    out = _measure(config, weight_dir, device, model_dtype, rows_by_case)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        part = path.with_suffix(f".{os.getpid()}.part")
+        torch.save({case: asdict(noise) for case, noise in out.items()}, part)
+        os.replace(part, path)  # (trials side by side: the last one's, identical, wins)
+    return out
+
+
+def noise_key(config, weight_dir, device, model_dtype, rows_by_case) -> str:
+    device = torch.device(device)
+    h = hashlib.sha256(json.dumps(config, sort_keys=True).encode())
+    for f in sorted(Path(weight_dir).iterdir()):
+        if f.is_file():
+            stat = f.stat()
+            h.update(f"{f.name} {stat.st_size} {stat.st_mtime_ns}".encode())
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
+    h.update(f"{device.type} {gpu} {torch.__version__} {model_dtype}".encode())
+    for case, rows in sorted(rows_by_case.items()):
+        h.update(f"{case} {sorted(rows.steps.items())}".encode())
+        for life in rows.lives:
+            h.update(life.cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _load(path: Path) -> dict[str, CaseNoise]:
+    data = torch.load(path, map_location="cpu", weights_only=True)
+    return {case: CaseNoise(**fields) for case, fields in data.items()}
+
+
+def _measure(config, weight_dir, device, model_dtype, rows_by_case) -> dict[str, CaseNoise]:
     computed = []
     for dtype in (precise_dtype_for(model_dtype, device), model_dtype):
         model = ReferenceModel(config, weight_dir, device, dtype)

@@ -140,11 +140,11 @@ def _run_options(p) -> None:
     p.add_argument(
         "--kernel-search",
         action=argparse.BooleanOptionalAction,
-        default=False,
+        default=True,
         help="on a GPU, after the study, search the chosen engine's decode attention launch at "
         "this model's shapes (a tenth of the budget, at most 5 min; cached per GPU, model and "
-        "Triton in studies/kernels/) and keep it where the traces run faster (default: off "
-        "until its end-to-end run on a GPU is checked)",
+        "Triton in studies/kernels/) and keep it where the traces with decode steps run faster "
+        "(default: on; --no-kernel-search leaves the rules and the budget to the study)",
     )
     p.add_argument(
         "--neutral-kernels",

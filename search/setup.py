@@ -6,13 +6,16 @@ too.
 
 from __future__ import annotations
 
+import atexit
 import importlib.metadata
 import logging
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -127,6 +130,7 @@ def set_up(job) -> None:
         memory_budget_mib=1024 * job.memory_budget_gib,
         engine_budget_gib=job.memory_budget_gib / ENGINES_ALIVE,
         kernel_prior="neutral" if getattr(args, "neutral_kernels", False) else "hand",
+        noise_cache=scratch_dir("search-noise-"),
     )
     # Verification runs public and stress in a fresh process: on a CPU with a long context the
     # stress case alone took over 10 minutes (public config, 2 cores).
@@ -139,6 +143,13 @@ def set_up(job) -> None:
         job.device,
         job.space.size,
     )
+
+
+def scratch_dir(prefix: str) -> str:
+    """A temporary folder removed when the job's process exits."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 @dataclass

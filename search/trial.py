@@ -257,6 +257,8 @@ class TrialRunner:
     # as JSON), else the hand rules or, "neutral", the defaults of a GPU nothing was measured on
     knobs: dict | None = None
     kernel_prior: str = "hand"
+    # where the gate's noise measurement is kept for the next trials (None: each measures it)
+    noise_cache: str | None = None
     durations: list[float] = field(default_factory=list)
 
     def run(self, variant, protocol: str = "quick", check: bool = True, timeout_s=None):
@@ -426,7 +428,10 @@ def gate(create_engine, job: dict, phases: Phases | None = None) -> dict:
     judge = gate_from_dict(job["gate"]) if job.get("gate") else None
     cases = tuple(job.get("gate_cases", ("public", "stress")))
     gate_ = judge or CourseGate(job["atol"], job["rtol"])
-    prepared = prepare_check(gate_, job["config"], job["weight_dir"], job["device"], cases)
+    prepared = prepare_check(
+        gate_, job["config"], job["weight_dir"], job["device"], cases,
+        cache_dir=job.get("noise_cache"),
+    )  # fmt: skip
     if phases is not None:
         phases.enter("correctness")
     cases = check_prepared(create_engine, prepared)

@@ -17,8 +17,8 @@ from tuning.decode_attention import table_from_json, table_to_json
 SHARE, MOST_S = 0.1, 300.0
 # the least that is worth a search (engine build and compiles aside)
 LEAST_S = 20.0
-# the leader timed with the table (and without, when it has no full-protocol numbers), in
-# typical trials: kept for it in the study's reserve
+# the leader timed with the rules and with the table, in typical trials (a full-protocol
+# timing is about one and a half): kept for it in the study's reserve
 LEADER_TIMINGS = 3.0
 
 
@@ -36,11 +36,15 @@ class KernelSearch:
     after: dict = field(default_factory=dict)  # trace -> seconds, with the table
     kept: bool = False
     why: str = ""
+    # the traces the table can move (those with decode steps; empty: all): a prefill-only
+    # trace's noise must not decide
+    decoding: tuple = ()
 
     @property
     def gain(self) -> float | None:
         """The geometric mean over the traces both measured of before / after (> 1: faster)."""
         common = [t for t in self.after if self.before.get(t) and self.after[t]]
+        common = [t for t in common if not self.decoding or t in self.decoding]
         if not common:
             return None
         return math.exp(sum(math.log(self.before[t] / self.after[t]) for t in common) / len(common))
@@ -63,6 +67,8 @@ def decide(search: KernelSearch) -> KernelSearch:
         search.why = f"not faster on the traces (geomean {gain or 0:.3f}x): the rules stay"
     else:
         search.kept, search.why = True, f"{gain:.3f}x on the traces' geometric mean"
+    if search.decoding and set(search.after) - set(search.decoding):
+        search.why += " (of those with decode steps)"
     return search
 
 
@@ -164,12 +170,18 @@ def kernel_phase(job, leader) -> KernelSearch | None:
     if not any(r["moved"] for r in found.results):
         found.why = "every bucket searched kept the prior's launch"
         return found
+    # the leader timed with the rules and then with the table, back to back (numbers from the
+    # re-measure, minutes earlier, differ by a few percent on their own)
+    from evaluator.benchmark_traces import get_trace
+
+    config = job.target.config
+    found.decoding = tuple(t for t in job.runner.traces if get_trace(t, config).decode_tokens)
     limit = LEADER_TIMINGS * typical
-    if leader.has_full and prior == "hand":
-        found.before = {t: n["seconds"] for t, n in leader.trace_numbers("full_").items()}
-    else:
-        found.before, failure = timed_with(job, variant, None, limit)
-    found.after, failure = timed_with(job, variant, found.table, limit)
+    found.before, failure = timed_with(job, variant, None, limit)
     if failure:
-        found.why = f"the leader with the table failed: {failure.splitlines()[0]}"
+        found.why = f"the leader with the {prior} rules failed: {failure.splitlines()[0]}"
+    else:
+        found.after, failure = timed_with(job, variant, found.table, limit)
+        if failure:
+            found.why = f"the leader with the table failed: {failure.splitlines()[0]}"
     return decide(found)

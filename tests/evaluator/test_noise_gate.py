@@ -147,3 +147,41 @@ def test_cli_noise_and_auto_gates(tiny_weights, capsys):
         capsys.readouterr().err
         == "error: --noise-dtype needs the noise gate, the course gate applies\n"
     )
+
+
+def test_a_kept_noise_measurement_is_read_back_and_judges_alike(
+    tiny_config, sharp_weights, tmp_path, monkeypatch
+):
+    """A search's trials share one noise measurement (`cache_dir`): read back, it is the same
+    tensors, so a planted fault fails and an honest engine passes as with a fresh one; another
+    dtype or other weight files measure again."""
+    import evaluator.noise as noise
+
+    tiny = {**tiny_config, "max_position_embeddings": 64}
+    gate = NoiseGate(dtype="float16")
+    first = prepare_check(gate, tiny, sharp_weights, "cpu", cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("noise-*.pt"))) == 1
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(noise, "ReferenceModel", no_model)
+    again = prepare_check(gate, tiny, sharp_weights, "cpu", cache_dir=tmp_path)
+    for case, fresh in first.judges.noise.items():
+        kept = again.judges.noise[case]
+        assert kept.floor == fresh.floor and kept.resolution == fresh.resolution
+        for step, rows in fresh.precise.items():
+            assert torch.equal(kept.precise[step], rows)
+            assert torch.equal(kept.row_noise[step], fresh.row_noise[step])
+    wrong = check_prepared(in_dtype("position_off_by_one_engine", "float16"), again)
+    assert not wrong["public"]["passed"] and "step 1 (decode" in wrong["public"]["failure"]
+    honest = check_prepared(in_dtype("kv_cache_engine", "float16"), again)
+    assert all(r["passed"] for r in honest.values())
+    with pytest.raises(AssertionError, match="measured again"):
+        prepare_check(NoiseGate(dtype="bfloat16"), tiny, sharp_weights, "cpu", cache_dir=tmp_path)
+    weights = tmp_path / "other"
+    weights.mkdir()
+    for f in Path(sharp_weights).iterdir():
+        (weights / f.name).write_bytes(f.read_bytes())
+    with pytest.raises(AssertionError, match="measured again"):
+        prepare_check(gate, tiny, weights, "cpu", cache_dir=tmp_path)

@@ -80,3 +80,15 @@ def test_a_trial_over_the_memory_budget_in_the_graders_pattern_is_infeasible(
     assert (
         over["reason"].startswith("peak ") and "over the memory budget of 1 MiB" in over["reason"]
     )
+
+
+def test_a_gated_trial_keeps_the_noise_measurement_for_the_next(
+    tiny_config, tiny_weights, tmp_path
+):
+    from search.trial import Phases, run_job
+
+    job = _job_dict(tiny_config, tiny_weights, tmp_path, None)
+    job.update(check=True, gate_cases=["public"], gate={"name": "noise", "dtype": "float16"})
+    job.update(noise_cache=str(tmp_path / "noise"), atol=1e-2, rtol=1e-2)
+    assert run_job(job, Phases(tmp_path / "result.json"))["status"] == "ok"
+    assert len(list((tmp_path / "noise").glob("noise-*.pt"))) == 1

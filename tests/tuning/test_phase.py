@@ -33,6 +33,19 @@ def test_only_traces_timed_both_ways_count():
     assert search.gain == pytest.approx(1.25)
 
 
+def test_only_traces_with_decode_steps_decide():
+    """The table moves decode steps alone: a prefill trace's noise (5% between two timings
+    of one engine on an H200) is not a verdict on it."""
+    timed = {"prefill": 0.000654, "decode": 0.004911, "continuous": 0.4382}
+    tuned = {"prefill": 0.000688, "decode": 0.004850, "continuous": 0.4300}
+    search = searched(timed, tuned, decoding=("decode", "continuous"))
+    assert search.kept and search.gain == pytest.approx(
+        ((4.911 / 4.850) * (438.2 / 430.0)) ** 0.5, rel=1e-6
+    )
+    assert search.why.endswith("(of those with decode steps)")
+    assert not searched(timed, tuned).kept  # with prefill counted, its noise decides
+
+
 def test_the_log_names_what_moved_and_the_trace_times():
     search = searched({"decode": 0.005}, {"decode": 0.004})
     search.results = [
@@ -62,3 +75,43 @@ def test_a_trial_renders_the_jobs_table_only_for_our_attention_on_cuda():
     assert kernel_knobs(job, sdpa) is None
     assert kernel_knobs({**job, "device": "cpu"}, ours) is None
     assert kernel_knobs({**job, "knobs": None}, ours) is None  # the hand rules: no table
+
+
+def test_the_phase_times_the_leader_with_the_rules_then_the_table(monkeypatch, tiny_config):
+    """Both timings come from the phase itself, back to back; a failure of either is named."""
+    from types import SimpleNamespace
+
+    from search.setup import Budget
+    from search.trial import Record
+    from tuning import phase
+
+    table = {(8, 1024): {"num_splits": 4}}
+    moved = [{"moved": {"num_splits": 4}}]
+    monkeypatch.setattr(
+        phase, "run_search", lambda job, v, prior, s: KernelSearch(prior, s, table, moved)
+    )
+    calls = []
+
+    def timed_with(job, variant, knobs, limit):
+        calls.append(knobs)
+        if knobs is None:
+            return {"prefill": 1.0, "decode": 5.0}, None
+        return ({"prefill": 2.0, "decode": 4.0}, None) if len(calls) == 2 else ({}, "crash\nx")
+
+    monkeypatch.setattr(phase, "timed_with", timed_with)
+    job = SimpleNamespace(
+        device="cuda",
+        args=SimpleNamespace(kernel_search=True),
+        budget=Budget(0.0, 300.0),
+        budget_s=1200.0,
+        kernel_search_s=120.0,
+        seconds_left=lambda: 900.0,
+        runner=SimpleNamespace(durations=[20.0], kernel_prior="hand", traces=("prefill", "decode")),
+        target=SimpleNamespace(config=tiny_config),
+    )
+    leader = Record(0, "ok", {"cache": "slab", "attention": "triton"})
+    found = phase.kernel_phase(job, leader)
+    assert calls == [None, table] and found.decoding == ("decode",)
+    assert found.kept and found.gain == pytest.approx(1.25)  # prefill's 2x slower is noise here
+    found = phase.kernel_phase(job, leader)  # the table's timing fails this time
+    assert not found.kept and found.why == "the leader with the table failed: crash"
