@@ -250,7 +250,7 @@ def render_log(job, records: list[Record], ranked: list[Record], attempts: list[
         out.append(_section("notes", "\n".join(notes)))
     trials = "\n".join(trial_line(r) for r in sorted(records, key=lambda r: r.number))
     minutes = job.phases.get("search", 0.0) / 60
-    timed = len(job.runner.durations)  # this run's trials that ran to a result
+    timed = len(job.runner.screened)  # this run's trials that ran to a result (or a prune)
     if minutes > 0 and timed:
         rate = f"this run: {timed} in {minutes:.1f} min of search, {timed / minutes:.1f} a minute"
         trials = f"{rate}{trial_time(records)}\n{trials}"

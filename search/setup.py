@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from evaluator.gate_choice import select_gate
-from search.trial import CPU_OBJECTIVE_TRACES, OBJECTIVE_TRACES, TrialRunner
+from search.trial import CPU_OBJECTIVE_TRACES, OBJECTIVE_TRACES, PRUNE_SHARE, TrialRunner
 from tuning.phase import LEADER_TIMINGS, MOST_S, SHARE
 from variants.checkpoint.preflight import resolve_target
 from variants.probe import probe_capabilities
@@ -110,7 +110,10 @@ def set_up(job) -> None:
         kept_s=job.kernel_search_s,
         kept_trials=LEADER_TIMINGS if kernels else 0.0,
     )
-    job.notes.append(f"budget {minutes:g} min, trial limit {job.trial_timeout:.0f} s")
+    job.notes.append(
+        f"budget {minutes:g} min, trial limit {job.trial_timeout:.0f} s; a screened trial stops "
+        f"at the first trace it runs under {PRUNE_SHARE:g} of the best trial's speed (pruned)"
+    )
     job.environment = describe_environment(job.device)
     job.memory_budget_gib, why = memory_budget_gib(args, job.device)
     job.notes.append(

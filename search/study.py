@@ -40,7 +40,7 @@ from search.setup import (
     measure_ceilings,
     resolve_device,
 )
-from search.trial import OBJECTIVE_TRACES, Record, TrialRunner
+from search.trial import OBJECTIVE_TRACES, PRUNE_SHARE, Record, TrialRunner
 from variants.checkpoint.preflight import resolve_target
 from variants.presets import PRESETS
 from variants.probe import probe_capabilities
@@ -391,7 +391,8 @@ def enqueue_known_good(study, space, caps, storage, name, hardware, studies_dir)
 def find_duplicate(study, variant: Variant):
     """An earlier finished trial of the same variant whose result still stands."""
     values = variant.to_dict()
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
+    done = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
+    for trial in study.get_trials(deepcopy=False, states=done):
         attrs = trial.user_attrs
         if attrs.get("variant") != values or attrs.get("status") in ("skipped", None):
             continue
@@ -406,10 +407,11 @@ def copy_result(study, trial, earlier) -> str:
         if key not in ("source", "status"):
             trial.set_user_attr(key, value)
     trial.set_user_attr("duplicate_of", earlier.number)
-    if earlier.state == TrialState.FAIL:
-        trial.set_user_attr("status", "failed")
-        study.tell(trial, state=TrialState.FAIL)
-        return "failed"
+    if earlier.state in (TrialState.FAIL, TrialState.PRUNED):
+        status = "failed" if earlier.state == TrialState.FAIL else "pruned"
+        trial.set_user_attr("status", status)
+        study.tell(trial, state=earlier.state)
+        return status
     status = "duplicate" if earlier.user_attrs.get("status") == "ok" else "infeasible"
     trial.set_user_attr("status", status)
     set_constraint(trial, earlier.user_attrs.get("constraint", [1.0])[0])
@@ -424,6 +426,8 @@ def tell_outcome(study, trial, outcome) -> None:
     set_constraint(trial, outcome.constraint)
     if outcome.status == "failed":
         study.tell(trial, state=TrialState.FAIL)
+    elif outcome.status == "pruned":
+        study.tell(trial, state=TrialState.PRUNED)
     else:
         study.tell(trial, values=list(outcome.values))
 
@@ -479,7 +483,7 @@ def _run_one(study, space, runner, trial, limit: float) -> tuple[Variant, str]:
         status = copy_result(study, trial, earlier)
         return variant, f"same as trial {earlier.number}: {status}"
     try:
-        outcome = runner.run(variant, timeout_s=limit)
+        outcome = runner.run(variant, timeout_s=limit, prune_below=prune_bar(study, runner))
     except Exception as exc:  # the runner itself broke: record it, stop cleanly
         trial.set_user_attr("status", "failed")
         trial.set_user_attr("reason", f"trial runner error: {exc!r}")
@@ -487,6 +491,21 @@ def _run_one(study, space, runner, trial, limit: float) -> tuple[Variant, str]:
         raise
     tell_outcome(study, trial, outcome)
     return variant, _summary(outcome)
+
+
+def prune_bar(study, runner) -> dict:
+    """Trace -> `PRUNE_SHARE` of the best correct screened trial's tokens/s on it (best by the
+    geometric mean); empty before there is one."""
+    best = None
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        a = t.user_attrs
+        if a.get("status") != "ok" or (a.get("constraint") or [1.0])[0] > 0:
+            continue
+        if best is None or a.get("tokens_per_s", 0) > best.get("tokens_per_s", 0):
+            best = a
+    if best is None:
+        return {}
+    return {n: PRUNE_SHARE * best[f"tps_{n}"] for n in runner.traces if best.get(f"tps_{n}")}
 
 
 def _summary(outcome) -> str:

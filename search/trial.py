@@ -41,6 +41,10 @@ DEFAULT_RENDERER = "variants.render:render_engine"
 # fail on the hidden model or traces.
 TOL_SHARE_LIMIT = 0.5
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# A screened trial stops at the first trace it runs under this share of the best trial's speed
+# on it (pruned): to win on the geometric mean it would need the other three traces about
+# 1.6x faster than the best each.
+PRUNE_SHARE = 0.25
 INFEASIBLE = 1.0e6  # the constraint of a result that reports no share of the tolerance
 
 
@@ -232,7 +236,7 @@ def _trial_process(job_path: str, log_path: str) -> None:
     os._exit(code)
 
 
-NOT_IN_JOB = ("timeout_s", "durations")  # the parent's, not the child's
+NOT_IN_JOB = ("timeout_s", "durations", "screened")  # the parent's, not the child's
 
 
 @dataclass
@@ -260,17 +264,23 @@ class TrialRunner:
     # where the gate's noise measurement is kept for the next trials (None: each measures it)
     noise_cache: str | None = None
     durations: list[float] = field(default_factory=list)
+    screened: list[float] = field(default_factory=list)  # (pruned trials too)
 
-    def run(self, variant, protocol: str = "quick", check: bool = True, timeout_s=None):
-        """Evaluate `variant` (a Variant) in a child process; never raises for engine faults."""
+    def run(
+        self, variant, protocol="quick", check=True, timeout_s=None, prune_below=None
+    ) -> TrialOutcome:
+        """Evaluate `variant` (a Variant) in a child process; never raises for engine faults.
+        `prune_below`: trace -> tokens/s under which the timing stops there (`PRUNE_SHARE`)."""
         limit = self.timeout_s if timeout_s is None else timeout_s
         with tempfile.TemporaryDirectory(prefix="trial-") as tmp:
             tmp = Path(tmp)
-            self.command(variant, tmp, protocol, check)
+            self.command(variant, tmp, protocol, check, prune_below=prune_below)
             code, seconds = run_trial_child(tmp / "job.json", tmp / "log.txt", limit)
             result = self._result(tmp / "result.json", code, limit, tmp / "log.txt")
             if protocol == "quick" and result["status"] != "failed":
-                self.durations.append(seconds)  # crashes and timeouts say nothing typical
+                self.screened.append(seconds)
+                if result["status"] != "pruned":
+                    self.durations.append(seconds)  # crashes, timeouts and prunes: not typical
         outcome = outcome_from_result(result, variant, self, protocol)
         outcome.attrs["trial_seconds"] = round(seconds, 3)
         if result.get("phase_seconds"):  # start-up: the interpreter's too, before `main`
@@ -280,11 +290,14 @@ class TrialRunner:
             outcome.attrs["phase_seconds"] = phases
         return outcome
 
-    def command(self, variant, tmp: Path, protocol="quick", check=True, traces=None) -> list[str]:
+    def command(
+        self, variant, tmp: Path, protocol="quick", check=True, traces=None, prune_below=None
+    ) -> list[str]:
         """The child's command line for `variant`, its job written to `tmp/job.json`; the
         engine, the result (`tmp/result.json`) and its phase marker go to `tmp` too."""
         job = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in NOT_IN_JOB}
         job.update(variant=variant.to_dict(), protocol=protocol, check=check)
+        job.update(prune_below=prune_below or {})
         job.update(engine_path=str(tmp / "engine.py"), output=str(tmp / "result.json"))
         job.update(
             weight_dir=str(self.weight_dir), traces=self.traces if traces is None else traces
@@ -344,6 +357,10 @@ def outcome_from_result(result: dict, variant, runner: TrialRunner, protocol: st
     if result["status"] == "ok" and result.get("traces"):
         attrs.update(trace_attrs(result["traces"], prefix))
         values = (attrs[f"{prefix}tokens_per_s"], attrs[f"{prefix}peak_mib"])
+    elif result["status"] == "pruned":  # the traces it ran, no objective
+        for name, t in result.get("traces", {}).items():
+            attrs[f"tps_{name}"] = t["tokens_per_s"]
+            attrs[f"seconds_{name}"] = t["seconds"]
     elif result["status"] == "infeasible":
         # the worst on both objectives: no Pareto front (the dashboard's ignores constraints)
         # lists a wrong engine as a best trial
@@ -467,7 +484,22 @@ def measure(create_engine, job: dict) -> dict:
         timing["floor_eff"] = _floor_efficiency(trace, job, timing["seconds"])
         per_trace[name] = timing
         log.info("%s: %.1f tokens/s", name, timing["tokens_per_s"])
+        bar = (job.get("prune_below") or {}).get(name)
+        if bar and timing["tokens_per_s"] < bar:
+            raise Pruned(
+                f"pruned at {name}: {timing['tokens_per_s']:,.0f} tok/s, under {PRUNE_SHARE:g} "
+                f"of the best trial's ({bar / PRUNE_SHARE:,.0f})",
+                per_trace,
+            )
     return per_trace
+
+
+class Pruned(Exception):
+    """A screened trial far behind the best on a trace: its timing stops there."""
+
+    def __init__(self, reason: str, traces: dict):
+        super().__init__(reason)
+        self.traces = traces
 
 
 def time_one(create_engine, job: dict, trace, full: bool) -> dict:
@@ -536,7 +568,10 @@ def run_job(job: dict, phases: Phases) -> dict:
         if result["status"] != "ok":
             return result
     phases.enter("benchmark")
-    result["traces"] = measure(create_engine, job)
+    try:
+        result["traces"] = measure(create_engine, job)
+    except Pruned as pruned:
+        return {**result, "status": "pruned", "reason": str(pruned), "traces": pruned.traces}
     if result["traces"]:  # (a kernel warm-up times nothing)
         # every trace ran in the grader's pattern: its peak is the grader's
         peak = result["grader_peak_mib"] = max(t["peak_mib"] for t in result["traces"].values())

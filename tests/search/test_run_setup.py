@@ -92,3 +92,15 @@ def test_a_gated_trial_keeps_the_noise_measurement_for_the_next(
     job.update(noise_cache=str(tmp_path / "noise"), atol=1e-2, rtol=1e-2)
     assert run_job(job, Phases(tmp_path / "result.json"))["status"] == "ok"
     assert len(list((tmp_path / "noise").glob("noise-*.pt"))) == 1
+
+
+def test_a_trial_under_the_bar_stops_timing_at_that_trace(tiny_config, tiny_weights, tmp_path):
+    from search.trial import Phases, run_job
+
+    job = _job_dict(tiny_config, tiny_weights, tmp_path, None)
+    job.update(traces=["prefill", "decode", "mixed"], prune_below={"decode": 1e12})
+    result = run_job(job, Phases(tmp_path / "result.json"))
+    assert result["status"] == "pruned" and list(result["traces"]) == ["prefill", "decode"]
+    assert result["reason"].startswith("pruned at decode: ")
+    job.update(prune_below={"decode": 1e-6})
+    assert run_job(job, Phases(tmp_path / "result.json"))["status"] == "ok"

@@ -249,3 +249,38 @@ def test_a_timeout_under_a_shortened_limit_says_the_budget_cut_it(tiny_config, t
     died = r._result(output, 3, 45.0, log)
     assert died["reason"].startswith("process died (exit code 3) during benchmark")
     assert "budget" not in died["reason"] and died["timeout"] is False
+
+
+def test_a_trial_far_behind_the_best_on_a_trace_is_pruned(tmp_path, tiny_config):
+    """The bar is a quarter of the best correct trial's speed per trace; a pruned trial is
+    PRUNED for Optuna, keeps the traces it ran, and a repeat of its variant is pruned too."""
+    study = st.open_study(st.open_storage(f"sqlite:///{tmp_path}/p.db"), "p")
+    r = runner(tiny_config)
+    r.traces = ("prefill", "decode")
+    assert st.prune_bar(study, r) == {}  # no best yet
+    timing = {"decode_tokens_per_s": 1.0, "seconds": 1.0, "peak_mib": 5.0, "create_s": 0.1}
+    traces = {
+        "prefill": {**timing, "tokens_per_s": 400.0},
+        "decode": {**timing, "tokens_per_s": 100.0},
+    }
+    good = {"status": "ok", "tol_share": 0.2, "max_abs_err": 0.0, "check": {}, "traces": traces}
+    tell_outcome(study, study.ask(), outcome_from_result(good, Variant(cache="slab"), r, "quick"))
+    assert st.prune_bar(study, r) == {"prefill": 100.0, "decode": 25.0}
+    pruned = {
+        "status": "pruned",
+        "reason": "pruned at prefill: 50 tok/s, under 0.25 of the best trial's (400)",
+        "tol_share": 0.2,
+        "max_abs_err": 0.0,
+        "check": {},
+        "traces": {"prefill": {**timing, "tokens_per_s": 50.0}},
+    }
+    outcome = outcome_from_result(pruned, Variant(cache="paged"), r, "quick")
+    assert outcome.values is None and outcome.attrs["tps_prefill"] == 50.0
+    tell_outcome(study, study.ask(), outcome)
+    assert study.get_trials()[-1].state == TrialState.PRUNED
+    earlier = find_duplicate(study, Variant(cache="paged"))
+    assert earlier.number == 1 and copy_result(study, study.ask(), earlier) == "pruned"
+    assert study.get_trials()[-1].state == TrialState.PRUNED
+    records = st.load_records(study)
+    assert [x.status for x in records] == ["ok", "pruned", "pruned"]
+    assert not any(x.feasible for x in records[1:])
