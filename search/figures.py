@@ -159,6 +159,11 @@ def _markdown(study, records: list[Record], ranked, best: dict, figs, missing, t
             f"{float(r.attrs.get('peak_mib') or 0):,.0f} MiB"
             for r in front
         ]
+    if ranked:
+        from search.report import beyond_presets
+
+        story = beyond_presets(ranked[0], records).splitlines()
+        parts += ["", "## Beyond the presets", "", *[f"- {line}" for line in story]]
     parts += ["", f"## Top {top}", "", "```", top_table(ranked, top), "```", "", "## Figures", ""]
     parts += figs + missing
     return "\n".join(parts) + "\n"

@@ -231,6 +231,42 @@ def trial_time(records: list[Record]) -> str:
     return f"\na trial's time (medians of {len(timed)}): " + ", ".join(parts)
 
 
+def beyond_presets(chosen: Record, records: list[Record]) -> str:
+    """What the sampler found beyond the queued presets: its best correct assembly against the
+    best preset, trace by trace (screening numbers, which every trial has), and the axes where
+    they differ."""
+    correct = [r for r in records if r.status == "ok" and r.feasible]
+    queued = [r for r in correct if r.attrs.get("source")]
+    sampled = [r for r in correct if not r.attrs.get("source")]
+    tried = sum(1 for r in records if r.status != "waiting" and not r.attrs.get("source"))
+    if not tried:
+        return "beyond the presets: the sampler ran no trial (the budget went to the presets)"
+    if not queued:
+        return f"beyond the presets: no queued assembly was timed; the sampler ran {tried} trial(s)"
+    if not sampled:
+        return f"beyond the presets: the sampler ran {tried} trial(s), none correct and timed"
+    best = max(sampled, key=lambda r: r.screening_tokens_per_s)
+    preset = max(queued, key=lambda r: r.screening_tokens_per_s)
+    ratio = best.screening_tokens_per_s / preset.screening_tokens_per_s
+    verdict = "beat" if ratio > 1 else "did not beat"
+    lines = [
+        f"beyond the presets: the sampler ran {tried} trial(s); its best, trial {best.number}, "
+        f"{verdict} the best queued one ({preset.attrs['source']}, trial {preset.number}): "
+        f"{ratio:.3f}x on the geometric mean (screening)"
+        + (" and is the one written" if best.number == chosen.number else "")
+    ]
+    per = [
+        f"{n} {best.attrs[f'tps_{n}'] / preset.attrs[f'tps_{n}']:.3f}x"
+        for n in trace_names([best, preset])
+        if best.attrs.get(f"tps_{n}") and preset.attrs.get(f"tps_{n}")
+    ]
+    lines.append("per trace: " + ", ".join(per))
+    a, b = best.variant or {}, preset.variant or {}
+    moved = [f"{k}={a.get(k)} (preset: {b.get(k)})" for k in sorted(a) if a.get(k) != b.get(k)]
+    lines.append("where they differ: " + (", ".join(moved) or "nowhere"))
+    return "\n".join(lines)
+
+
 def render_log(job, records: list[Record], ranked: list[Record], attempts: list[Attempt]) -> str:
     """The results log of a main job (search.cli.RunJob) once its phases are done."""
     out = [f"# results of: python -m search {job.args.command_line}\n"]
@@ -262,6 +298,7 @@ def render_log(job, records: list[Record], ranked: list[Record], attempts: list[
         r = done.record
         chosen = _why(r, ranked) + "\nvariant: " + json.dumps(r.variant, sort_keys=True)
         chosen += "\n\n" + trace_table(r)
+        chosen += "\n\n" + beyond_presets(r, records)
     out.append(_section("chosen", chosen))
     if getattr(job, "kernels", None) is not None:
         from tuning.phase import lines

@@ -42,6 +42,7 @@ def test_report_cli_writes_real_pngs_and_names_the_chosen_engine(demo, child_env
     md = (out / "summary.md").read_text()
     assert f"trial {best['trial']} `{best['variant_name']}`" in md
     assert all(f"({name}.png)" in md for name in FIGURES)
+    assert "## Beyond the presets\n\n- beyond the presets: no queued assembly was timed" in md
 
 
 def test_default_report_dir_sits_next_to_the_study():

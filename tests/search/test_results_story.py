@@ -1,0 +1,41 @@
+"""results.log's account of what the sampler found beyond the queued presets."""
+
+from search.report import beyond_presets
+from search.trial import Record
+
+
+def record(number, variant, source=None, status="ok", **tps):
+    attrs = {f"tps_{name}": value for name, value in tps.items()}
+    attrs.update(status=status, constraint=[-0.3], variant=variant)
+    attrs["tokens_per_s"] = (tps["prefill"] * tps["decode"]) ** 0.5 if tps else 0.0
+    if source:
+        attrs["source"] = source
+    values = (attrs["tokens_per_s"], 100.0) if status == "ok" else None
+    return Record(number, status, variant, attrs, values)
+
+
+PRESET = {"cache": "slab", "attention": "triton", "layers": "fused"}
+SAMPLED = {"cache": "paged", "attention": "triton", "layers": "fused-pdl"}
+
+
+def test_the_samplers_best_against_the_best_queued_trace_by_trace():
+    queued = record(0, PRESET, "preset:slab-fused", prefill=400.0, decode=100.0)
+    slower = record(1, {**PRESET, "cache": "contiguous"}, prefill=100.0, decode=50.0)
+    found = record(2, SAMPLED, prefill=380.0, decode=125.0)
+    text = beyond_presets(found, [queued, slower, found])
+    assert text.splitlines() == [
+        "beyond the presets: the sampler ran 2 trial(s); its best, trial 2, beat the best "
+        "queued one (preset:slab-fused, trial 0): 1.090x on the geometric mean (screening) and "
+        "is the one written",
+        "per trace: prefill 0.950x, decode 1.250x",
+        "where they differ: cache=paged (preset: slab), layers=fused-pdl (preset: fused)",
+    ]
+    assert "did not beat" in beyond_presets(queued, [queued, slower])
+
+
+def test_a_run_the_presets_filled_says_so():
+    queued = record(0, PRESET, "preset:slab-fused", prefill=400.0, decode=100.0)
+    waiting = Record(1, "waiting", SAMPLED, {"source": "preset:x"})
+    assert "ran no trial" in beyond_presets(queued, [queued, waiting])
+    failed = Record(2, "failed", SAMPLED, {"reason": "crash"})
+    assert "ran 1 trial(s), none correct" in beyond_presets(queued, [queued, failed])
