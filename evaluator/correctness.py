@@ -164,6 +164,7 @@ def check_prepared(create_engine: Callable, prepared: PreparedCheck) -> dict[str
             **numbers,
         }
         log.info("case %s: %s", case, "passed" if failure is None else f"FAILED: {failure}")
+    p.judges.keep()
     return results
 
 

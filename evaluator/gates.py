@@ -12,13 +12,15 @@ target gets. docs/CORRECTNESS_GATE.md has the calibration.
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import ClassVar, Protocol
 
 import torch
 
 from evaluator.case_rows import CaseRows, Row
-from evaluator.noise import CaseNoise, NoiseNumbers, measure_noise
+from evaluator.noise import CaseNoise, NoiseNumbers, measure_noise, noise_key
 from evaluator.reference_model import ReferenceModel, compute_dtype_for
 from variants.spec import dtype_from_name
 
@@ -43,6 +45,9 @@ class CaseJudge(Protocol):
 class PreparedGate(Protocol):
     def judge(self, case: str) -> CaseJudge:
         """A fresh judge for one run of `case`."""
+
+    def keep(self) -> None:
+        """Store what the judges computed for the next check (where a cache folder was given)."""
 
 
 class Gate(Protocol):
@@ -89,12 +94,15 @@ class CourseGate:
     def prepare(
         self, config, weight_dir, device, rows_by_case: dict, cache_dir=None
     ) -> CoursePrepared:
-        model = ReferenceModel(config, weight_dir, device)
         noise = None
         if self.measure_noise:
             dtype = compute_dtype_for(config, device)
             noise = measure_noise(config, weight_dir, device, dtype, rows_by_case, cache_dir)
-        return CoursePrepared(self, model, rows_by_case, noise)
+        prepared = CoursePrepared(self, (config, weight_dir, device), rows_by_case, noise)
+        if cache_dir is not None:
+            key = noise_key(config, weight_dir, device, "course reference", rows_by_case)
+            prepared.load(Path(cache_dir) / f"reference-{key}.pt")
+        return prepared
 
     def to_dict(self) -> dict:
         return {"name": self.name, **asdict(self)}
@@ -103,21 +111,47 @@ class CourseGate:
 @dataclass
 class CoursePrepared:
     """The same-dtype reference; each row's logits are computed on first use and kept, so the
-    engines checked after the first one reuse them."""
+    engines checked after the first one reuse them, and with a cache file (`load`, `keep`) the
+    checks of other processes too. The model is loaded on the first row not kept."""
 
     gate: CourseGate
-    model: ReferenceModel
+    model_args: tuple  # (config, weight_dir, device) of the ReferenceModel
     rows_by_case: dict[str, CaseRows]
     noise: dict[str, CaseNoise] | None
     kept: dict = field(default_factory=dict)  # (case, life, position) -> float32 CPU logits
+    path: Path | None = None
+    stored: int = 0  # how many of `kept` the cache file holds
+    model: ReferenceModel | None = None
 
     def reference(self, case: str, row: Row) -> torch.Tensor:
         """As the grader computes it: the request alone, batch 1, over its full history."""
         key = (case, row.life, row.position)
         if key not in self.kept:
+            if self.model is None:
+                self.model = ReferenceModel(*self.model_args)
             history = self.rows_by_case[case].history(row)
             self.kept[key] = self.model.forward(history[None])[0, -1].float().cpu()
         return self.kept[key]
+
+    def load(self, path: Path) -> None:
+        """Take the rows a cache file holds (keyed by everything they depend on: `noise_key`)."""
+        self.path = path
+        try:
+            rows = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception:  # none yet, torn or foreign: computed again
+            return
+        self.kept.update({tuple(k): v for k, v in zip(rows["keys"], rows["logits"])})
+        self.stored = len(self.kept)
+
+    def keep(self) -> None:
+        if self.path is None or len(self.kept) == self.stored:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        part = self.path.with_suffix(f".{os.getpid()}.part")
+        keys = list(self.kept)
+        torch.save({"keys": [list(k) for k in keys], "logits": [self.kept[k] for k in keys]}, part)
+        os.replace(part, self.path)  # (checks side by side: the last one's wins)
+        self.stored = len(self.kept)
 
     def judge(self, case: str) -> CourseJudge:
         noise = None
@@ -193,6 +227,9 @@ class NoisePrepared:
 
     def judge(self, case: str) -> NoiseJudge:
         return NoiseJudge(self.gate, self.noise[case])
+
+    def keep(self) -> None:
+        """(The noise measurement was stored when it was made.)"""
 
 
 class NoiseJudge:

@@ -185,3 +185,46 @@ def test_a_kept_noise_measurement_is_read_back_and_judges_alike(
         (weights / f.name).write_bytes(f.read_bytes())
     with pytest.raises(AssertionError, match="measured again"):
         prepare_check(gate, tiny, weights, "cpu", cache_dir=tmp_path)
+
+
+def test_the_course_gates_kept_references_judge_alike(tiny_config, sharp_weights, tmp_path):
+    """The course gate's reference rows, kept in `cache_dir` by one check and read back by the
+    next: no reference model is loaded, the honest engine's numbers are the same to the bit
+    and every planted fault fails where it failed before."""
+    import evaluator.gates as gates
+
+    tiny = {**tiny_config, "max_position_embeddings": 64}
+    gate = CourseGate()
+    cases = ("public", "stress")
+    fresh = prepare_check(gate, tiny, sharp_weights, "cpu", cases)
+    honest = in_dtype("kv_cache_engine", "float32")
+    before = check_prepared(honest, fresh)
+    first = prepare_check(gate, tiny, sharp_weights, "cpu", cases, cache_dir=tmp_path)
+    measured = check_prepared(honest, first)
+    assert {c: r["tol_share"] for c, r in measured.items()} == {
+        c: r["tol_share"] for c, r in before.items()
+    }
+    assert len(list(tmp_path.glob("reference-*.pt"))) == 1
+    real = gates.ReferenceModel
+    try:
+
+        def no_model(*args, **kwargs):
+            raise AssertionError("loaded the reference model")
+
+        gates.ReferenceModel = no_model
+        kept = prepare_check(gate, tiny, sharp_weights, "cpu", cases, cache_dir=tmp_path)
+        again = check_prepared(honest, kept)
+        for case in cases:
+            assert again[case]["passed"] and again[case]["tol_share"] == before[case]["tol_share"]
+            assert again[case]["max_abs_err"] == before[case]["max_abs_err"]
+    finally:
+        gates.ReferenceModel = real
+    for name, failing, _ in FAULTS:
+        engine = in_dtype(name, "float32")
+        results = check_prepared(engine, prepare_check(gate, tiny, sharp_weights, "cpu", cases))
+        cached = prepare_check(gate, tiny, sharp_weights, "cpu", cases, cache_dir=tmp_path)
+        from_cache = check_prepared(engine, cached)
+        for case in cases:
+            assert from_cache[case]["passed"] == results[case]["passed"], (name, case)
+            assert from_cache[case]["failure"] == results[case]["failure"], (name, case)
+        assert not any(from_cache[case]["passed"] for case in failing), name
