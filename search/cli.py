@@ -552,6 +552,7 @@ def prepare_study(job, study) -> None:
         "objectives": "maximize geometric-mean tokens/s over the traces; minimize peak MiB",
         "ceilings": job.runner.ceilings,
         "memory_budget_gib": job.memory_budget_gib,
+        "kernel_prior": job.runner.kernel_prior,  # (a worker's trials render the same launches)
     }
     for key, value in attrs.items():
         if study.user_attrs.get(key) != value:

@@ -39,6 +39,7 @@ from search.setup import (
     device_kind,
     measure_ceilings,
     resolve_device,
+    scratch_dir,
 )
 from search.trial import OBJECTIVE_TRACES, PRUNE_SHARE, Record, TrialRunner
 from variants.checkpoint.preflight import resolve_target
@@ -572,6 +573,8 @@ def worker(args) -> int:
         timeout_s=timeout,
         ceilings=attrs.get("ceilings") or measure_ceilings(device),
         gate=gate.to_dict(),
+        kernel_prior=attrs.get("kernel_prior") or "hand",  # the study's (--neutral-kernels)
+        noise_cache=scratch_dir("search-noise-"),
     )
     if attrs.get("memory_budget_gib"):  # the study's, as `run` recorded it
         runner.memory_budget_mib = 1024 * attrs["memory_budget_gib"]
