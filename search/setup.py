@@ -23,7 +23,7 @@ import torch
 
 from evaluator.gate_choice import select_gate
 from search.trial import CPU_OBJECTIVE_TRACES, OBJECTIVE_TRACES, PRUNE_SHARE, TrialRunner
-from tuning.phase import LEADER_TIMINGS, MOST_S, SHARE
+from tuning.phase import LEADER_TIMINGS, LEAST_S, MOST_S, SHARE
 from variants.checkpoint.preflight import resolve_target
 from variants.probe import probe_capabilities
 from variants.registry import AXES
@@ -102,6 +102,8 @@ def set_up(job) -> None:
     # and for the kernel search of the leader (tuning/phase.py)
     kernels = kind == "cuda" and getattr(args, "kernel_search", False)
     job.kernel_search_s = min(SHARE * job.budget_s, MOST_S) if kernels else 0.0
+    if job.kernel_search_s < LEAST_S:  # a budget too short for it keeps nothing for it
+        job.kernel_search_s, kernels = 0.0, False
     job.budget = Budget(
         job.deadline,
         job.trial_timeout,
