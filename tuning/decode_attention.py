@@ -246,6 +246,15 @@ class StepBench:
         return statistics.median(times)
 
 
+def share_deadline(now: float, deadline: float, buckets: list) -> float:
+    """The first of `buckets`' deadline: its weight's share of the time left to them all (what
+    it leaves goes to the next), so a budget that cannot finish the heaviest bucket still
+    reaches the others in proportion."""
+    total = sum(b.weight for b in buckets)
+    share = buckets[0].weight / total if total > 0 else 1.0 / len(buckets)
+    return now + share * max(0.0, deadline - now)
+
+
 def tune_bucket(bench, prior: dict, spec, bucket, sm_count, deadline: float, axes=AXES) -> Tuned:
     """Coordinate descent from the prior: each knob in turn over its values, the others at the
     best so far; a candidate must match the reference (within the prior's own error, at least
@@ -365,14 +374,15 @@ def tune(
     deadline = time.monotonic() + budget_s  # (the engine's build is not the search's)
     layout, pdl = layout_of(variant)
     results = []
-    for bucket in buckets:
+    for i, bucket in enumerate(buckets):
         if time.monotonic() > deadline:
             break
         key = (bucket.rows, bucket.context)
         check = KernelCheck(spec, bucket, layout, pdl, device, spec.config_dtype)
         bench = StepBench(engine, bucket, check, spec.vocab_size)
         axes = PDL_AXES if pdl else AXES
-        found = tune_bucket(bench, table[key], spec, bucket, sm_count, deadline, axes)
+        until = share_deadline(time.monotonic(), deadline, buckets[i:])
+        found = tune_bucket(bench, table[key], spec, bucket, sm_count, until, axes)
         engine.remove(bench.ids)
         engine.attention.knobs[key] = table[key] = found.best
         results.append(found)

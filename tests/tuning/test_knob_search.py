@@ -227,3 +227,12 @@ def test_a_short_search_is_cached_and_its_engine_passes_the_gate(
     module_spec.loader.exec_module(module)
     checked = check_engine(module.create_engine, tiny_config, tiny_weights, "cuda")
     assert all(case["passed"] for case in checked.values()), checked
+
+
+def test_each_bucket_gets_its_weights_share_of_the_time_left():
+    heavy, light = tuner.Bucket(8, 1024, (131,), 42, 3.0), tuner.Bucket(64, 4096, (900,), 9, 1.0)
+    assert tuner.share_deadline(100.0, 200.0, [heavy, light]) == pytest.approx(175.0)
+    assert tuner.share_deadline(130.0, 200.0, [light]) == pytest.approx(200.0)  # all that is left
+    assert tuner.share_deadline(250.0, 200.0, [light]) == pytest.approx(250.0)  # none left
+    unweighted = tuner.Bucket(2, 64, (3,), 1)
+    assert tuner.share_deadline(0.0, 90.0, [unweighted] * 3) == pytest.approx(30.0)
