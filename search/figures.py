@@ -221,11 +221,6 @@ def png_bytes(fig: Figure) -> bytes:
     return buffer.getvalue()
 
 
-def _tps(r: Record) -> float:
-    """The screening throughput: every measured trial has one, from the same protocol."""
-    return r.screening_tokens_per_s
-
-
 def _peak(r: Record) -> float:
     return float(r.attrs.get("peak_mib") or 0.0)
 
@@ -234,8 +229,8 @@ def pareto_front(records: list[Record]) -> list[Record]:
     """Records no other beats on both screening objectives (more tokens/s, less peak MiB), by
     memory."""
     front = []
-    for r in sorted(records, key=lambda r: (_peak(r), -_tps(r))):
-        if not front or _tps(r) > _tps(front[-1]):
+    for r in sorted(records, key=lambda r: (_peak(r), -r.screening_tokens_per_s)):
+        if not front or r.screening_tokens_per_s > front[-1].screening_tokens_per_s:
             front.append(r)
     return front
 
@@ -246,13 +241,13 @@ def tradeoff_figure(records: list[Record], chosen: int | None = None) -> Figure 
     points = feasible(records)
     if not points:
         return None
-    xs, ys = [_peak(r) for r in points], [_tps(r) for r in points]
+    xs, ys = [_peak(r) for r in points], [r.screening_tokens_per_s for r in points]
     front = pareto_front(points)
     with drawing(10, 6.5) as (fig, ax):
         ax.scatter(xs, ys, s=45, alpha=0.6, color="tab:blue", label=f"feasible trials ({len(xs)})")
         ax.plot(
             [_peak(r) for r in front],
-            [_tps(r) for r in front],
+            [r.screening_tokens_per_s for r in front],
             "-o",
             color="tab:orange",
             lw=2,
@@ -262,7 +257,7 @@ def tradeoff_figure(records: list[Record], chosen: int | None = None) -> Figure 
         )
         pick = next((r for r in points if r.number == chosen), None)
         if pick is not None:
-            x, y = _peak(pick), _tps(pick)
+            x, y = _peak(pick), pick.screening_tokens_per_s
             right = x > (min(xs) + max(xs)) / 2  # label to the left, inside the axes
             ax.scatter(
                 [x], [y], s=260, marker="*", color=CHOSEN_COLOR, zorder=5, label="chosen engine"

@@ -314,9 +314,6 @@ def render_log(job, records: list[Record], ranked: list[Record], attempts: list[
     return "\n".join(out)
 
 
-# --- the study report on disk: figures and summary.md ----------------------------------------
-
-
 def default_report_dir(url: str, study_name: str, studies_dir: str | Path = "studies") -> Path:
     """`<dir of the SQLite file or journal>/<study>/`, else (a database server)
     `<studies_dir>/<study>/`."""

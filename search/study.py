@@ -312,25 +312,18 @@ def fail_stale_trials(study: optuna.Study, older_than_s: float) -> int:
     silent for the grace period (GRACE_BEATS). Elsewhere (a journal file): those older than any
     trial limit (`older_than_s`), by this machine's clock against the starting one's."""
     storage, interval = study._storage, heartbeat_interval(study)
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     if interval is not None:
         silent = set(storage._get_stale_trial_ids(study._study_id))  # by the database's clock
+        stale = [t for t in running if t._trial_id in silent]
         why = f"stale: its process stopped beating (no heartbeat for {GRACE_BEATS * interval} s)"
     else:
+        now = datetime.now()
+        started = [t for t in running if t.datetime_start]
+        stale = [t for t in started if (now - t.datetime_start).total_seconds() > older_than_s]
         why = "stale: its process died before it finished"
-    now = datetime.now()
-
-    def is_stale(trial) -> bool:
-        if interval is not None:
-            return trial._trial_id in silent
-        return (
-            bool(trial.datetime_start)
-            and (now - trial.datetime_start).total_seconds() > older_than_s
-        )
-
     count = 0
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        if not is_stale(trial):
-            continue
+    for trial in stale:
         try:
             storage.set_trial_user_attr(trial._trial_id, "status", "failed")
             storage.set_trial_user_attr(trial._trial_id, "reason", why)
@@ -433,12 +426,6 @@ def tell_outcome(study, trial, outcome) -> None:
         study.tell(trial, values=list(outcome.values))
 
 
-def _over_target(study, trial, n_trials: int | None) -> bool:
-    if n_trials is None:
-        return False
-    return sum(t.number < trial.number for t in started_trials(study)) >= n_trials
-
-
 def optimize(study, space, runner, budget: Budget, n_trials: int | None = None) -> int:
     """Run trials until `n_trials` have started in the study or the budget is spent; returns
     how many this process ran (duplicates included)."""
@@ -463,7 +450,8 @@ def optimize(study, space, runner, budget: Budget, n_trials: int | None = None) 
                 warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used")
                 trial = study.ask()
             with heartbeat(study, trial):
-                if _over_target(study, trial, n_trials):
+                earlier = sum(t.number < trial.number for t in started_trials(study))
+                if n_trials is not None and earlier >= n_trials:
                     trial.set_user_attr("status", "skipped")
                     trial.set_user_attr("reason", "the study reached its trial target meanwhile")
                     study.tell(trial, state=TrialState.FAIL)

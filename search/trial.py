@@ -33,8 +33,7 @@ log = logging.getLogger("search.trial")  # (the child runs as __main__)
 
 # The objective's traces: the public benchmark and the serving trace closest to the grader's load.
 OBJECTIVE_TRACES = ("prefill", "decode", "mixed", "continuous")
-# On a CPU the continuous trace alone takes ~19 s per pass for the 2-layer test model (a 2-core
-# EPYC): a trial would take a minute, so CPU studies time the public three.
+# On a CPU the continuous trace alone would make a trial take about a minute.
 CPU_OBJECTIVE_TRACES = ("prefill", "decode", "mixed")
 DEFAULT_RENDERER = "variants.render:render_engine"
 # A trial may use at most this share of the tolerance: a variant that passes by a hair here can
@@ -475,12 +474,18 @@ def gate(create_engine, job: dict, phases: Phases | None = None) -> dict:
 
 
 def measure(create_engine, job: dict) -> dict:
+    """Each trace timed in the grader's pattern: a warm-up engine, then a fresh engine per
+    repeat, three in the full protocol, two when screening (what a first pass pays is timed as
+    the grader times it, and the peak is the grader's)."""
+    from evaluator.benchmark import time_trace
     from evaluator.benchmark_traces import get_trace
 
+    repeat = 3 if job["protocol"] == "full" else 2
     per_trace = {}
     for name in job["traces"]:
         trace = get_trace(name, job["config"])
-        timing = time_one(create_engine, job, trace, full=job["protocol"] == "full")
+        args = (create_engine, job["config"], job["weight_dir"], job["device"], trace)
+        timing = time_trace(*args, warmup=1, repeat=repeat, fresh_engine=True)
         timing["floor_eff"] = _floor_efficiency(trace, job, timing["seconds"])
         per_trace[name] = timing
         log.info("%s: %.1f tokens/s", name, timing["tokens_per_s"])
@@ -500,17 +505,6 @@ class Pruned(Exception):
     def __init__(self, reason: str, traces: dict):
         super().__init__(reason)
         self.traces = traces
-
-
-def time_one(create_engine, job: dict, trace, full: bool) -> dict:
-    """Full: the grader's protocol (a warm-up engine, then three fresh engines by assignment).
-    Quick: the same with two repeats: what a first pass pays (a pool that moves, graphs that
-    capture again) is timed as the grader times it, and the peak is the grader's (a warm-up
-    engine and two repeats alive while the last is built)."""
-    from evaluator.benchmark import time_trace
-
-    args = (create_engine, job["config"], job["weight_dir"], job["device"], trace)
-    return time_trace(*args, warmup=1, repeat=3 if full else 2, fresh_engine=True)
 
 
 def _floor_efficiency(trace, job: dict, seconds: float):
@@ -556,10 +550,8 @@ def run_job(job: dict, phases: Phases) -> dict:
     render(variant, engine_path, job.get("header", ""), job.get("engine_budget_gib"), **extra)
     phases.enter("import")
     create_engine = load_engine_module(engine_path).create_engine
-    # What is loaded now (torch, Triton, the engine's module) lives as long as the process: out
-    # of the cyclic collector's sight. The benchmark collects before and after each trace, 12-16
-    # times a trial, and each collection walked every object (about 200 ms on the development
-    # CPU with torch loaded; a few ms once these are frozen).
+    # What is loaded now lives as long as the process: out of the cyclic collector's sight, so
+    # that the benchmark's collections around each trace do not walk torch's objects each time.
     gc.freeze()
     result: dict = {"status": "ok", "reason": None}
     if job.get("check", True):

@@ -239,10 +239,9 @@ def remeasure(job, records: list[Record]) -> None:
 
 
 def after_remeasure_s(job, kernels: bool = True) -> float:
-    """What the steps after the re-measurement need at the least: the verification, about one
-    typical trial (about 20 s on an H200), the shape sweep at its least and, with `kernels`,
-    the kernel search and the leader timed with its table. Without this reserve a short study
-    overruns its budget."""
+    """What the steps after the re-measurement need at the least (without it a short study
+    overruns its budget): the verification, about one typical trial, the shape sweep at its
+    least and, with `kernels`, the kernel search and the leader timed with its table."""
     from sweep.command import least_sweep_s
 
     durations = job.runner.durations
