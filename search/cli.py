@@ -385,8 +385,14 @@ class RunJob:
             first = [standing] if standing is not None else []
             numbers = {r.number for r in first}
             rest = [r for r in candidates(self, records, ranked) if r.number not in numbers]
-            render = load_renderer(self.args.renderer)
+            renderer = load_renderer(self.args.renderer)
             budget, weights = self.runner.engine_budget_gib, self.target.weights_format
+
+            def render(variant, path, text):  # the kernel search's table for its leader alone
+                leader = tuned and variant.to_dict() == ranked[0].variant
+                knobs = {"knobs": tuned} if leader else {}
+                return renderer(variant, path, text, budget, weights=weights, **knobs)
+
             verify = partial(
                 verify_engine,
                 config_path=self.target.config_path,
@@ -398,20 +404,7 @@ class RunJob:
                 stress_positions=self.stress_positions,
             )
             attempts = write_verified(
-                first + rest,
-                lambda variant, path, text: render(
-                    variant,
-                    path,
-                    text,
-                    budget,
-                    weights=weights,
-                    **(
-                        {"knobs": tuned} if tuned and variant.to_dict() == ranked[0].variant else {}
-                    ),
-                ),  # fmt: skip
-                self.workspace,
-                verify,
-                partial(header, self),
+                first + rest, render, self.workspace, verify, partial(header, self)
             )
         done = installed(attempts)
         if done is not None:

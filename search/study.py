@@ -552,6 +552,7 @@ def worker(args) -> int:
     enqueue_known_good(study, space, caps, storage, study.study_name, hardware, None)
     timeout = args.trial_timeout or DEFAULT_TRIAL_TIMEOUT_S[device_kind(device)]
     fail_stale_trials(study, older_than_s=2 * timeout + 120)  # a dead worker's trials
+    gib = attrs.get("memory_budget_gib")  # the study's, as `run` recorded it
     runner = TrialRunner(
         target.config,
         str(target.weight_dir),
@@ -563,10 +564,9 @@ def worker(args) -> int:
         gate=gate.to_dict(),
         kernel_prior=attrs.get("kernel_prior") or "hand",  # the study's (--neutral-kernels)
         noise_cache=scratch_dir("search-noise-"),
+        memory_budget_mib=1024 * gib if gib else None,
+        engine_budget_gib=gib / ENGINES_ALIVE if gib else None,
     )
-    if attrs.get("memory_budget_gib"):  # the study's, as `run` recorded it
-        runner.memory_budget_mib = 1024 * attrs["memory_budget_gib"]
-        runner.engine_budget_gib = attrs["memory_budget_gib"] / ENGINES_ALIVE
     minutes = args.budget_minutes or 24 * 60
     budget = Budget(start + 60 * minutes, timeout, reserve_trials=0.0)
     ran = optimize(study, space, runner, budget, n_trials=args.trials)
