@@ -221,6 +221,14 @@ def run_trial_child(job_path: Path, log_path: Path, timeout_s: float):
 
 
 def _trial_process(job_path: str, log_path: str) -> None:
+    # The forkserver hands each child the parent's end of the pipe it watches for the parent's
+    # death: held here, a killed parent would leave the server and this trial running.
+    from multiprocessing import forkserver as server
+
+    alive = getattr(server._forkserver, "_forkserver_alive_fd", None)
+    if alive is not None:
+        os.close(alive)
+        server._forkserver._forkserver_alive_fd = None
     os.setsid()
     os.chdir(REPO_ROOT)
     out = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

@@ -19,6 +19,7 @@ from pathlib import Path
 import optuna
 import pytest
 from optuna.trial import TrialState
+from worker_processes import alive, descendants, trial_logs
 
 from search import study as st
 from search.setup import SearchSpace
@@ -179,15 +180,18 @@ def test_a_killed_workers_trial_is_failed_by_the_next_worker(
         lambda: trials_of(database, "killed", (TrialState.RUNNING,)), 60, "no trial started"
     )[0]
     assert hung.user_attrs["source"] == "hang"
-    # The trial beats from before its process starts; that process watches its worker from
-    # before its first phase.
-    child = wait_for(lambda: _children(first.pid), 30, "the trial's process did not start")
-    job = Path(Path(f"/proc/{child[0]}/cmdline").read_text().split("\0")[-2])
-    wait_for((job.parent / "result.json.phase").exists, 30, "the trial's first phase")
+    # The trial beats from before its process starts; that process (forked from the worker's
+    # forkserver, its output in its folder's log.txt) watches its parent from before its first
+    # phase.
+    trial = wait_for(lambda: trial_logs(first.pid), 30, "the trial's process did not start")
+    folder = next(iter(trial.values())).parent
+    wait_for((folder / "result.json.phase").exists, 30, "the trial's first phase")
+    below = descendants(first.pid)
     first.send_signal(signal.SIGKILL)
     first.communicate(timeout=30)
-    # The trial's own process stops with its worker (it would hold a GPU for the next trial).
-    wait_for(lambda: not any(_alive(pid) for pid in child), 10, "the orphaned trial kept running")
+    # The trial's own process stops with its worker (it would hold a GPU for the next trial),
+    # and so does the forkserver.
+    wait_for(lambda: not any(alive(pid) for pid in below), 10, "the orphaned trial kept running")
     assert [t.state for t in trials_of(database, "killed")] == [
         TrialState.RUNNING,
         TrialState.WAITING,
@@ -202,23 +206,3 @@ def test_a_killed_workers_trial_is_failed_by_the_next_worker(
     dead = trials[0].user_attrs
     assert dead["status"] == "failed" and "stopped beating" in dead["reason"]
     assert ran_here(log) == {1}  # the next worker ran the one trial left to the target
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:  # the parent's pid
-            found.append(int(stat.parent.name))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"

@@ -13,6 +13,7 @@ from search import study as st
 from search.setup import SearchSpace
 from search.study import enqueue_known_good
 from variants.probe import probe_capabilities
+from variants.variant import Variant
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -74,3 +75,41 @@ def test_two_workers_complete_the_target_together(
     for t in run:
         if t.state == TrialState.COMPLETE:
             assert t.user_attrs["tps_prefill"] > 0
+
+
+def test_a_killed_workers_trial_and_forkserver_stop_with_it(
+    tmp_path, micro_config_path, tiny_weights, fake_renderer, child_env
+):
+    """A trial forked from the worker's forkserver stops when the worker is killed (it would hold
+    a GPU for the next trial), and so does the forkserver."""
+    import signal
+    import time
+
+    from worker_processes import alive, descendants, trial_logs
+
+    config = json.loads(micro_config_path.read_text())
+    caps = probe_capabilities("cpu", config)
+    url = f"journal:{tmp_path}/journal.log"
+    study = st.open_study(st.open_storage(url), "killed")
+    study.set_user_attr("model_config_path", str(micro_config_path))
+    study.set_user_attr("weight_dir", tiny_weights)
+    study.set_user_attr("traces", ["decode"])
+    space = SearchSpace(caps)
+    hang = Variant(cache="paged", block_size=256, attention="sdpa")  # fake_render: sleeps
+    study.enqueue_trial(space.params_for(space.canonical(hang)), user_attrs={"source": "hang"})
+    cmd = [sys.executable, "-m", "search", "worker", "--storage", url, "--study", "killed"]
+    cmd += ["--device", "cpu", "--trials", "1", "--renderer", fake_renderer]
+    worker = subprocess.Popen(
+        cmd, cwd=REPO_ROOT, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    deadline = time.monotonic() + 60
+    while not trial_logs(worker.pid):
+        assert time.monotonic() < deadline and worker.poll() is None, "no trial started"
+        time.sleep(0.2)
+    below = descendants(worker.pid)
+    worker.send_signal(signal.SIGKILL)
+    worker.communicate(timeout=30)
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in below):
+        assert time.monotonic() < deadline, "the orphaned trial or its forkserver kept running"
+        time.sleep(0.2)
