@@ -251,3 +251,56 @@ def create_demo_study(url: str, name: str = "demo", seed: int = 0):
 def demo_study():
     """`create_demo_study(url, name="demo", seed=0)`: a synthetic study stored at `url`."""
     return create_demo_study
+
+
+# --- the processes below a search process in /proc: its trials and their forkserver -----------
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:  # the parent's pid
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        below = _children(todo.pop())
+        found += below
+        todo += below
+    return found
+
+
+def _trial_logs(pid: int) -> dict[int, Path]:
+    """The trial processes below `pid`: those whose output goes to a trial folder's log.txt."""
+    logs = {}
+    for child in _descendants(pid):
+        try:
+            out = Path(os.readlink(f"/proc/{child}/fd/1"))
+        except OSError:
+            continue
+        if out.name == "log.txt" and out.parent.name.startswith("trial-"):
+            logs[child] = out
+    return logs
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+@pytest.fixture
+def processes():
+    """`alive(pid)`, `descendants(pid)`, `trial_logs(pid)` (Linux's /proc)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(alive=_alive, descendants=_descendants, trial_logs=_trial_logs)

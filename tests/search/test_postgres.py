@@ -19,7 +19,6 @@ from pathlib import Path
 import optuna
 import pytest
 from optuna.trial import TrialState
-from worker_processes import alive, descendants, trial_logs
 
 from search import study as st
 from search.setup import SearchSpace
@@ -156,7 +155,7 @@ def test_run_and_two_workers_share_the_study(
 
 
 def test_a_killed_workers_trial_is_failed_by_the_next_worker(
-    database, micro_config_path, tiny_config, tiny_weights, fake_renderer, child_env
+    database, micro_config_path, tiny_config, tiny_weights, fake_renderer, child_env, processes
 ):
     caps = probe_capabilities("cpu", tiny_config)
     space = SearchSpace(caps)
@@ -183,15 +182,21 @@ def test_a_killed_workers_trial_is_failed_by_the_next_worker(
     # The trial beats from before its process starts; that process (forked from the worker's
     # forkserver, its output in its folder's log.txt) watches its parent from before its first
     # phase.
-    trial = wait_for(lambda: trial_logs(first.pid), 30, "the trial's process did not start")
+    trial = wait_for(
+        lambda: processes.trial_logs(first.pid), 30, "the trial's process did not start"
+    )
     folder = next(iter(trial.values())).parent
     wait_for((folder / "result.json.phase").exists, 30, "the trial's first phase")
-    below = descendants(first.pid)
+    below = processes.descendants(first.pid)
     first.send_signal(signal.SIGKILL)
     first.communicate(timeout=30)
     # The trial's own process stops with its worker (it would hold a GPU for the next trial),
     # and so does the forkserver.
-    wait_for(lambda: not any(alive(pid) for pid in below), 10, "the orphaned trial kept running")
+    wait_for(
+        lambda: not any(processes.alive(pid) for pid in below),
+        10,
+        "the orphaned trial kept running",
+    )
     assert [t.state for t in trials_of(database, "killed")] == [
         TrialState.RUNNING,
         TrialState.WAITING,

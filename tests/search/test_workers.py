@@ -78,14 +78,12 @@ def test_two_workers_complete_the_target_together(
 
 
 def test_a_killed_workers_trial_and_forkserver_stop_with_it(
-    tmp_path, micro_config_path, tiny_weights, fake_renderer, child_env
+    tmp_path, micro_config_path, tiny_weights, fake_renderer, child_env, processes
 ):
     """A trial forked from the worker's forkserver stops when the worker is killed (it would hold
     a GPU for the next trial), and so does the forkserver."""
     import signal
     import time
-
-    from worker_processes import alive, descendants, trial_logs
 
     config = json.loads(micro_config_path.read_text())
     caps = probe_capabilities("cpu", config)
@@ -103,13 +101,13 @@ def test_a_killed_workers_trial_and_forkserver_stop_with_it(
         cmd, cwd=REPO_ROOT, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
     deadline = time.monotonic() + 60
-    while not trial_logs(worker.pid):
+    while not processes.trial_logs(worker.pid):
         assert time.monotonic() < deadline and worker.poll() is None, "no trial started"
         time.sleep(0.2)
-    below = descendants(worker.pid)
+    below = processes.descendants(worker.pid)
     worker.send_signal(signal.SIGKILL)
     worker.communicate(timeout=30)
     deadline = time.monotonic() + 10
-    while any(alive(pid) for pid in below):
+    while any(processes.alive(pid) for pid in below):
         assert time.monotonic() < deadline, "the orphaned trial or its forkserver kept running"
         time.sleep(0.2)
