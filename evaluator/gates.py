@@ -12,7 +12,6 @@ target gets. docs/CORRECTNESS_GATE.md has the calibration.
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import ClassVar, Protocol
@@ -20,7 +19,7 @@ from typing import ClassVar, Protocol
 import torch
 
 from evaluator.case_rows import CaseRows, Row
-from evaluator.noise import CaseNoise, NoiseNumbers, measure_noise, noise_key
+from evaluator.noise import CaseNoise, NoiseNumbers, measure_noise, noise_key, save_whole
 from evaluator.reference_model import ReferenceModel, compute_dtype_for
 from variants.spec import dtype_from_name
 
@@ -146,11 +145,9 @@ class CoursePrepared:
     def keep(self) -> None:
         if self.path is None or len(self.kept) == self.stored:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        part = self.path.with_suffix(f".{os.getpid()}.part")
         keys = list(self.kept)
-        torch.save({"keys": [list(k) for k in keys], "logits": [self.kept[k] for k in keys]}, part)
-        os.replace(part, self.path)  # (checks side by side: the last one's wins)
+        rows = {"keys": [list(k) for k in keys], "logits": [self.kept[k] for k in keys]}
+        save_whole(rows, self.path)
         self.stored = len(self.kept)
 
     def judge(self, case: str) -> CourseJudge:

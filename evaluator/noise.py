@@ -74,11 +74,17 @@ def measure_noise(
                 pass
     out = _measure(config, weight_dir, device, model_dtype, rows_by_case)
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        part = path.with_suffix(f".{os.getpid()}.part")
-        torch.save({case: asdict(noise) for case, noise in out.items()}, part)
-        os.replace(part, path)  # (trials side by side: the last one's, identical, wins)
+        save_whole({case: asdict(noise) for case, noise in out.items()}, path)
     return out
+
+
+def save_whole(data, path: Path) -> None:
+    """`torch.save` through a file of this process's own, renamed over `path`: a reader never
+    sees half a file; processes side by side write the same data, the last one's stays."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_suffix(f".{os.getpid()}.part")
+    torch.save(data, part)
+    os.replace(part, path)
 
 
 def noise_key(config, weight_dir, device, model_dtype, rows_by_case) -> str:
