@@ -230,8 +230,13 @@ class StepBench:
         if any(r in e.lengths for r in self.ids):
             e.remove(self.ids)
         e.prefill(self.ids, self.prompts)
-        e.decode_runner.graphs.pop(key, None)  # captured again, with this launch
+        # Captured again, with this launch. The old graph is released only after: where it is
+        # its pool's last (the prefill moved the cache, so the runner captures into a new pool
+        # as calls need it), a capture into a pool with no graph alive but its outputs trips
+        # torch's allocator (an internal assert, torch 2.11).
+        stale = e.decode_runner.graphs.pop(key, None)
         e.decode(self.ids, self.tokens)
+        del stale
         graph = e.decode_runner.graphs[key]
         times = []
         for _ in range(rounds):

@@ -236,3 +236,26 @@ def test_each_bucket_gets_its_weights_share_of_the_time_left():
     assert tuner.share_deadline(250.0, 200.0, [light]) == pytest.approx(250.0)  # none left
     unweighted = tuner.Bucket(2, 64, (3,), 1)
     assert tuner.share_deadline(0.0, 90.0, [unweighted] * 3) == pytest.approx(30.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_bucket_whose_prompts_move_the_cache_is_timed_again_and_again(tiny_config, tiny_weights):
+    """The widest bucket's prompts outgrow the first cache: the runner drops its graphs and
+    captures this bucket alone into a new pool; timing it again releases that pool's only graph,
+    which must not happen before the next capture into the pool (torch's allocator asserts)."""
+    spec = ModelSpec.from_config(tiny_config)
+    variant = Variant(
+        cache="slab", attention="triton", layers="fused-pdl", graphs="pow2", cache_tokens=8192
+    )
+    table = tuner.prior_table(spec, variant, "neutral", "cuda")
+    engine = build_engine(tiny_config, tiny_weights, "cuda", variant, knobs=dict(table))
+    rows, context = max(table)
+    bucket = tuner.Bucket(rows, context, (context - 12,) * rows, 1, 1.0)
+    assert rows * context > 8192  # its prompts cannot fit the first cache
+    check = tuner.KernelCheck(spec, bucket, "slab", True, torch.device("cuda"), torch.float16)
+    bench = tuner.StepBench(engine, bucket, check, spec.vocab_size)
+    generation = engine.cache.generation
+    times = [bench.time_ms(table[rows, context]) for _ in range(3)]
+    assert engine.cache.generation > generation and all(t > 0 for t in times)
+    assert list(engine.decode_runner.graphs) == [(rows, context)]
