@@ -237,9 +237,18 @@ def _trial_process(job_path: str, log_path: str) -> None:
     sys.stdout = open(1, "w", buffering=1, closefd=False)
     sys.stderr = open(2, "w", buffering=1, closefd=False)
     stop_with_parent()
-    code = main([job_path])
+    exit_child(main([job_path]))
+
+
+def exit_child(code: int) -> None:
+    """A forked trial's exit: output flushed, multiprocessing's finalizers run (a compile's
+    worker pool leaves semaphores with the resource tracker the trials share, which warns at
+    the job's end of every one not unlinked), then out without the parent's atexit handlers."""
+    from multiprocessing import util
+
     sys.stdout.flush()
     sys.stderr.flush()
+    util._run_finalizers(0)
     os._exit(code)
 
 

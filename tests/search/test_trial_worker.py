@@ -44,3 +44,32 @@ def _alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+LEAVES_A_LOCK = """
+import multiprocessing, sys
+from search.trial import exit_child
+
+def child():
+    global held
+    held = multiprocessing.Lock()  # as a compile's worker pool leaves one
+    exit_child(0)
+
+if __name__ == "__main__":
+    server = multiprocessing.get_context("forkserver")
+    server.set_forkserver_preload(["search.trial"])
+    proc = server.Process(target=child)
+    proc.start()
+    proc.join()
+    print("exit", proc.exitcode)
+"""
+
+
+def test_a_forked_trials_exit_leaves_no_semaphore_for_the_job_to_warn_about(child_env, tmp_path):
+    script = tmp_path / "leaves_a_lock.py"
+    script.write_text(LEAVES_A_LOCK)
+    done = subprocess.run(
+        [sys.executable, str(script)], env=child_env, capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout == "exit 0\n", done.stderr
+    assert "leaked semaphore" not in done.stderr, done.stderr
