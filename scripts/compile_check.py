@@ -55,7 +55,6 @@ from variants.kernels.split_k import (  # noqa: E402
     split_range,
 )
 from variants.kernels.staged_dot import default_stage, short_staged_tiles, stage_chunks  # noqa: E402
-from variants.kernels.token_check import CHECK_BLOCK, EMBED_BLOCK, _check_embed_kernel  # noqa: E402
 
 F16, F32, I32, I64 = "*fp16", "*fp32", "*i32", "*i64"
 
@@ -178,7 +177,7 @@ def cases(sms: int, pdl: bool = False, arch: int = 86) -> list:
     tiles the launchers pick and each split count they can run; `pdl`: the programmatic
     dependent launch build (the wait, and the weight prefetch before it). Also the prefill
     attention with each tile its launcher picks on a GPU of compute capability `arch`."""
-    found = prefill_cases(arch) + rope_cases() + [token_check_case(), prompt_gather_case()]
+    found = prefill_cases(arch) + rope_cases() + [prompt_gather_case()]
     capability = divmod(arch, 10)
     names = ("M", "N", "K", "INTER", "split_len", "block_size", "split_tokens", "min_programs")
     scalars = dict.fromkeys(names, "i32")
@@ -298,14 +297,6 @@ def rope_cases() -> list:
              dict(HEADS=4, KV_HEADS=4, HEAD_DIM=192, BLOCK_T=block_t, BLOCK_HQ=4, BLOCK_HK=4,
                   BLOCK_D=256, STORE_K=tokens > 64, PDL=False, ROPE_TABLE=True), warps, 1)
             for tokens, block_t, warps in launches]  # fmt: skip
-
-
-def token_check_case() -> tuple:
-    """The graphs' range check, clamp and embedding (its extremes go to pinned memory)."""
-    types = dict(tokens_ptr=I64, n="i32", vocab="i32", extremes_ptr=I64, embed_ptr=F16,
-                 x_ptr=F16, hidden="i32", stride_e="i32", stride_x="i32")  # fmt: skip
-    consts = dict(BLOCK=CHECK_BLOCK, BLOCK_H=min(EMBED_BLOCK, 1024))  # hidden 768
-    return ("token_check", _check_embed_kernel, types, consts, 4, 1)
 
 
 def prompt_gather_case() -> tuple:

@@ -5,6 +5,7 @@
 #   realmodels replacement soak cachesizes knobs kernelstudy
 # (default: all). Writes logs and JSON under $OUT (or workspace/gpu_check) and a summary.txt.
 # Optuna is not installed there: wheels in .whl/ (carried) are installed into /tmp/site first.
+# A run longer than one call (the default 20-minute run.sh): scripts/gpu_long.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-workspace/gpu_check}

@@ -24,10 +24,9 @@ CORE_MODULES = (
 KERNEL_ORDER = tuple(
     f"variants.kernels.{name}"
     for name in (
-        "device", "pdl", "split_k", "fused_norm", "fused_rope", "fused_silu", "token_check",
-        "prompt_gather", "prefill_attention", "decode_attention_rules", "prefetch",
-        "decode_attention", "row_dot", "staged_dot", "few_row_linear", "norm_qkv_rope",
-        "norm_swiglu",
+        "device", "pdl", "split_k", "fused_norm", "fused_rope", "fused_silu", "prompt_gather",
+        "prefill_attention", "decode_attention_rules", "prefetch", "decode_attention", "row_dot",
+        "staged_dot", "few_row_linear", "norm_qkv_rope", "norm_swiglu",
     )
 )  # fmt: skip
 

@@ -27,7 +27,7 @@ def test_decode_kernels_compile_for_sm86_without_spills(tmp_path):
     rows = json.loads(out.read_text())["results"]
     assert {r["kernel"] for r in rows} == {
         "few_row_linear", "norm_swiglu", "norm_qkv_rope", "decode_attention",
-        "prefill_attention", "rope_cache_write", "token_check", "prompt_gather",
+        "prefill_attention", "rope_cache_write", "prompt_gather",
     }  # fmt: skip
     # before Hopper one prefill tile, whatever the call's size: 32 x 32 over 8 warps
     prefill = [r for r in rows if r["kernel"] == "prefill_attention"]
@@ -57,8 +57,7 @@ def test_the_pdl_build_waits_before_it_reads_an_earlier_kernel(tmp_path):
     )  # fmt: skip
     assert out.exists(), run.stderr[-2000:]
     results = json.loads(out.read_text())["results"]
-    no_pdl = ("prefill_attention", "rope_cache_write", "token_check",
-              "prompt_gather")  # fmt: skip
+    no_pdl = ("prefill_attention", "rope_cache_write", "prompt_gather")
     rows = [r for r in results if r["kernel"] not in no_pdl]
     assert len(rows) == 15 and all(r["pdl_wait"] and r["stores_before_wait"] == 0 for r in rows)
     # Hopper's decode attention tiles: 16 tokens, two warps at 8 rows and one at 32; 32 tokens

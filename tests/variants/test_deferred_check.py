@@ -36,15 +36,16 @@ def test_a_check_may_sit_in_a_graph_where_the_events_allow_it():
     assert DeferredRangeCheck(torch.device("cpu"), in_graph=True).in_graph is True
 
 
-def _copy_check(check, tokens):  # torch's min/max, a copy node, the event
+def _copy_check(check, tokens, host, meta, table):  # torch's min/max, a copy node, the event
     check.start(tokens)
 
 
-def _kernel_check(check, tokens):  # the Triton stacks': one kernel, then the event
-    from variants.kernels.token_check import checked_embedding
+def _kernel_check(check, tokens, host, meta, table):
+    """The Triton stacks' graphs: one kernel (prompt_gather.py) gathers the ids from where they
+    are, writes their extremes into pinned memory and embeds them clamped, then the event."""
+    from variants.kernels.prompt_gather import gathered_embedding
 
-    table = torch.arange(256 * 4, device=tokens.device, dtype=torch.float16).view(256, 4)
-    checked_embedding(check, tokens, 256, table)
+    return gathered_embedding(check, host, meta, tokens, tokens.numel(), 1, 2, 256, table)
 
 
 @pytest.mark.gpu
@@ -52,17 +53,22 @@ def _kernel_check(check, tokens):  # the Triton stacks': one kernel, then the ev
 @pytest.mark.parametrize("queue", [_copy_check, _kernel_check], ids=["copy", "kernel"])
 def test_a_check_inside_a_graph_is_read_before_the_graph_ends(queue):
     """Captured into a graph that then sleeps ~50 ms: each replay's answer is its own, and is
-    read while the graph is still running (the event is a node of the graph). The kernel's
-    check also leaves the ids clamped."""
+    read while the graph is still running (the event is a node of the graph). The kernel also
+    embeds the ids clamped."""
     device = torch.device("cuda")
     check = DeferredRangeCheck(device, in_graph=True)
     assert check.in_graph
     tokens = torch.zeros(8, dtype=torch.long, device=device)
+    # the kernel's pinned buffer: metadata [0], the token count at 1, each row's source from 2
+    # (0: row r's id is tokens[r])
+    host = torch.tensor([0, 8] + [0] * 8, dtype=torch.long).pin_memory()
+    meta = torch.zeros(1, dtype=torch.long, device=device)
+    table = torch.arange(256 * 4, device=device, dtype=torch.float16).view(256, 4)
     stream = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
-        queue(check, tokens)
+        embedded = queue(check, tokens, host, meta, table)
         torch.cuda._sleep(100_000_000)  # cycles: about 50 ms at the H200's 1.98 GHz
     torch.cuda.synchronize(device)
     finished = torch.cuda.Event()
@@ -74,5 +80,5 @@ def test_a_check_inside_a_graph_is_read_before_the_graph_ends(queue):
         assert not finished.query()  # the graph is still sleeping
         assert message is None if want is None else f"token id {want} is outside" in message
         torch.cuda.synchronize(device)
-        if queue is _kernel_check:
-            assert tokens.tolist() == [min(max(i, 0), 255) for i in ids]
+        if embedded is not None:
+            assert torch.equal(embedded, table[[min(max(i, 0), 255) for i in ids]])

@@ -9,16 +9,16 @@ buffer (a `cudaMemcpyAsync`) would cost the H200's host 24 and 36 us a call
 - gathers each packed row's id from its prompt: row r's id sits at `base + source[r] + r`, with
   `source[r]` (in the pinned buffer) the prompt's distance from any int64 tensor `base`, less
   the prompt's first packed row;
-- checks the ids' range (their min and max into pinned memory, as kernels/token_check.py does),
-  and copies each id's embedding row, clamped.
+- checks the ids' range (their min and max into pinned memory, mapped, so no copy node: the
+  engine's deferred check reads them after its event), and copies each id's embedding row,
+  clamped.
 Rows from the call's token count on are padding: id 0, not checked."""
 
 import torch
 import triton
 import triton.language as tl
 
-from variants.kernels.token_check import CHECK_BLOCK
-
+CHECK_BLOCK = 1024  # ids a pass of the checking program reads
 ROWS = 16  # packed rows a program gathers and embeds: its reads of the host buffer are wide
 EMBED_COLS = 256  # embedding columns a program copies at a time, for all its rows
 
