@@ -2,8 +2,8 @@
 reuse them? Renders `--preset` as a trial does (no header), then as run.sh writes it (with a
 header), then each `--sibling`; runs evaluator/test_correctness.py on each in a fresh process, in
 that order, over one Triton cache that starts empty, and prints each case's seconds and how many
-compiled kernels the cache holds after it. Triton's cache key holds each kernel's line number
-(docs/PERF.md, run 190): the second engine should add no kernels, a sibling only its own builds.
+compiled kernels the cache holds after it. Triton's cache key holds each kernel's line number:
+the second engine should add no kernels, a sibling only its own builds.
 
     python scripts/compile_reuse.py --sibling paged64-triton-gemv-allgraphs [--json PATH]
 """

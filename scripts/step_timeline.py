@@ -3,7 +3,7 @@ at each shape (rows x context), its step graph replayed under the profiler, and 
 kernels with their start and end (us from the replay's first kernel). Per kind of kernel: how
 many, the sum of start-to-end, and the sum of the time to the next kernel's start. With PDL a
 kernel starts while the one before runs, so start-to-end sums overlap; the second sum adds
-up to the replay. docs/PERF.md, runs 128 and 135: where a 4 x 2048 step goes.
+up to the replay.
 
     python scripts/step_timeline.py --shapes 4x2048,4x150 [--preset NAME] [--first 14]
 """

@@ -1,7 +1,7 @@
 """Tile sweep of our varlen prefill attention on the GPU: for each packed shape (prompts x
 length, head_dim: public 192 by default), every (BLOCK_M, BLOCK_N, warps, stages) tile, timed with
 triton.testing.do_bench (or replayed in a CUDA graph, `--graph`, as the prefill graphs run it:
-do_bench's eager launches made calls under ~30 us swing by up to 5x, docs/PERF.md, run 123)
+do_bench's eager launches made calls under ~30 us swing by up to 5x on the H200)
 against the tile the launcher picks, each checked against causal SDPA per prompt (max abs
 difference). Tiles the GPU refuses are listed as failed.
 

@@ -64,7 +64,7 @@ def test_after_the_remeasure_a_gpu_job_keeps_a_trial_and_the_least_sweep():
 
 
 def test_a_short_budget_skips_the_remeasure_rather_than_overrunning():
-    # PERF run 198: 84 s were left after the search of a 4-minute study; re-measuring three
+    # On the H200, 84 s were left after the search of a 4-minute study; re-measuring three
     # leaders there, then verifying and sweeping, ended 57 s past the budget.
     short = job("cuda", 84.0)
     records = leaders()
