@@ -2,7 +2,7 @@
 # The GPU check, run on the device machine (H200) over a copy of the tree:
 #   bash scripts/gpu_check.sh [STAGE...]   stages: env tests kernels fewrow tune tuneprefill
 #   profile timeline anatomy hostprofile sweep table compilereuse study grader
-#   realmodels replacement soak cachesizes knobs kernelstudy
+#   realmodels replacement soak cachesizes knobs kernelstudy crossknobs
 # (default: all). Writes logs and JSON under $OUT (or workspace/gpu_check) and a summary.txt.
 # Optuna is not installed there: wheels in .whl/ (carried) are installed into /tmp/site first.
 # A run longer than one call (the default 20-minute run.sh): scripts/gpu_long.sh.
@@ -224,6 +224,20 @@ if stage realmodels; then
         if [ -n "${REAL_PARALLEL:-}" ]; then real_model "$name" & else real_model "$name"; fi
     done
     wait
+fi
+# the course model's and the 16-layer model's decode-attention tables, each model's engine timed
+# with its own and with the other's (issue #42: different knobs, each best on its own model)
+if stage crossknobs; then
+    dir=/tmp/gpu_models/llama16-bf16
+    if [ ! -f "$dir/model.pt" ]; then
+        mkdir -p "$dir" && cp scripts/gpu_models/llama16-bf16.json "$dir/config.json"
+        "$PY" scripts/generate_toy_weights.py --config "$dir/config.json" \
+            --output "$dir/model.pt" > /dev/null
+    fi
+    timed cross_knobs "${CROSS_LIMIT:-580}" "$PY" scripts/cross_knobs.py \
+        --model "course=$CFG:$WEIGHTS" --model "llama16=$dir/config.json:$dir" \
+        --budget "${CROSS_BUDGET:-90}" --out "$OUT/cross_knobs"
+    cat "$OUT/cross_knobs.log" >> "$SUMMARY"
 fi
 # what freeing the last engine (the grader's `engine = create_engine(...)`) costs the next
 # timed pass: assigned, settled, or every engine kept (issue #38's prefill gap)

@@ -344,6 +344,19 @@ def table_from_json(data: dict) -> dict:
     return table
 
 
+def transplant(other: dict, own: dict) -> dict:
+    """Another model's table on this model's buckets (`own`: this model's table or prior):
+    each bucket takes the other's launch at the same key, else at the same rows' nearest
+    context (else the nearest key), except the head's cut (`parts`), which is bound to the
+    head size and stays this model's. Crossing two models' tables (scripts/cross_knobs.py)."""
+    out = {}
+    for (rows, context), launch in own.items():
+        near = [k for k in other if k[0] == rows] or list(other)
+        key = min(near, key=lambda k: (abs(k[1] - context), abs(k[0] - rows)))
+        out[rows, context] = {**other[key], "parts": launch["parts"]}
+    return out
+
+
 def prior_table(spec: ModelSpec, variant, prior: str, device) -> dict:
     """The launch of every decode graph bucket as the rules (or the neutral defaults) pick it."""
     device = torch.device(device)

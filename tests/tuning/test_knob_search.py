@@ -259,3 +259,18 @@ def test_a_bucket_whose_prompts_move_the_cache_is_timed_again_and_again(tiny_con
     times = [bench.time_ms(table[rows, context]) for _ in range(3)]
     assert engine.cache.generation > generation and all(t > 0 for t in times)
     assert list(engine.decode_runner.graphs) == [(rows, context)]
+
+
+def test_a_transplanted_table_keeps_this_models_buckets_and_head_cut(course):
+    _, spec = course
+    own = {k: tuner.prior_launch(spec, *k, SMS, HOPPER) for k in tuner.graph_buckets(spec, HOPPER)}
+    other = {
+        (8, 2048): {**own[8, 1024], "tiles": (64, 4, 2), "num_splits": 3, "parts": (64, 0)},
+        (4, 1024): {**own[4, 1024], "tiles": (16, 1, 2), "parts": (64, 0)},
+    }
+    crossed = tuner.transplant(other, own)
+    assert set(crossed) == set(own)
+    assert all(crossed[k]["parts"] == own[k]["parts"] for k in own)
+    assert crossed[8, 1024]["tiles"] == (64, 4, 2) and crossed[8, 1024]["num_splits"] == 3
+    assert crossed[4, 1024]["tiles"] == (16, 1, 2)  # the same key
+    assert crossed[64, 4096]["tiles"] == (64, 4, 2)  # no 64-row bucket there: the nearest key
