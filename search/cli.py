@@ -1,19 +1,12 @@
-"""`python -m search run|worker|report|render|sweep`: the command line of the search.
-
-run     the main job (what `bash run.sh` does): search, choose, verify, write workspace/engine.py
-worker  add trials to a study in a shared storage (one per GPU, or per machine)
-report  the top-N table and per-trace numbers of a study, from its storage, plus PNG figures
-        and summary.md next to it
-render  write the engine of one trial (default: the verified best) to a file
-sweep   measure engines over shapes (decode step time vs batch size, prefill tokens/s vs prompt
-        length) into a JSON file that report draws
-"""
+"""`python -m search COMMAND`: the command line of the search, and the main job (`run`, what
+`bash run.sh` does) phase by phase."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import importlib.util
+import inspect
 import logging
 import shlex
 import sys
@@ -23,8 +16,27 @@ from functools import partial
 from pathlib import Path
 
 from search.report import default_report_dir, render_log
-from search.setup import UserError, measure_ceilings, set_up
-from search.trial import DEFAULT_RENDERER, OBJECTIVE_TRACES, Record, load_renderer, write_atomic
+from search.setup import (
+    DEFAULT_TRIAL_TIMEOUT_S,
+    ENGINES_ALIVE,
+    Budget,
+    SearchSpace,
+    UserError,
+    choose_gate,
+    device_kind,
+    measure_ceilings,
+    resolve_device,
+    scratch_dir,
+    set_up,
+)
+from search.trial import (
+    DEFAULT_RENDERER,
+    OBJECTIVE_TRACES,
+    Record,
+    TrialRunner,
+    load_renderer,
+    write_atomic,
+)
 from search.write import (
     candidates,
     common_failure,
@@ -38,262 +50,116 @@ from search.write import (
     write_verified,
 )
 from tuning.warmup import warm_first, warm_queued
+from variants.checkpoint.preflight import resolve_target
 from variants.presets import ranked_defaults
+from variants.probe import probe_capabilities
 from variants.variant import Variant
 
 log = logging.getLogger("search")
 
-
-def _study_options(p, storage_required: bool = False) -> None:
-    p.add_argument(
-        "--storage",
-        required=storage_required,
-        help="Optuna storage: sqlite:///path.db, postgresql://..., or a journal file "
-        "(journal:PATH or a plain path) for several processes; default studies/<study>.db",
-    )
-    p.add_argument(
-        "--study",
-        help="study name; default: for run, derived from the model, its weights, the gate, the "
-        "GPU (or cpu) and torch; for the other commands, the study the last run wrote",
-    )
-    p.add_argument("--studies-dir", default="studies", help="where default SQLite studies live")
-
-
-def _target_options(p) -> None:
-    p.add_argument(
-        "--model-config",
-        help="model_config.json (default /target/model_config.json, else target/model_config.json)",
-    )
-    p.add_argument(
-        "--weight-dir",
-        help="directory holding model.pt (default /target/weights, else target/weights; "
-        "toy weights are generated there when missing, except under /target)",
-    )
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
-
-
-def _search_options(p) -> None:
-    p.add_argument(
-        "--trials",
-        type=int,
-        help="stop when the study holds this many trials (default: until the budget is spent)",
-    )
-    p.add_argument(
-        "--trial-timeout", type=float, help="seconds per trial (default 300 GPU, 180 CPU)"
-    )
-    p.add_argument("--seed", type=int, help="sampler seed (default random)")
-    p.add_argument(
-        "--heartbeat",
+# flag: add_argument's keywords; a command takes the flags COMMANDS lists for it
+OPTIONS = {
+    "--log-level": dict(
+        default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="(default INFO)"
+    ),
+    "--debug": dict(action="store_true", help="show a user error's traceback, not one line"),
+    "--model-config": dict(help="model config (default /target/model_config.json, else target/)"),
+    "--weight-dir": dict(help="its weights (default /target/weights, else target/weights)"),
+    "--device": dict(default="auto", help="auto, cpu, cuda or cuda:N (default auto)"),
+    "--storage": dict(help="Optuna storage URL or journal file (default studies/<study>.db)"),
+    "--study": dict(help="study name (default: run derives it; the others take the last run's)"),
+    "--studies-dir": dict(default="studies", help="where default SQLite studies live"),
+    "--budget-minutes": dict(type=float, help="wall-clock budget (run: 20 on a GPU, 5 on a CPU)"),
+    "--trials": dict(type=int, help="stop when the study holds this many trials"),
+    "--trial-timeout": dict(type=float, help="seconds per trial (default 300 GPU, 180 CPU)"),
+    "--seed": dict(type=int, help="sampler seed (default random)"),
+    "--heartbeat": dict(
         type=int,
         default=20,
         metavar="SECONDS",
-        help="on a database storage a running trial beats this often; one silent for three "
-        "beats is failed by the next process that looks (default 20, the same in every process "
-        "of a study; 0: off)",
-    )
-    p.add_argument(
-        "--renderer",
-        default=DEFAULT_RENDERER,
-        help="module:function or file.py:function that renders a Variant to an engine file "
-        f"(default {DEFAULT_RENDERER}; tests plant faulty engines with their own)",
-    )
-
-
-def _run_options(p) -> None:
-    _target_options(p)
-    _study_options(p)
-    p.add_argument(
-        "--budget-minutes",
-        type=float,
-        help="wall-clock budget for the whole job (default 20 on a GPU, 5 on a CPU)",
-    )
-    _search_options(p)
-    p.add_argument(
-        "--gate",
+        help="a running trial's heartbeat on a database; three missed fail it (default 20; 0: off)",
+    ),
+    "--renderer": dict(
+        default=DEFAULT_RENDERER, help="module:function or file.py:function writing engine files"
+    ),
+    "--gate": dict(
         choices=("auto", "course", "noise"),
         default="auto",
-        help="the correctness gate: course (the grader's allclose against the same-dtype "
-        "reference), noise (the error in units of the model dtype's rounding noise), auto "
-        "(default: course for the course's float16 target, noise for any other model)",
-    )
-    p.add_argument(
-        "--memory-budget-gib",
+        help="course: the grader's allclose; noise: the error in rounding-noise units; auto "
+        "(default): course for the course's float16 target, else noise",
+    ),
+    "--memory-budget-gib": dict(
         type=float,
-        help="the most GPU memory (host memory on a CPU) the grader's pattern may take: a "
-        "warm-up engine and two repeats alive at once; an assembly over it is rejected, and the "
-        "written engine holds at most a third of it (default 24 for the course's target, whose "
-        "grader is an RTX 3090; else this device's memory)",
-    )
-    p.add_argument(
-        "--remeasure",
-        type=int,
-        default=3,
-        help="re-measure this many leaders with the grader's full protocol (default 3; 0: none)",
-    )
-    p.add_argument(
-        "--warm-workers",
-        type=int,
-        help="on a GPU, compile the queued assemblies' Triton kernels this many at a time before "
-        "the first trial (default: half the CPU cores, at most 8, and no more than fit in the "
-        "GPU's free memory; 0: off)",
-    )
-    p.add_argument(
-        "--kernel-search",
+        help="most memory the grader's pattern (three engines alive) may take; the engine holds a "
+        "third (default 24 for the course's target, else this device's)",
+    ),
+    "--remeasure": dict(
+        type=int, default=3, help="leaders re-measured with the grader's full protocol (default 3)"
+    ),
+    "--warm-workers": dict(
+        type=int, help="on a GPU, compile the queued Triton kernels this many at once (0: off)"
+    ),
+    "--kernel-search": dict(
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="on a GPU, after the study, search the chosen engine's decode attention launch at "
-        "this model's shapes (a tenth of the budget, at most 5 min; cached per GPU, model and "
-        "Triton in studies/kernels/) and keep it where the traces with decode steps run faster "
-        "(default: on; --no-kernel-search leaves the rules and the budget to the study)",
-    )
-    p.add_argument(
-        "--neutral-kernels",
-        action="store_true",
-        help="switch the kernel rules tuned by hand on the H200 off: trials and the kernel "
-        "search start from the defaults of a GPU nothing was measured on (a study of its own)",
-    )
-    p.add_argument("--fresh", action="store_true", help="delete the study and start over")
-    p.add_argument("--workspace", default="workspace", help="where engine.py and results.log go")
-    p.add_argument(
-        "--traces", help=f"comma-separated objective traces (default {','.join(OBJECTIVE_TRACES)})"
-    )
-    p.add_argument(
-        "--no-optuna",
-        action="store_true",
-        help="skip Optuna: measure the ranked default candidates only (what happens offline)",
-    )
-
-
-def _worker_options(p) -> None:
-    _study_options(p, storage_required=True)
-    p.add_argument("--model-config", help="model config (default: the study's)")
-    p.add_argument("--weight-dir", help="weights (default: the study's)")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--budget-minutes", type=float, help="stop after this long (default none)")
-    _search_options(p)
-
-
-def _report_options(p) -> None:
-    _study_options(p)
-    p.add_argument("--top", type=int, default=5, help="rows in the top table (default 5)")
-    p.add_argument("--all", action="store_true", help="also list every trial")
-    p.add_argument(
-        "--out",
-        help="directory for the figures and summary.md (default: next to the study's storage, "
-        "studies/<study>/)",
-    )
-    p.add_argument("--no-plots", action="store_true", help="print the tables only")
-    p.add_argument(
-        "--sweep",
-        help="shape-sweep JSON of `python -m search sweep` to draw (default: sweep.json in "
-        "--out, when present)",
-    )
-
-
-def _render_options(p) -> None:
-    _study_options(p)
-    p.add_argument("--trial", type=int, help="trial number (default: the best)")
-    p.add_argument("--output", required=True, help="engine file to write")
-    p.add_argument("--renderer", default=DEFAULT_RENDERER, help="module:function")
-
-
-def _sweep_options(p) -> None:
-    _target_options(p)
-    _study_options(p)
-    importlib.import_module("sweep.command").add_arguments(p)
-
-
-def _options_of(module: str):
-    return lambda p: importlib.import_module(module).add_arguments(p)
-
-
-# name: (what runs it, "module:function"; its options; its help; its description)
-COMMANDS = {
-    "run": (
-        "search.cli:run",
-        _run_options,
-        "search, choose, verify and write workspace/engine.py and results.log",
-        "The main job: probe this machine, run (or resume) the study, re-measure the leaders like "
-        "the grader, write the best engine that passes verification to workspace/engine.py and "
-        "explain it in workspace/results.log. Exit 0 only when the written engine passed "
-        "verification.",
+        help="on a GPU, search the chosen engine's decode-attention launch (default on)",
     ),
-    "worker": (
-        "search.study:worker",
-        _worker_options,
-        "run trials for a study in a shared storage",
-        "Add trials to a study; several workers on one storage share its trial target. The model "
-        "comes from the study unless --model-config/--weight-dir are given.",
+    "--neutral-kernels": dict(
+        action="store_true", help="start from neutral kernel launches, not the H200's rules"
     ),
-    "report": (
-        "search.report:report",
-        _report_options,
-        "print the top-N table of a study; write its figures and summary.md",
-        "Print a study's trials from its storage: counts, the top-N table, the leader's per-trace "
-        "numbers and the verified best. Also write PNG figures (trade-off with the Pareto front, "
-        "per-axis effects, history, floor efficiency, importances) and summary.md into --out.",
-    ),
-    "render": (
-        "search.report:render",
-        _render_options,
-        "render one trial's variant to an engine file",
-        "Write the standalone engine of a trial (default: the study's verified best, else its "
-        "best correct trial).",
-    ),
-    "sweep": (
-        "sweep.command:sweep_command",
-        _sweep_options,
-        "measure engines over shapes into a JSON file (report draws it)",
-        "Build a fresh engine per variant and measure decode step time against batch size (at "
-        "one context) and prefill tokens/s against prompt length (one prompt), each with the "
-        "floor of evaluator/floor.py's cost model. Variants: --variant (repeat), or the study's "
-        "verified best and best distinct correct trials (--study, --top).",
-    ),
-    "import-gguf": (
-        "models.import_gguf:import_gguf_command",
-        _options_of("models.import_gguf"),
-        "convert a llama.cpp GGUF LLaMA into a Hugging Face folder",
-        "Write model.safetensors (dequantized), config.json, tokenizer.json, "
-        "tokenizer_config.json and generation_config.json for a GGUF LLaMA file; the folder is "
-        "both --model-config DIR/config.json and --weight-dir DIR.",
-    ),
-    "generate": (
-        "serving.generate:generate_command",
-        _options_of("serving.generate"),
-        "generate text with an engine file and a Hugging Face model folder",
-        "Load an engine file as the grader does, prefill the prompts in one call, decode them "
-        "together and print each continuation and the tokens/s.",
-    ),
-    "serve": (
-        "serving.serve:serve_command",
-        _options_of("serving.serve"),
-        "an OpenAI-compatible HTTP server over an engine file, with continuous batching",
-        "Serve /v1/completions, /v1/chat/completions (streamed as Server-Sent Events on "
-        "request), /v1/models and /health from an engine file and a Hugging Face model folder; "
-        "one engine thread batches every live request (docs/SERVING.md).",
-    ),
+    "--fresh": dict(action="store_true", help="delete the study and start over"),
+    "--workspace": dict(default="workspace", help="where engine.py and results.log go"),
+    "--traces": dict(help=f"objective traces (default {','.join(OBJECTIVE_TRACES)})"),
+    "--no-optuna": dict(action="store_true", help="measure the ranked defaults only"),
+    "--top": dict(type=int, default=5, help="rows in the top table (default 5)"),
+    "--all": dict(action="store_true", help="also list every trial"),
+    "--out": dict(help="folder of the figures and summary.md (default studies/<study>/)"),
+    "--no-plots": dict(action="store_true", help="print the tables only"),
+    "--sweep": dict(help="a sweep JSON to draw (default: --out's sweep.json, when there)"),
+    "--trial": dict(type=int, help="trial number (default: the verified best)"),
+    "--output": dict(required=True, help="engine file to write"),
 }
+TARGET = ("--model-config", "--weight-dir", "--device")
+STUDY = ("--storage", "--study", "--studies-dir")
+SEARCH = ("--budget-minutes", "--trials", "--trial-timeout", "--seed", "--heartbeat", "--renderer")
+RUN = ("--gate", "--memory-budget-gib", "--remeasure", "--warm-workers", "--kernel-search")
+RUN += ("--neutral-kernels", "--fresh", "--workspace", "--traces", "--no-optuna")
+REPORT = ("--top", "--all", "--out", "--no-plots", "--sweep")
+RENDER = ("--trial", "--output", "--renderer")
+
+# name: ("module:function" that runs it, its flags, its help); its description is the function's
+# docstring, or for OWN_FLAGS, whose modules add flags (add_arguments), the module's
+COMMANDS = {
+    "run": ("search.cli:run", TARGET + STUDY + SEARCH + RUN, "search, verify, write the engine"),
+    "worker": ("search.cli:worker", TARGET + STUDY + SEARCH, "add trials to a shared study"),
+    "report": ("search.report:report", STUDY + REPORT, "a study's tables, figures and summary"),
+    "render": ("search.report:render", STUDY + RENDER, "write one trial's engine file"),
+    "sweep": ("sweep.command:sweep_command", TARGET + STUDY, "time engines over shapes (JSON)"),
+    "import-gguf": ("models.import_gguf:import_gguf_command", (), "GGUF LLaMA to an HF folder"),
+    "generate": ("serving.generate:generate_command", (), "generate text with an engine file"),
+    "serve": ("serving.serve:serve_command", (), "an OpenAI-compatible server over an engine"),
+}
+OWN_FLAGS = ("sweep", "import-gguf", "generate", "serve")
+
+
+def _runner(name: str):
+    module, _, function = COMMANDS[name][0].partition(":")
+    module = importlib.import_module(module)
+    return module, getattr(module, function)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--log-level",
-        default="INFO",
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        help="logging level (default INFO)",
-    )
-    common.add_argument(
-        "--debug", action="store_true", help="show the traceback of a user error, not one line"
-    )
-    parser = argparse.ArgumentParser(
-        prog="python -m search",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = argparse.ArgumentParser(prog="python -m search", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (_, options, short, description) in COMMANDS.items():
-        options(sub.add_parser(name, parents=[common], help=short, description=description))
+    for name, (_, flags, short) in COMMANDS.items():
+        module, function = _runner(name)
+        doc = inspect.cleandoc((module if name in OWN_FLAGS else function).__doc__)
+        raw = argparse.RawDescriptionHelpFormatter  # the docstring keeps its lines
+        p = sub.add_parser(name, help=short, description=doc, formatter_class=raw)
+        for flag in ("--log-level", "--debug", *flags):
+            p.add_argument(flag, **OPTIONS[flag])
+        if name in OWN_FLAGS:
+            module.add_arguments(p)
     return parser
 
 
@@ -311,9 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         datefmt="%H:%M:%S",
     )
     args.command_line = shlex.join(argv)
-    module, _, function = COMMANDS[args.command][0].partition(":")
     try:
-        return getattr(importlib.import_module(module), function)(args)
+        return _runner(args.command)[1](args)
     except (UserError, TargetError, EngineLoadError) as exc:
         if args.debug:
             raise
@@ -325,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args) -> int:
+    """Probe this machine, run (or resume) the study, re-measure the leaders like the grader,
+    write the best engine that passes verification to workspace/engine.py and explain it in
+    workspace/results.log. Exit 0 only when the written engine passed verification."""
     return RunJob(args).run()
 
 
@@ -345,80 +213,61 @@ class RunJob:
         return self.deadline - time.monotonic()
 
     @contextmanager
-    def phase(self, name: str):
+    def phase(self, name: str, fallible: str | None = None):
+        """Time the block as the phase `name`. A `fallible` step's failure is logged and noted,
+        and the job goes on: lost numbers or figures are not worth the engine."""
         start = time.monotonic()
         try:
             yield
+        except Exception as exc:
+            if fallible is None:
+                raise
+            log.exception("%s failed", fallible)
+            self.notes.append(f"{fallible} failed: {exc!r}")
         finally:
             self.phases[name] = self.phases.get(name, 0.0) + time.monotonic() - start
 
     def run(self) -> int:
         """The phases in order: set-up, the search, the full-protocol re-measurement of the
-        leaders, verify-and-write, a short shape sweep of the leaders for the report's figures,
-        the figures and the results log. A study that already holds a verified best and no newer
-        trials is not searched again: its best is rendered, re-verified and written in seconds.
-        """
+        leaders, the kernel search, verify-and-write, a short shape sweep of the leaders, the
+        figures and the results log. A study whose verified best stands (no newer trials) is
+        not searched again: its best is rendered, re-verified and written in seconds."""
         with self.phase("set-up"):
             set_up(self)
         with self.phase("search"):
             records, standing = search_trials(self)
         if standing is None:
-            with self.phase("full-protocol re-measure"):
-                try:
-                    remeasure(self, records)
-                except Exception as exc:  # numbers lost, not the engine: go on to write one
-                    log.exception("the full-protocol re-measurement failed")
-                    self.notes.append(f"the full-protocol re-measurement failed: {exc!r}")
-        ranked = rank(records)
-        self.kernels = None
+            with self.phase("full-protocol re-measure", "the full-protocol re-measurement"):
+                remeasure(self, records)
+        ranked, self.kernels = rank(records), None
         if standing is None and ranked:
             from tuning.phase import kernel_phase
 
-            with self.phase("kernel search"):
-                try:
-                    self.kernels = kernel_phase(self, ranked[0])
-                except Exception as exc:  # the rules stay: an engine is still written
-                    log.exception("the kernel search failed")
-                    self.notes.append(f"the kernel search failed: {exc!r}")
-        tuned = self.kernels.table if self.kernels is not None and self.kernels.kept else None
+            with self.phase("kernel search", "the kernel search"):  # (the rules stay)
+                self.kernels = kernel_phase(self, ranked[0])
         with self.phase("verify and write"):
-            first = [standing] if standing is not None else []
-            numbers = {r.number for r in first}
-            rest = [r for r in candidates(self, records, ranked) if r.number not in numbers]
-            renderer = load_renderer(self.args.renderer)
-            budget, weights = self.runner.engine_budget_gib, self.target.weights_format
-
-            def render(variant, path, text):  # the kernel search's table for its leader alone
-                leader = tuned and variant.to_dict() == ranked[0].variant
-                knobs = {"knobs": tuned} if leader else {}
-                return renderer(variant, path, text, budget, weights=weights, **knobs)
-
-            verify = partial(
-                verify_engine,
-                config_path=self.target.config_path,
-                weight_dir=self.target.weight_dir,
-                device=self.device,
-                timeout_s=self.verify_timeout,
-                benchmark=standing is None,
-                gate=self.gate,
-                stress_positions=self.stress_positions,
-            )
-            attempts = write_verified(
-                first + rest, render, self.workspace, verify, partial(header, self)
-            )
+            attempts = self.write_engine(records, ranked, standing)
         done = installed(attempts)
         if done is not None:
             remember(self, done.record)
             log.info("wrote %s: %s", self.workspace / "engine.py", done.record.name)
+            if self.study is not None:
+                from sweep.command import sweep_leaders
+
+                with self.phase("shape sweep"):
+                    self.notes += sweep_leaders(self, reuse=standing is not None)
         else:
             aside = set_aside(self)
             self.notes.append(aside)
-        if done is not None and self.study is not None:
-            from sweep.command import sweep_leaders
+        if self.study is not None:
+            from search.figures import write_report
 
-            with self.phase("shape sweep"):
-                self.notes += sweep_leaders(self, reuse=standing is not None)
-        self.write_figures()
+            out = default_report_dir(self.storage_url, self.study_name, self.args.studies_dir)
+            with self.phase("figures", "writing the study figures"):
+                paths = write_report(self.study, out)
+                self.notes.append(
+                    f"figures and summary in {out}: " + ", ".join(p.name for p in paths)
+                )
         self.phases["total"] = time.monotonic() - self.start
         write_atomic(self.workspace / "results.log", render_log(self, records, ranked, attempts))
         log.info("wrote %s", self.workspace / "results.log")
@@ -430,19 +279,31 @@ class RunJob:
             )
         return 0 if done is not None else 1
 
-    def write_figures(self) -> None:
-        """The study report (PNG figures, summary.md) next to the study; never fails the job."""
-        if self.study is None:
-            return
-        try:
-            from search.figures import write_report
+    def write_engine(self, records, ranked, standing):
+        """Render, verify and install the first candidate that passes: the standing best, else
+        the ranked trials and then the defaults; the kernel search's table for its leader."""
+        tuned = self.kernels.table if self.kernels is not None and self.kernels.kept else None
+        first = [] if standing is None else [standing]
+        taken = {r.number for r in first}
+        rest = [r for r in candidates(self, records, ranked) if r.number not in taken]
+        renderer = load_renderer(self.args.renderer)
+        budget, weights = self.runner.engine_budget_gib, self.target.weights_format
 
-            out = default_report_dir(self.storage_url, self.study_name, self.args.studies_dir)
-            paths = write_report(self.study, out)
-            self.notes.append(f"figures and summary in {out}: " + ", ".join(p.name for p in paths))
-        except Exception as exc:  # a diagram is not worth the engine
-            log.warning("could not write the study figures: %r", exc)
-            self.notes.append(f"the study figures could not be written: {exc!r}")
+        def render(variant, path, text):
+            knobs = {"knobs": tuned} if tuned and variant.to_dict() == ranked[0].variant else {}
+            return renderer(variant, path, text, budget, weights=weights, **knobs)
+
+        verify = partial(
+            verify_engine,
+            config_path=self.target.config_path,
+            weight_dir=self.target.weight_dir,
+            device=self.device,
+            timeout_s=self.verify_timeout,
+            benchmark=standing is None,
+            gate=self.gate,
+            stress_positions=self.stress_positions,
+        )
+        return write_verified(first + rest, render, self.workspace, verify, partial(header, self))
 
 
 # --- the search phase of the main job ----------------------------------------------------------
@@ -589,3 +450,78 @@ def search_defaults(job) -> list[Record]:
             Record(number, outcome.status, variant.to_dict(), outcome.attrs, outcome.values)
         )
     return records
+
+
+# --- the worker: `python -m search worker` -----------------------------------------------------
+
+
+def worker(args) -> int:
+    """Add trials to the study in a shared --storage (one worker per GPU, or per machine on a
+    database); workers on one storage share its trial target. The model is the study's unless
+    --model-config/--weight-dir say otherwise (weights at another path on another machine).
+    Workers never write engine.py: the next `run` on the storage chooses, verifies and writes it.
+    A dead worker's trial is failed by the next process that looks: on a database when its
+    heartbeat stops, on a journal file when it is older than any trial limit."""
+    import optuna
+
+    from search import study as st
+
+    start = time.monotonic()
+    device = resolve_device(args.device)
+    if args.storage is None:
+        raise UserError("name the shared storage of the study with --storage")
+    if args.study is None and not args.model_config:
+        raise UserError("name the study to add trials to with --study (or give --model-config)")
+    storage = st.open_storage(args.storage, heartbeat_s=args.heartbeat)
+    name = args.study
+    known = name is not None and name in optuna.get_all_study_names(storage)
+    attrs = st.load_study(storage, name).user_attrs if known else {}
+    config_path = args.model_config or attrs.get("model_config_path")
+    if not config_path:
+        raise UserError(f"no study {name!r} in {args.storage}: create it with `python -m "
+                        "search run --storage ...`, or pass --model-config")  # fmt: skip
+    target = resolve_target(config_path, args.weight_dir or attrs.get("weight_dir"))
+    caps = probe_capabilities(device, target.config)
+    hardware = st.hardware_key(caps)
+    gate, _ = choose_gate(attrs.get("gate") or "auto", target)  # the study's gate
+    name = name or st.study_name(target.config, caps, target.fingerprint, gate.name)
+    study = st.open_study(storage, name, seed=args.seed)
+    attrs = study.user_attrs
+    if attrs.get("weights_fingerprint") not in (None, target.fingerprint):
+        raise UserError(
+            f"the weights in {target.weight_dir} are not the ones study {study.study_name} "
+            "measured; pass --weight-dir with that study's weights"
+        )
+    if attrs.get("hardware") and attrs["hardware"] != hardware:
+        log.warning(
+            "this worker runs on %s but the study measured %s: numbers will not compare",
+            hardware,
+            attrs["hardware"],
+        )
+    for key, value in st.model_attrs(target, gate.name, caps).items():
+        if not attrs.get(key):
+            study.set_user_attr(key, value)
+    space = SearchSpace(caps)
+    st.enqueue_known_good(study, space, caps, storage, study.study_name, hardware, None)
+    timeout = args.trial_timeout or DEFAULT_TRIAL_TIMEOUT_S[device_kind(device)]
+    st.fail_stale_trials(study, older_than_s=2 * timeout + 120)  # a dead worker's trials
+    gib = attrs.get("memory_budget_gib")  # the study's, as `run` recorded it
+    runner = TrialRunner(
+        target.config,
+        str(target.weight_dir),
+        device,
+        renderer=args.renderer,
+        traces=tuple(attrs.get("traces") or OBJECTIVE_TRACES),
+        timeout_s=timeout,
+        ceilings=attrs.get("ceilings") or measure_ceilings(device),
+        gate=gate.to_dict(),
+        kernel_prior=attrs.get("kernel_prior") or "hand",  # the study's (--neutral-kernels)
+        noise_cache=scratch_dir("search-noise-"),
+        memory_budget_mib=1024 * gib if gib else None,
+        engine_budget_gib=gib / ENGINES_ALIVE if gib else None,
+    )
+    minutes = args.budget_minutes or 24 * 60
+    budget = Budget(start + 60 * minutes, timeout, reserve_trials=0.0)
+    ran = st.optimize(study, space, runner, budget, n_trials=args.trials)
+    log.info("worker done: %d trial(s) run here; the study now has %d", ran, len(study.trials))
+    return 0

@@ -1,10 +1,6 @@
-"""What a run leaves for people: `workspace/results.log` (what was searched, what every trial did,
-what won and why) and its tables, and the commands that read a stored study back: `report`
-(tables, and the figures and summary.md of search.figures next to the study's storage,
-`studies/<name>/` by default) and `render` (one trial's engine file). Plain text for people; the
-study storage is the data (open it with the dashboard command at the end of the log). Neither
-Optuna nor matplotlib is needed to write the results log.
-"""
+"""What a run leaves for people: `workspace/results.log` and its tables (plain text; neither
+Optuna nor matplotlib needed), and the commands that read a stored study back: `report` (the
+tables; search.figures' figures and summary.md) and `render` (one trial's engine file)."""
 
 from __future__ import annotations
 
@@ -328,6 +324,8 @@ def default_report_dir(url: str, study_name: str, studies_dir: str | Path = "stu
 
 
 def report(args) -> int:
+    """Print a study's counts, top-N table, the leader's per-trace numbers and the verified best
+    from its storage; write its PNG figures and summary.md (default: next to the storage)."""
     from search.study import dashboard_command, load_records, locate_study
 
     study, url = locate_study(args.storage, args.study, args.studies_dir)
@@ -356,9 +354,8 @@ def report(args) -> int:
 
 
 def _pick(study, records: list[Record], number: int | None) -> Record:
-    if number is None:
-        best = study.user_attrs.get("verified_best")
-        number = best["trial"] if best else None
+    best = study.user_attrs.get("verified_best") or {}
+    number = best.get("trial") if number is None else number
     if number is None:
         ranked = rank(records)
         if not ranked:
@@ -367,13 +364,14 @@ def _pick(study, records: list[Record], number: int | None) -> Record:
     for r in records:
         if r.number == number and r.variant:
             return r
-    best = study.user_attrs.get("verified_best") or {}
     if best.get("trial") == number:
         return Record(number, "ok", best["variant"], {"variant_name": best["variant_name"]})
     raise UserError(f"trial {number} has no variant in study {study.study_name}; see `report`")
 
 
 def render(args) -> int:
+    """Write the engine file of a trial (default: the study's verified best, else its best
+    correct trial)."""
     from search.study import load_records, locate_study
 
     study, _ = locate_study(args.storage, args.study, args.studies_dir)

@@ -1,8 +1,6 @@
-"""Set-up, before any trial: the target pre-flighted (variants/checkpoint/preflight.py), this
-machine described, the device, gate, budget and memory budget resolved, the capabilities, the
-search space and the trial runner. The worker, `sweep` and `generate` resolve their device here
-too.
-"""
+"""Set-up, before any trial: the target pre-flighted, the device, gate, budgets, capabilities,
+search space and trial runner resolved, this machine described; `resolve_device` for every
+command."""
 
 from __future__ import annotations
 
@@ -98,8 +96,7 @@ def set_up(job) -> None:
     job.trial_timeout = args.trial_timeout or DEFAULT_TRIAL_TIMEOUT_S[kind]
     from sweep.command import PIPELINE_LIMIT_S
 
-    sweep_s = PIPELINE_LIMIT_S[kind]  # kept for the shape sweep after the search
-    # and for the kernel search of the leader (tuning/phase.py)
+    # kept after the search: the shape sweep, and on a GPU the leader's kernel search
     kernels = kind == "cuda" and getattr(args, "kernel_search", False)
     job.kernel_search_s = min(SHARE * job.budget_s, MOST_S) if kernels else 0.0
     if job.kernel_search_s < LEAST_S:  # a budget too short for it keeps nothing for it
@@ -108,7 +105,7 @@ def set_up(job) -> None:
         job.deadline,
         job.trial_timeout,
         total_s=job.budget_s,
-        after_s=sweep_s,
+        after_s=PIPELINE_LIMIT_S[kind],
         kept_s=job.kernel_search_s,
         kept_trials=LEADER_TIMINGS if kernels else 0.0,
     )
@@ -137,17 +134,12 @@ def set_up(job) -> None:
         kernel_prior="neutral" if getattr(args, "neutral_kernels", False) else "hand",
         noise_cache=scratch_dir("search-noise-"),
     )
-    # Verification runs public and stress in a fresh process: on a CPU with a long context the
-    # stress case alone takes many minutes.
+    # (verification runs public and stress: on a CPU with a long context, for many minutes)
     long_cpu = job.runner.gate_cases == ("public",)
     job.stress_positions = CPU_STRESS_MAX_POSITIONS if long_cpu else None
     job.verify_timeout = max(600.0, 4 * job.trial_timeout, 2400.0 if long_cpu else 0.0)
-    log.info(
-        "target %s on %s; %d assemblies in the space",
-        job.target.config_path,
-        job.device,
-        job.space.size,
-    )
+    target, size = job.target.config_path, job.space.size
+    log.info("target %s on %s; %d assemblies in the space", target, job.device, size)
 
 
 def scratch_dir(prefix: str) -> str:
@@ -159,12 +151,10 @@ def scratch_dir(prefix: str) -> str:
 
 @dataclass
 class Budget:
-    """Wall-clock deadline for the loop and what must stay in reserve after it: the full-protocol
-    re-measurement of three leaders (about one trial each on an H200) and the final verification
-    (a third of a trial there), in typical trials, plus `after_s` (the shape sweep's limit),
-    never more than `max_reserve_share` of the whole budget; on top of that `kept_s` and
-    `kept_trials` typical trials, whatever the share (the kernel search and the leader timed
-    with its table: a share of the budget of their own)."""
+    """The loop's deadline and the reserve after it: `reserve_trials` typical trials (three
+    leaders re-measured, the verification) plus `after_s` (the shape sweep), at most
+    `max_reserve_share` of the budget; then `kept_s` plus `kept_trials` typical trials (the
+    kernel search and its leader's timings) whatever the share."""
 
     deadline: float  # time.monotonic() value
     trial_timeout_s: float

@@ -1,13 +1,7 @@
-"""The study and the search in it: the study's name, storage and sampler, the ask-and-tell loop
-and the worker command (the main job's search phase is `search_trials` in search.cli, which
-without Optuna runs the ranked defaults alone).
-
-The storage URL is the single source of truth: trials, the model the study tunes (study user
-attributes) and the verified best all live there, so a second run resumes and several workers
-share one study and its trial target. The default is `studies/<name>.db`, the name from the
-model's shape, its weights, the gate, the GPU (or cpu) and torch: a study is only resumed where
-it measured. A variant seen before is not run again: the trial copies the earlier result.
-"""
+"""The study and the search in it: its name, storage and sampler, and the ask-and-tell loop.
+The storage URL is the single source of truth (trials, the model the study tunes, the verified
+best), so a run resumes and workers share one study; the default `studies/<name>.db` is named
+after the model, weights, gate and machine. A variant seen before copies the earlier result."""
 
 from __future__ import annotations
 
@@ -16,7 +10,6 @@ import json
 import logging
 import re
 import threading
-import time
 import warnings
 from contextlib import contextmanager
 from datetime import datetime
@@ -29,27 +22,14 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 from tqdm import tqdm
 
-from search.setup import (
-    DEFAULT_TRIAL_TIMEOUT_S,
-    ENGINES_ALIVE,
-    Budget,
-    SearchSpace,
-    UserError,
-    choose_gate,
-    device_kind,
-    measure_ceilings,
-    resolve_device,
-    scratch_dir,
-)
-from search.trial import OBJECTIVE_TRACES, PRUNE_SHARE, Record, TrialRunner
-from variants.checkpoint.preflight import resolve_target
+from search.setup import Budget, UserError
+from search.trial import PRUNE_SHARE, Record
 from variants.presets import PRESETS
-from variants.probe import probe_capabilities
 from variants.variant import Variant
 
 log = logging.getLogger(__name__)
 
-# The config keys of a model's shape, hashed into its study's name.
+# a model's shape, hashed into its study's name
 SHAPE_KEYS = (
     "vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads "
     "num_key_value_heads head_dim max_position_embeddings rms_norm_eps rope_theta torch_dtype"
@@ -129,9 +109,8 @@ def known_studies(studies_dir: str | Path = "studies") -> list[str]:
 
 
 def locate_study(storage: str | None, name: str | None, studies_dir="studies"):
-    """(study, storage URL) of an existing study, creating nothing: --storage and --study as
-    given; without --storage, the study's default SQLite file; without either, the study the
-    last `run` wrote, else the only one there is. A wrong name lists the studies that exist."""
+    """(study, storage URL) of an existing study: --storage and --study; without --storage, the
+    study's default SQLite file; without either, the last run's, else the only one there is."""
     if storage is None and name is None:
         last = Path(studies_dir) / LAST_RUN
         if last.is_file():
@@ -308,9 +287,8 @@ def heartbeat(study: optuna.Study, trial):
 
 
 def fail_stale_trials(study: optuna.Study, older_than_s: float) -> int:
-    """Mark RUNNING trials whose process died as failed. On a database with heartbeats: those
-    silent for the grace period (GRACE_BEATS). Elsewhere (a journal file): those older than any
-    trial limit (`older_than_s`), by this machine's clock against the starting one's."""
+    """Fail the RUNNING trials whose process died: on a database with heartbeats, those silent
+    for GRACE_BEATS beats; on a journal file, those older than `older_than_s`."""
     storage, interval = study._storage, heartbeat_interval(study)
     running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     if interval is not None:
@@ -335,8 +313,8 @@ def fail_stale_trials(study: optuna.Study, older_than_s: float) -> int:
 
 
 def earlier_best_variants(storage, name: str, hardware: str, studies_dir: Path | None) -> list:
-    """Verified best variants of other studies on the same hardware: in this storage, and in the
-    other default SQLite files of `studies_dir` (the default storage keeps one study per file)."""
+    """Verified best variants of other studies on this hardware: in this storage and in the
+    other SQLite files of `studies_dir` (one study per default file)."""
     found: list[tuple[str, dict]] = []
     storages = [storage]
     if studies_dir is not None and Path(studies_dir).is_dir():
@@ -427,8 +405,7 @@ def tell_outcome(study, trial, outcome) -> None:
 
 
 def optimize(study, space, runner, budget: Budget, n_trials: int | None = None) -> int:
-    """Run trials until `n_trials` have started in the study or the budget is spent; returns
-    how many this process ran (duplicates included)."""
+    """Run trials until `n_trials` have started or the budget is spent; how many ran here."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     done = 0
     with tqdm(
@@ -483,8 +460,7 @@ def _run_one(study, space, runner, trial, limit: float) -> tuple[Variant, str]:
 
 
 def prune_bar(study, runner) -> dict:
-    """Trace -> `PRUNE_SHARE` of the best correct screened trial's tokens/s on it (best by the
-    geometric mean); empty before there is one."""
+    """Trace -> `PRUNE_SHARE` of the tokens/s there of the best correct screened trial."""
     best = None
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         a = t.user_attrs
@@ -502,73 +478,3 @@ def _summary(outcome) -> str:
         return f"{outcome.values[0]:.1f} tokens/s, {outcome.values[1]:.0f} MiB"
     reason = (outcome.reason or "").strip().splitlines()
     return f"{outcome.status}: {reason[0] if reason else '?'}"
-
-
-# --- the worker: `python -m search worker` -----------------------------------------------------
-# More trials for a study that lives in a storage; run one per GPU, or one per machine on a
-# shared database; they share the study's trial target. The model comes from the study (recorded
-# by `run`) unless `--model-config`/`--weight-dir` say otherwise (weights at another path on
-# another machine). Workers never write `engine.py`: the next `run` on the storage chooses,
-# verifies and writes it. A worker that dies leaves its trial RUNNING until the next process fails
-# it: on a database when its heartbeat stops, on a journal file when it is older than any trial
-# limit (`fail_stale_trials`).
-
-
-def worker(args) -> int:
-    start = time.monotonic()
-    device = resolve_device(args.device)
-    if args.study is None and not args.model_config:
-        raise UserError("name the study to add trials to with --study (or give --model-config)")
-    storage = open_storage(args.storage, heartbeat_s=args.heartbeat)
-    name = args.study
-    known = name is not None and name in optuna.get_all_study_names(storage)
-    attrs = load_study(storage, name).user_attrs if known else {}
-    config_path = args.model_config or attrs.get("model_config_path")
-    if not config_path:
-        raise UserError(f"no study {name!r} in {args.storage}: create it with `python -m "
-                        "search run --storage ...`, or pass --model-config")  # fmt: skip
-    target = resolve_target(config_path, args.weight_dir or attrs.get("weight_dir"))
-    caps = probe_capabilities(device, target.config)
-    hardware = hardware_key(caps)
-    gate, _ = choose_gate(attrs.get("gate") or "auto", target)  # the study's gate
-    name = name or study_name(target.config, caps, target.fingerprint, gate.name)
-    study = open_study(storage, name, seed=args.seed)
-    attrs = study.user_attrs
-    if attrs.get("weights_fingerprint") not in (None, target.fingerprint):
-        raise UserError(
-            f"the weights in {target.weight_dir} are not the ones study {study.study_name} "
-            "measured; pass --weight-dir with that study's weights"
-        )
-    if attrs.get("hardware") and attrs["hardware"] != hardware:
-        log.warning(
-            "this worker runs on %s but the study measured %s: numbers will not compare",
-            hardware,
-            attrs["hardware"],
-        )
-    for key, value in model_attrs(target, gate.name, caps).items():
-        if not attrs.get(key):
-            study.set_user_attr(key, value)
-    space = SearchSpace(caps)
-    enqueue_known_good(study, space, caps, storage, study.study_name, hardware, None)
-    timeout = args.trial_timeout or DEFAULT_TRIAL_TIMEOUT_S[device_kind(device)]
-    fail_stale_trials(study, older_than_s=2 * timeout + 120)  # a dead worker's trials
-    gib = attrs.get("memory_budget_gib")  # the study's, as `run` recorded it
-    runner = TrialRunner(
-        target.config,
-        str(target.weight_dir),
-        device,
-        renderer=args.renderer,
-        traces=tuple(attrs.get("traces") or OBJECTIVE_TRACES),
-        timeout_s=timeout,
-        ceilings=attrs.get("ceilings") or measure_ceilings(device),
-        gate=gate.to_dict(),
-        kernel_prior=attrs.get("kernel_prior") or "hand",  # the study's (--neutral-kernels)
-        noise_cache=scratch_dir("search-noise-"),
-        memory_budget_mib=1024 * gib if gib else None,
-        engine_budget_gib=gib / ENGINES_ALIVE if gib else None,
-    )
-    minutes = args.budget_minutes or 24 * 60
-    budget = Budget(start + 60 * minutes, timeout, reserve_trials=0.0)
-    ran = optimize(study, space, runner, budget, n_trials=args.trials)
-    log.info("worker done: %d trial(s) run here; the study now has %d", ran, len(study.trials))
-    return 0

@@ -1,14 +1,8 @@
-"""One trial: a variant rendered, imported, gated and timed in a child process of its own, with a
-time limit (`TrialRunner` starts `python -m search.trial JOB.json`, `main` below); and a trial as
-plain data (`Record`), which the study, the selection, the results log and the report read.
-
-The child runs in its own session: a crash, a hang (its process group is killed at the limit) or
-an out-of-memory error cannot take the study down. It writes its result as JSON to the job's
-`output`, and the name of each phase before it starts to `output + ".phase"`, so the parent can
-say where a killed trial hung. Its outcome is flat numbers ready to be Optuna user attributes
-(`tokens_per_s`, `peak_mib`, `tps_<trace>`, ...; `full_*` for the grader's protocol). Neither
-this module nor anything downstream of the search needs Optuna.
-"""
+"""One trial: a variant rendered, imported, gated and timed in a child process of its own
+session, killed at its time limit (`TrialRunner`; the child is `main`), so that no crash, hang or
+out-of-memory error takes the study down; and a trial as plain data (`Record`). The outcome is
+flat numbers ready to be Optuna user attributes (`tokens_per_s`, `tps_<trace>`, `full_*`, ...);
+nothing here needs Optuna."""
 
 from __future__ import annotations
 
@@ -31,18 +25,15 @@ from pathlib import Path
 
 log = logging.getLogger("search.trial")  # (the child runs as __main__)
 
-# The objective's traces: the public benchmark and the serving trace closest to the grader's load.
+# the public benchmark and the serving trace closest to the grader's load
 OBJECTIVE_TRACES = ("prefill", "decode", "mixed", "continuous")
-# On a CPU the continuous trace alone would make a trial take about a minute.
 CPU_OBJECTIVE_TRACES = ("prefill", "decode", "mixed")
 DEFAULT_RENDERER = "variants.render:render_engine"
-# A trial may use at most this share of the tolerance: a variant that passes by a hair here can
-# fail on the hidden model or traces.
+# the most of the tolerance a trial may use: one passing by a hair may fail the hidden cases
 TOL_SHARE_LIMIT = 0.5
 REPO_ROOT = Path(__file__).resolve().parent.parent
-# A screened trial stops at the first trace it runs under this share of the best trial's speed
-# on it (pruned): to win on the geometric mean it would need the other three traces about
-# 1.6x faster than the best each.
+# A screened trial stops (pruned) at the first trace it runs under this share of the best
+# trial's speed there: to win the geometric mean, its other three would need 1.6x the best's.
 PRUNE_SHARE = 0.25
 INFEASIBLE = 1.0e6  # the constraint of a result that reports no share of the tolerance
 
@@ -88,8 +79,7 @@ class Record:
         return self.attrs.get("variant_name") or "?"
 
     def trace_numbers(self, prefix: str = "") -> dict[str, dict]:
-        """Per trace `{tps, decode_tps, floor_eff, seconds}` (the `full_` numbers with
-        `prefix="full_"`)."""
+        """Per trace `{tps, decode_tps, floor_eff, seconds}` (`prefix="full_"`: the full's)."""
         rows: dict[str, dict] = {}
         for key, value in self.attrs.items():
             for kind in ("decode_tps", "tps", "floor_eff", "seconds"):
@@ -117,7 +107,7 @@ def geometric_mean(values: list[float]) -> float:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """`text` into `path` through a temporary file and a rename: a reader sees all or nothing."""
+    """Through a temporary file and a rename: a reader sees all or nothing."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
@@ -357,9 +347,7 @@ def outcome_from_result(result: dict, variant, runner: TrialRunner, protocol: st
     if result.get("timeout"):
         attrs["timed_out"] = True
     if "check" in result:
-        attrs["max_abs_err"] = result["max_abs_err"]
-        attrs["tol_share"] = result["tol_share"]
-        attrs["noise_share"] = result.get("noise_share")
+        attrs.update({k: result.get(k) for k in ("max_abs_err", "tol_share", "noise_share")})
         attrs["gate"] = result.get("gate", "course")
         attrs["check"] = {
             case: {k: c[k] for k in ("passed", "max_abs_err", "tol_share", "steps", "failure")}
@@ -378,17 +366,15 @@ def outcome_from_result(result: dict, variant, runner: TrialRunner, protocol: st
             attrs[f"tps_{name}"] = t["tokens_per_s"]
             attrs[f"seconds_{name}"] = t["seconds"]
     elif result["status"] == "infeasible":
-        # the worst on both objectives: no Pareto front (the dashboard's ignores constraints)
-        # lists a wrong engine as a best trial
+        # the worst on both objectives: on no Pareto front (the dashboard's ignores constraints)
         values = (0.0, float("inf"))
     return TrialOutcome(result["status"], finite(attrs), values, result.get("reason"))
 
 
 def constraint(result: dict, limit: float) -> float:
-    """The gate's share minus its limit (<= 0: correct with margin): the share of the tolerance
-    against `limit` under the course's gate, the noise share against 1 under the noise gate
-    (its multiple holds the margin). A wrong answer of another kind (shape, dtype, aliased
-    output) is infeasible whatever its share."""
+    """The gate's share minus its limit (<= 0: correct with margin): the tolerance share against
+    `limit` (course gate), the noise share against 1 (noise gate, whose multiple holds the
+    margin); a wrong answer of another kind (shape, dtype, aliasing) is infeasible whatever."""
     if result.get("gate") == "noise":
         share, limit = result.get("noise_share"), 1.0
     else:

@@ -1,13 +1,7 @@
-"""Choosing and writing the engine: rank the correct trials, re-measure the leaders like the
-grader, and write the best one that passes verification in a fresh process; the candidates in
-order (ranked trials, then defaults never shown wrong), the engine file's header, and the
-verified best remembered in the study.
-
-The engine on disk is always a verified one: each candidate is rendered into `workspace/
-verify.tmp/`, checked there by the evaluator's command-line tools, and only then moved over
-`workspace/engine.py` (an atomic rename). A candidate that fails verification gives way to the
-next. After a run that wrote nothing, an engine.py verified on other weights is set aside.
-"""
+"""Choosing and writing the engine: the candidates in order (ranked trials, then defaults never
+shown wrong), the leaders re-measured like the grader, and the first candidate that passes the
+evaluator's checks in a fresh process moved over `workspace/engine.py` (an atomic rename: the
+file in place is always a verified engine); the verified best remembered in the study."""
 
 from __future__ import annotations
 
@@ -66,15 +60,12 @@ class Verification:
 
 
 COLD_PASS_NOTE = (
-    "  (one pass with no warm-up: a process's first calls' one-time costs land in these\n"
-    "  numbers. It shows that the written engine runs the grader's traces; the trials above\n"
-    "  are the measurements.)"
+    "  (one pass with no warm-up, its first calls' one-time costs included: it shows that the\n"
+    "  engine runs the grader's traces; the trials above are the measurements.)"
 )
-
 COMPILE_NOTE = (
-    "  (the first case's seconds include compiling the engine file's Triton kernels where\n"
-    "  Triton's cache does not hold them from this engine's trial: on an H200 the public case\n"
-    "  took 47-60 s so, and 3 s from a warm cache.)"
+    "  (the first case's seconds include compiling the engine file's Triton kernels that\n"
+    "  Triton's cache does not hold from this engine's trial.)"
 )
 
 
@@ -88,9 +79,9 @@ def verify_engine(
     gate: str = "course",
     stress_positions: int | None = None,
 ) -> Verification:
-    """The evaluator's correctness CLI (public + stress, under `gate`; the stress case's longest
-    request at `stress_positions` when given) and, if asked, one benchmark pass of the public
-    traces, each in a fresh process."""
+    """The evaluator's correctness CLI (public + stress under `gate`, the stress case's longest
+    request at `stress_positions`) and, with `benchmark`, one pass of the public traces, each in
+    a fresh process."""
     common = ["--engine", str(engine), "--model-config", str(config_path)]
     common += ["--weight-dir", str(weight_dir), "--device", device]
     check = [*common, "--stress", "--gate", gate]
@@ -158,8 +149,7 @@ class Attempt:
 
 
 def write_verified(candidates, render, workspace: Path, verify, header) -> list[Attempt]:
-    """Render, verify and atomically install the first candidate that passes. The last attempt
-    in the returned list is the installed one when its verification passed."""
+    """Render, verify and install the first candidate that passes: the last attempt, if any."""
     staging = workspace / "verify.tmp"
     staging.mkdir(parents=True, exist_ok=True)
     attempts = []
@@ -194,17 +184,15 @@ def installed(attempts: list[Attempt]) -> Attempt | None:
 
 
 def remeasure(job, records: list[Record]) -> None:
-    """The `--remeasure` leaders timed with the grader's protocol (warm-up, a fresh engine per
-    repeat, median) in the time that the steps after it leave; their `full_*` numbers go into
-    the records and the study."""
+    """The `--remeasure` leaders timed with the grader's full protocol in the time the steps
+    after it leave; their `full_*` numbers go into the records and the study."""
     after = after_remeasure_s(job)
     leaders = rank(records)[: job.args.remeasure]
     measured: dict[int, dict] = {}
     for record in leaders:
         if record.has_full:
             continue
-        # A full measurement skips the gate but builds a fresh engine per repeat: on an H200 it
-        # took about one screening trial; 1.5 leaves a margin.
+        # no gate, but a fresh engine per repeat: about one screening trial, with a margin
         expected = 1.5 * (record.attrs.get("trial_seconds") or 30.0)
         if job.seconds_left() - after < expected:
             log.info("no time left to re-measure trial %d with the full protocol", record.number)
@@ -239,9 +227,9 @@ def remeasure(job, records: list[Record]) -> None:
 
 
 def after_remeasure_s(job, kernels: bool = True) -> float:
-    """What the steps after the re-measurement need at the least (without it a short study
-    overruns its budget): the verification, about one typical trial, the shape sweep at its
-    least and, with `kernels`, the kernel search and the leader timed with its table."""
+    """What the steps after the re-measurement need at the least: the verification (about one
+    typical trial), the shape sweep at its least and, with `kernels`, the kernel search and its
+    leader's timings."""
     from sweep.command import least_sweep_s
 
     durations = job.runner.durations
@@ -303,8 +291,8 @@ def engine_fingerprint(path: Path) -> str | None:
 
 
 def set_aside(job) -> str:
-    """After a run that wrote nothing: an engine.py left by a run on these weights stays (it
-    was verified on them); any other moves to engine.stale.py. Says which."""
+    """After a run that wrote nothing: an engine.py verified on these weights stays, any other
+    moves to engine.stale.py; says which."""
     engine = job.workspace / "engine.py"
     if not engine.is_file():
         return "no engine.py is in place"

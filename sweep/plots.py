@@ -80,35 +80,36 @@ def _plain(value: float, _pos=None) -> str:
     return f"{value:,.0f}" if value >= 1 else f"{value:g}"
 
 
-def decode_figure(sweep: dict) -> Figure | None:
-    """Median decode step time against batch size, one line per engine, and the floor."""
-    lines = _lines(sweep, "decode", "batch", "step_ms")
+# kind: (its x and y keys, the floor's y key, the axis labels, the floor's label)
+KINDS = {
+    "decode": ("batch", "step_ms", "floor_ms", DECODE_LABELS, DECODE_FLOOR),
+    "prefill": ("length", "tokens_per_s", "floor_tokens_per_s", PREFILL_LABELS, PREFILL_FLOOR),
+}
+
+
+def _figure(sweep: dict, kind: str, title: str) -> Figure | None:
+    x, y, floor_y, labels, floor_label = KINDS[kind]
+    lines = _lines(sweep, kind, x, y)
     if not lines:
         return None
-    floor = _floor(sweep, "decode", "batch", "floor_ms")
-    batches = sorted({b for pts in lines.values() for b, _ in pts})
-    context = sweep.get("settings", {}).get("context", "?")
-    title = f"Decode step time vs batch size, context {context} tokens\n{where(sweep)}"
+    shapes = sorted({v for pts in lines.values() for v, _ in pts})
+    floor = _floor(sweep, kind, x, floor_y)
     with matplotlib.rc_context(STYLE):
         fig = Figure()
-        _draw(fig.subplots(), lines, floor, DECODE_LABELS, title, batches, DECODE_FLOOR)
+        _draw(fig.subplots(), lines, floor, labels, f"{title}\n{where(sweep)}", shapes, floor_label)
         fig.tight_layout()
     return fig
+
+
+def decode_figure(sweep: dict) -> Figure | None:
+    """Median decode step time against batch size, one line per engine, and the floor."""
+    context = sweep.get("settings", {}).get("context", "?")
+    return _figure(sweep, "decode", f"Decode step time vs batch size, context {context} tokens")
 
 
 def prefill_figure(sweep: dict) -> Figure | None:
     """Prefill tokens/s of one prompt against its length, one line per engine, and the floor."""
-    lines = _lines(sweep, "prefill", "length", "tokens_per_s")
-    if not lines:
-        return None
-    floor = _floor(sweep, "prefill", "length", "floor_tokens_per_s")
-    lengths = sorted({n for pts in lines.values() for n, _ in pts})
-    title = f"Prefill throughput vs prompt length (batch 1)\n{where(sweep)}"
-    with matplotlib.rc_context(STYLE):
-        fig = Figure()
-        _draw(fig.subplots(), lines, floor, PREFILL_LABELS, title, lengths, PREFILL_FLOOR)
-        fig.tight_layout()
-    return fig
+    return _figure(sweep, "prefill", "Prefill throughput vs prompt length (batch 1)")
 
 
 def write_sweep_figures(sweep: dict, out_dir) -> list[tuple[Path, str]]:

@@ -65,7 +65,7 @@ def test_importances_need_enough_feasible_trials(tmp_path, demo_study):
     study = demo_study(f"sqlite:///{tmp_path}/d.db", "d")
     values, why = param_importances(study)
     assert set(values) == {"cache", "attention", "fuse_qkv", "fuse_gate_up"}
-    assert abs(sum(values.values()) - 1) < 1e-6 and "fANOVA" in why
+    assert abs(sum(values.values()) - 1) < 1e-6 and "PED-ANOVA" in why
 
     empty = st.open_study(st.open_storage(f"sqlite:///{tmp_path}/e.db"), "e")
     values, why = param_importances(empty)
