@@ -222,7 +222,8 @@ class RunJob:
         except Exception as exc:
             if fallible is None:
                 raise
-            log.exception("%s failed", fallible)
+            log.warning("%s failed (the job goes on): %r", fallible, exc)
+            log.debug("%s's traceback", fallible, exc_info=True)
             self.notes.append(f"{fallible} failed: {exc!r}")
         finally:
             self.phases[name] = self.phases.get(name, 0.0) + time.monotonic() - start
