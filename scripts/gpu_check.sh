@@ -2,7 +2,7 @@
 # The GPU check, run on the device machine (H200) over a copy of the tree:
 #   bash scripts/gpu_check.sh [STAGE...]   stages: env tests kernels fewrow tune tuneprefill
 #   profile timeline anatomy hostprofile sweep table compilereuse study grader
-#   realmodels replacement soak cachesizes knobs kernelstudy crossknobs
+#   realmodels replacement soak cachesizes knobs kernelstudy crossknobs move
 # (default: all). Writes logs and JSON under $OUT (or workspace/gpu_check) and a summary.txt.
 # Optuna is not installed there: wheels in .whl/ (carried) are installed into /tmp/site first.
 # A run longer than one call (the default 20-minute run.sh): scripts/gpu_long.sh.
@@ -243,6 +243,13 @@ fi
 # timed pass: assigned, settled, or every engine kept (issue #38's prefill gap)
 stage replacement && timed replacement "${REPLACE_LIMIT:-300}" "$PY" scripts/replacement_cost.py \
     --repeat "${REPLACE_REPEAT:-15}" --json "$OUT/replacement.json"
+# a trace whose pool moves inside the course's budget: where its time goes, and the prefill
+# graphs' eager first call after the move against a capture on that call
+if stage move; then
+    timed move_cost "${MOVE_LIMIT:-150}" "$PY" scripts/move_cost.py --trace long_prompts
+    timed move_ab "${MOVE_LIMIT:-150}" "$PY" scripts/move_cost.py --ab --trace long_prompts \
+        --repeat "${MOVE_REPEAT:-9}"
+fi
 stage soak && timed soak 300 "$PY" -m pytest -s -m gpu -p no:cacheprovider \
     tests/variants/test_soak.py
 note "done"

@@ -86,6 +86,7 @@ class PrefillGraphs(GraphRunner):
         # Views made once (a slice is a torch call: ~3 us of host time)
         self.meta_views = {t: self.meta[: self._meta_size(t)] for t in self.buckets}
         self.place = None  # the buffer a call's unchecked ids were packed into, if any
+        self.asked: set = set()  # buckets a call asked for since the pool moved (run eagerly)
 
     def _blocks(self, tokens: int) -> int:
         """Q(T): the most q-blocks a call of up to T tokens in up to P prompts can have."""
@@ -202,7 +203,14 @@ class PrefillGraphs(GraphRunner):
         if not self.fits(n, len(rids)):
             return engine.eager.prefill(engine, rids, lengths, tokens)
         t = next(b for b in self.buckets if b >= n)
-        self._pool_moved()  # (the head graphs read no cache)
+        if self._pool_moved():  # (the head graphs read no cache)
+            self.asked.clear()
+        if t not in self.graphs and t not in self.asked:
+            # The pool moved: the bucket's first call since runs eagerly, its second captures
+            # it. A capture runs the bucket twice (to choose kernels, then the upload), which
+            # costs more than one eager pass unless the bucket comes back (docs/PERF.md).
+            self.asked.add(t)
+            return self._eager(engine, rids, lengths, tokens)
         if self.gather:
             prompts = tokens if isinstance(tokens, list) else [tokens]
             prompts = [p if p.is_contiguous() else p.contiguous() for p in prompts]  # held
@@ -224,6 +232,16 @@ class PrefillGraphs(GraphRunner):
         m = next(m for m in self.head_rows if m >= rows)
         self.heads[m].replay()
         return self.head_outputs[m][rows].clone()  # a fresh tensor
+
+    def _eager(self, engine, rids: list, lengths: list, tokens) -> torch.Tensor:
+        """The eager pass on ids staged for a graph: their check, which the graph would have
+        started, started here."""
+        if isinstance(tokens, list):  # gathering: the prompts where they are, unchecked
+            tokens = torch.cat(tokens)
+            engine.token_check.start(tokens)
+        elif self.place is not None and self.check_ids:
+            engine.token_check.start(tokens)
+        return engine.eager.prefill(engine, rids, lengths, tokens)
 
 
 def use_prefill_graphs(engine, gathered_embedding=None) -> PrefillGraphs:

@@ -198,15 +198,23 @@ def test_no_unchecked_id_stays_in_the_buffer(check_ids, tiny_config, tiny_weight
     assert out.shape == (1, vocab)
 
 
-def test_a_recapture_keeps_the_call_s_ids_for_its_check(tiny_config, tiny_weights):
-    """A capture runs the body, which clamps the token buffer: the call's own unchecked ids,
-    concatenated into it, are put back before the replay checks them."""
-    engine, graphs = _checked_engine(tiny_config, tiny_weights, check_ids=True)
+@pytest.mark.parametrize("check_ids", [False, True], ids=["engine-check", "graph-check"])
+def test_after_a_move_a_bucket_runs_eagerly_then_its_capture_keeps_the_ids(
+    check_ids, tiny_config, tiny_weights
+):
+    """After the pool moved, a bucket's first call runs eagerly (its ids checked there), its
+    second captures it. A capture runs the body, which clamps the token buffer: the call's own
+    unchecked ids, concatenated into it, are put back before the replay checks them."""
+    engine, graphs = _checked_engine(tiny_config, tiny_weights, check_ids=check_ids)
     vocab = tiny_config["vocab_size"]
-    engine.cache.generation += 1  # what a pool growth does: the next call recaptures
+    graphs.captured.clear()
+    engine.cache.generation += 1  # what a pool growth does
+    with pytest.raises(ValueError, match=f"token id {vocab + 1} is outside"):
+        engine.prefill([4], [torch.tensor([vocab + 1, 3])])
+    assert graphs.captured == [] and engine.lengths == {}
     with pytest.raises(ValueError, match=f"token id {vocab} is outside"):
         engine.prefill([5], [torch.tensor([1, vocab, 2])])
-    assert graphs.captured[-1] == 16 and engine.lengths == {}
+    assert graphs.captured == [16] and engine.lengths == {}
 
 
 def _gathering_engine(config, weights, largest_tokens=64, most_prompts=3):
@@ -273,10 +281,14 @@ def test_a_bad_gathered_id_raises_and_the_next_call_is_clean(tiny_config, sharp_
     with pytest.raises(ValueError, match=f"token id {vocab + 5} is outside the vocabulary"):
         engine.prefill([2, 3], [torch.tensor([6, 6]), bad])
     assert set(engine.lengths) == {1}
-    engine.cache.generation += 1  # what a pool growth does: the next call recaptures
+    graphs.captured.clear()
+    engine.cache.generation += 1  # what a pool growth does: the bucket's next call runs eagerly
     with pytest.raises(ValueError, match="token id -1 is outside the vocabulary"):
         engine.prefill([4], [torch.tensor([2, -1])])
-    assert graphs.captured[-1] == 16 and set(engine.lengths) == {1}
+    assert graphs.captured == [] and set(engine.lengths) == {1}
+    with pytest.raises(ValueError, match="token id -2 is outside the vocabulary"):
+        engine.prefill([4], [torch.tensor([2, 5, -2])])  # the same bucket: captured now
+    assert graphs.captured == [16] and set(engine.lengths) == {1}
     prompt = torch.tensor([9, 8, 7] * 8)
     out = engine.prefill([5], [prompt])
     assert torch.allclose(out[0], ref.forward(prompt[None])[0, -1], atol=1e-4)
@@ -300,16 +312,23 @@ def test_returned_logits_are_a_copy(tiny_config, tiny_weights):
         assert first.untyped_storage().data_ptr() != static.untyped_storage().data_ptr()
 
 
-def test_a_grown_pool_recaptures_only_the_bucket_in_use(tiny_config, tiny_weights):
+def test_a_grown_pool_recaptures_only_the_bucket_asked_for_again(tiny_config, sharp_weights):
+    """After the pool moved: a bucket's first call runs eagerly, its second captures it, and no
+    other bucket is captured; every call matches the reference."""
+    ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
     engine = assemble_engine(
-        tiny_config, tiny_weights, "cpu", cache_cls=PagedKVCache, attention_cls=TritonAttention,
+        tiny_config, sharp_weights, "cpu", cache_cls=PagedKVCache, attention_cls=TritonAttention,
         stack=run_torch_stack,
     )  # fmt: skip
     graphs = _emulated(engine, largest_tokens=64, most_prompts=4)
     graphs.captured.clear()
     engine.cache.generation += 1  # what a pool growth does
-    engine.prefill([1], [torch.tensor([1, 2, 3])])
-    assert graphs.captured == [16] and set(graphs.graphs) == {16}
+    prompts = [torch.tensor([1, 2, 3]), torch.tensor([4, 5, 6, 7, 8]), torch.tensor([9] * 20)]
+    captured = [[], [16], [16]]  # (20 tokens: the 32-token bucket's first call)
+    for rid, (prompt, want) in enumerate(zip(prompts, captured)):
+        out = engine.prefill([rid], [prompt])
+        assert graphs.captured == want and set(graphs.graphs) == set(want)
+        assert torch.allclose(out[0], ref.forward(prompt[None])[0, -1], atol=1e-4)
 
 
 @pytest.mark.gpu
