@@ -405,16 +405,6 @@ def render_source(
     modules = _kernels_first(_ordered_modules(roots, swap))
     sources = {m: _module_body(m) for m in modules}
     _check_unique_names(sources)
-    title = f"Standalone inference engine, variant {variant.name}"
-    lines = [
-        title,
-        "",
-        "Rendered by variants/render.py from the component library; it imports only",
-        "torch (and triton where a chosen component needs it). Where it came from, when a",
-        "study wrote it: the comment at the end. It reads top-down: create_engine and the",
-        "components it wires, the engine, the components, then what they use.",
-    ]
-    docstring = '"""' + "\n".join(lines).replace('"""', "'''").rstrip() + '\n"""'
     moot = {"block_size": variant.cache != "paged", "prefix_cache": variant.cache != "paged"}
     moot.update(
         sdpa_backend=variant.attention != "sdpa",
@@ -466,15 +456,51 @@ def render_source(
     rest, imports = _hoist_imports(rest, kernels)
     if imports and kernels:
         imports = f"# {'-' * 20} imports {'-' * 20}\n{imports}"
-    body = "\n\n\n".join(part for part in (kernels.rstrip("\n"), imports) if part)
-    body += "\n\n\n" + rest
+    after = "\n\n\n".join(part for part in (imports, rest) if part)
     # No `from __future__ import annotations`: string annotations make dataclasses look the
     # module up in sys.modules, and the grader's spec_from_file_location import never adds it.
     # The header goes last: every line above stays where a trial's render (no header) had it,
     # and Triton's cache key holds each kernel's line number (scripts/compile_reuse.py), so the
     # written engine reuses the kernels its trial compiled.
     about = "".join(f"# {line}".rstrip() + "\n" for line in header.rstrip().splitlines())
-    return f"{docstring}\n\n{body}" + (f"\n\n{about}" if about else "")
+    text = _with_map(variant, kernels.rstrip("\n"), after)
+    return text + (f"\n\n{about}" if about else "")
+
+
+SECTION = re.compile(r"^# -{20} (\S+) -{20}$", re.M)
+
+
+def _with_map(variant, kernels: str, after: str) -> str:
+    """The docstring, the kernel modules, a map of the file's sections by first line, then the
+    rest. The docstring's length depends only on whether there are kernels and the map follows
+    them, so no kernel's line depends on the rest (Triton's cache key holds it)."""
+    about = [
+        f"Standalone inference engine, variant {variant.name}",
+        "",
+        "Rendered by variants/render.py from the component library; it imports only torch (and",
+        "triton where a chosen component needs it). Where it came from, when a study wrote it:",
+        "the comment at the end. It reads top-down: the choices and create_engine, the engine,",
+        "the chosen components, then what they use. Its sections, by first line: line {map}.",
+    ]
+    if kernels:
+        about[4:] = [
+            "the comment at the end. The kernel modules lead, kept whole (a kernel's line",
+            "number is in Triton's cache key); from create_engine on it reads top-down: the",
+            "choices, the engine, the chosen components, then what they use. Its sections, by",
+            "first line: line {map}.",
+        ]
+    lead = f"{kernels}\n\n\n" if kernels else ""
+    lead_at = len(about) + 3  # the docstring's lines and its closing quotes, then a blank line
+    map_at = lead_at + lead.count("\n")
+    above = [(lead_at + lead.count("\n", 0, m.start()), m.group(1)) for m in SECTION.finditer(lead)]
+    after_at = map_at + 2 + len(above) + len(SECTION.findall(after)) + 2  # the map, two blanks
+    below = [
+        (after_at + after.count("\n", 0, m.start()), m.group(1)) for m in SECTION.finditer(after)
+    ]
+    rows = [f"# {n:>6}  {name}" for n, name in above + below]
+    block = "\n".join(["# The sections of this file, by first line:", *rows, "#"])
+    text = "\n".join(about).replace('"' * 3, "'" * 3).replace("{map}", str(map_at))
+    return '"' * 3 + text + "\n" + '"' * 3 + f"\n\n{lead}{block}\n\n\n{after}"
 
 
 def render_engine(

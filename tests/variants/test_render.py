@@ -6,6 +6,7 @@ sequence there, and its logits are compared with `variants.build_engine` of the 
 (same code, so bit-identical) and with the reference model."""
 
 import ast
+import itertools
 import json
 import re
 import subprocess
@@ -255,6 +256,39 @@ def imported_roots(tree: ast.AST) -> tuple[set, set]:
     return top, nested
 
 
+def check_sections_map(text: str) -> None:
+    """The map the docstring points to lists every section at the line it starts on."""
+    doc = " ".join(ast.get_docstring(ast.parse(text)).split())
+    at = int(re.search(r"Its sections, by first line: line (\d+)\.", doc).group(1))
+    lines = text.splitlines()
+    assert lines[at - 1] == "# The sections of this file, by first line:"
+    rows = list(itertools.takewhile(lambda line: line != "#", lines[at:]))
+    mapped = [(int(n), name) for n, name in (row[1:].split() for row in rows)]
+    headers = [(n, m.group(1)) for n, line in enumerate(lines, 1)
+               if (m := re.match(r"# -{20} (\S+) -{20}$", line))]  # fmt: skip
+    assert mapped == headers and len(headers) > 5
+
+
+def test_a_triton_engine_maps_its_kernels_and_sections():
+    """The fastest preset's engine (rendering needs no GPU): its kernels lead, and the map's
+    lines hold with a header and a kernel search's table too (the map is as long either way,
+    so no kernel moves)."""
+    from variants.presets import PRESETS
+
+    variant = PRESETS["slab-triton-pdl-allgraphs"]
+    plain = render_source(variant, "", 8.0)
+    knobs = {(8, 1024): {"num_splits": 4, "tiles": (32, 2, 2)}}
+    tuned = render_source(variant, "a study's header", 8.0, knobs=knobs)
+    for text in (plain, tuned):
+        check_sections_map(text)
+        kernel, entry = "variants/kernels/device.py ----", " create_engine ----"
+        assert text.index(kernel) < text.index("# The sections") < text.index(entry)
+    start, end = "# -------------------- variants/kernels/", "# The sections of this file"
+    at = [text.index(start) for text in (plain, tuned)]
+    assert plain[: at[0]].count("\n") == tuned[: at[1]].count("\n")  # the same first line
+    assert plain[at[0] :].split(end)[0] == tuned[at[1] :].split(end)[0]
+
+
 @pytest.mark.parametrize("index", range(len(RENDERED)), ids=IDS)
 def test_rendered_source_is_standalone(rendered, index):
     variant = RENDERED[index]
@@ -264,6 +298,7 @@ def test_rendered_source_is_standalone(rendered, index):
     tree = ast.parse(text)
     doc = ast.get_docstring(tree)
     assert doc.splitlines()[0] == f"Standalone inference engine, variant {variant.name}"
+    check_sections_map(text)
     choices = text.split("def create_engine")[0]  # the choices, right above create_engine
     for key, value in variant.to_dict().items():
         moot = key in ("block_size", "prefix_cache") and variant.cache != "paged"
