@@ -227,6 +227,7 @@ def _trial_process(job_path: str, log_path: str) -> None:
     sys.stdout = open(1, "w", buffering=1, closefd=False)
     sys.stderr = open(2, "w", buffering=1, closefd=False)
     stop_with_parent()
+    exit_on_term()
     exit_child(main([job_path]))
 
 
@@ -240,6 +241,13 @@ def exit_child(code: int) -> None:
     sys.stderr.flush()
     util._run_finalizers(0)
     os._exit(code)
+
+
+def exit_on_term() -> None:
+    """A trial stopped at its limit (SIGTERM, then SIGKILL after a grace) exits as `exit_child`
+    does: without it, the semaphores a compile's worker pool left are reported as leaked at the
+    job's end."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: exit_child(128 + signum))
 
 
 NOT_IN_JOB = ("timeout_s", "durations", "screened")  # the parent's, not the child's

@@ -65,6 +65,40 @@ if __name__ == "__main__":
 """
 
 
+STOPPED_WITH_A_LOCK = """
+import multiprocessing, os, signal, sys, time
+from search.trial import exit_on_term
+
+def child(ready):
+    global held
+    held = multiprocessing.Lock()  # as a compile's worker pool leaves one
+    exit_on_term()
+    ready.set()
+    time.sleep(60)
+
+if __name__ == "__main__":
+    server = multiprocessing.get_context("forkserver")
+    server.set_forkserver_preload(["search.trial"])
+    ready = server.Event()
+    proc = server.Process(target=child, args=(ready,))
+    proc.start()
+    ready.wait(30)
+    os.kill(proc.pid, signal.SIGTERM)  # a trial at its limit
+    proc.join(30)
+    print("exit", proc.exitcode)
+"""
+
+
+def test_a_trial_stopped_at_its_limit_leaves_no_semaphore_to_warn_about(child_env, tmp_path):
+    script = tmp_path / "stopped_with_a_lock.py"
+    script.write_text(STOPPED_WITH_A_LOCK)
+    done = subprocess.run(
+        [sys.executable, str(script)], env=child_env, capture_output=True, text=True, timeout=90
+    )
+    assert done.stdout == f"exit {128 + signal.SIGTERM}\n", done.stderr
+    assert "leaked semaphore" not in done.stderr, done.stderr
+
+
 def test_a_forked_trials_exit_leaves_no_semaphore_for_the_job_to_warn_about(child_env, tmp_path):
     script = tmp_path / "leaves_a_lock.py"
     script.write_text(LEAVES_A_LOCK)
