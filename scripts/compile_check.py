@@ -267,8 +267,9 @@ def cases(sms: int, pdl: bool = False, arch: int = 86) -> list:
                       BLOCK_S=triton.next_power_of_2(splits), BLOCK_G=1, BLOCK_N=block_n,
                       BLOCK_DA=da, BLOCK_DB=db, USE_DOT=False, PDL=pdl, PREFETCH=ahead,
                       LONG_SPLITS=block_b > 1, BLOCK_B=block_b)  # fmt: skip
-        found.append(("decode_attention", _decode_split_kernel, attention, consts, warps, stages,
-                      regs))  # fmt: skip
+        for offsets in (True, False):  # a slab's table of first tokens, a paged one's blocks
+            found.append(("decode_attention", _decode_split_kernel, attention,
+                          {**consts, "OFFSETS": offsets}, warps, stages, regs))  # fmt: skip
     return found
 
 

@@ -169,10 +169,12 @@ class KernelCheck:
         self.device, self.pdl, self.spec = device, pdl, spec
         rows, ctx, kvh, d = bucket.rows, bucket.context, spec.num_kv_heads, spec.head_dim
         lengths = list(bucket.lengths) + [1] * (rows - len(bucket.lengths))  # padding rows
-        self.block = ctx if layout == "slab" else int(layout.removeprefix("paged"))
+        # a slab's table holds each row's first token slot (`offsets`), a paged one blocks
+        self.offsets = layout == "slab"
+        self.block = ctx if self.offsets else int(layout.removeprefix("paged"))
         width = -(-ctx // self.block)
         table = torch.randperm(rows * width, generator=gen).view(rows, width)
-        self.table = table.to(device, torch.int32)
+        self.table = (table * self.block if self.offsets else table).to(device, torch.int32)
         self.lens = torch.tensor(lengths, dtype=torch.int32, device=device)
         shape = (rows * width * self.block, kvh, d)
         self.k, self.v = (
@@ -187,7 +189,7 @@ class KernelCheck:
         group = self.spec.num_heads // self.spec.num_kv_heads
         out = torch.zeros(self.q.shape, dtype=torch.float32, device=self.device)
         for r, n in enumerate(self.lens.tolist()):
-            blocks = self.table[r].long()[:, None] * self.block
+            blocks = self.table[r].long()[:, None] * (1 if self.offsets else self.block)
             slots = (blocks + torch.arange(self.block, device=self.device)).flatten()[:n]
             k = self.k[slots].float().repeat_interleave(group, dim=1)  # [n, heads, d]
             v = self.v[slots].float().repeat_interleave(group, dim=1)
@@ -201,7 +203,7 @@ class KernelCheck:
 
         out = paged_decode_attention(
             self.q, self.k, self.v, self.table, self.lens, self.block, self.scale, **launch,
-            pdl=self.pdl,
+            pdl=self.pdl, offsets=self.offsets,
         )  # fmt: skip
         return float((out.float() - self.want).abs().max())
 

@@ -37,6 +37,7 @@ class InPlaceKVCache(KVCache, Protocol):
     """A cache an attention kernel reads in place through a block table (slab, paged)."""
 
     generation: int  # changes when the pools move (captured graphs then capture again)
+    table_offsets: bool  # a table entry is a row's first token slot, not a block number
 
     def kernel_block_size(self) -> int: ...
     def scratch_token(self) -> int: ...

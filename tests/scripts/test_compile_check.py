@@ -59,14 +59,21 @@ def test_the_pdl_build_waits_before_it_reads_an_earlier_kernel(tmp_path):
     results = json.loads(out.read_text())["results"]
     no_pdl = ("prefill_attention", "rope_cache_write", "prompt_gather")
     rows = [r for r in results if r["kernel"] not in no_pdl]
-    assert len(rows) == 15 and all(r["pdl_wait"] and r["stores_before_wait"] == 0 for r in rows)
+    assert len(rows) == 20 and all(r["pdl_wait"] and r["stores_before_wait"] == 0 for r in rows)
     # Hopper's decode attention tiles: 16 tokens, two warps at 8 rows and one at 32; 32 tokens
     # of one warp at 64 rows (a program per SM); then the graphs of 4 and 8 rows past
     # LONG_CONTEXT (49 splits of two-warp tiles, 33 of one-warp tiles); the 16-token tiles
     # below a quarter of an SM a program with ptxas capped at 168 registers where the grid
     # holds at most 8 warps an SM (not 49 splits of two warps at 4 rows) and ptxas alone
     # takes fewer
-    attention = [r for r in rows if r["kernel"] == "decode_attention"]
+    # each built for a slab's table of first tokens and a paged one's blocks, alike
+    both = [r for r in rows if r["kernel"] == "decode_attention"]
+    assert [r["OFFSETS"] for r in both] == [True, False] * 5
+    drop = ("OFFSETS", "registers", "maxnreg")
+    assert [{k: v for k, v in r.items() if k not in drop} for r in both[::2]] == [
+        {k: v for k, v in r.items() if k not in drop} for r in both[1::2]
+    ]
+    attention = both[1::2]
     assert [(r["BLOCK_N"], r["warps"]) for r in attention] == [
         (16, 2),
         (16, 1),
@@ -76,7 +83,7 @@ def test_the_pdl_build_waits_before_it_reads_an_earlier_kernel(tmp_path):
     ]
     assert [r["NUM_SPLITS"] for r in attention] == [16, 16, 16, 49, 33]
     assert [r["cap"] for r in attention] == [168, None, None, None, 168]
-    for r in attention:  # capped only where ptxas alone takes fewer registers
+    for r in both:  # capped only where ptxas alone takes fewer registers
         if r["maxnreg"]:
             assert r["maxnreg"] == r["cap"] and r["registers"] <= r["cap"]
         else:

@@ -280,8 +280,9 @@ def test_a_slab_keeps_what_live_requests_hold_when_its_slots_shorten(tiny_spec):
 
 def test_a_slab_under_its_limit_keeps_its_memory_as_fewer_longer_slots(tiny_spec):
     """64 slots of 512 tokens under a limit that does not hold 64 of 2048: a request of 1500
-    tokens gets slots of 2048, as many as the pool's memory held (15 and scratch), not the one
-    it needs: the next requests fit without another move."""
+    tokens gets slots of 2048, as many as the pool's memory holds (15 and scratch), not the one
+    it needs, laid out in place (the pool does not move): the next requests fit without another
+    change. The live request's tokens move with it, and its table entry, its first token."""
     from variants.cache.pool import pool_bytes
     from variants.cache.slab import SlabKVCache
 
@@ -289,11 +290,16 @@ def test_a_slab_under_its_limit_keeps_its_memory_as_fewer_longer_slots(tiny_spec
     limit = pool_bytes(spec, torch.float32, 40 * 2048)
     cache = SlabKVCache(spec, torch.device("cpu"), torch.float32, 64 * 512, limit_bytes=limit)
     assert (cache.slots, cache.max_len) == (64, 512)
+    cache.allocate(9, 300)
+    cache.k[:, cache.token_slots(9, 0, 300)] = 5.0
+    at = cache.k.data_ptr()
     cache.allocate(1, 1500)
-    assert (cache.slots, cache.max_len, cache.generation) == (15, 2048, 1)
-    for rid in range(2, 16):
+    assert (cache.slots, cache.max_len, cache.table_row(9, 1)) == (15, 2048, [0])
+    assert (cache.generation, cache.layout, cache.k.data_ptr()) == (0, 1, at)
+    assert torch.equal(cache.k[:, cache.token_slots(9, 0, 300)], torch.full((2, 300, 2, 24), 5.0))
+    for rid in range(2, 15):
         cache.allocate(rid, 1000)
-    assert cache.generation == 1
+    assert (cache.generation, cache.layout) == (0, 1)
 
 
 def test_a_slab_without_a_limit_grows_with_room_and_never_shortens(tiny_spec):

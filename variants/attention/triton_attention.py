@@ -69,6 +69,6 @@ class TritonAttention:
         out = paged_decode_attention(
             q, cache.k[layer], cache.v[layer], plan.table, plan.kv_lens,
             cache.kernel_block_size, self.scale, **launch,
-            arrivals=self._arrivals(q.shape[0], q.device), pdl=pdl,
+            arrivals=self._arrivals(q.shape[0], q.device), pdl=pdl, offsets=cache.table_offsets,
         )  # fmt: skip
         return out.flatten(1)

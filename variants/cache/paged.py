@@ -151,6 +151,8 @@ class PagedKVCache:
         width = max(len(t) for t in tables)
         return host_tensor([t + [0] * (width - len(t)) for t in tables], torch.long, self.device)
 
+    table_offsets = False  # its table holds block numbers
+
     @property
     def kernel_block_size(self) -> int:
         return self.block_size

@@ -3,7 +3,10 @@
 Wins when requests are few and long: a decode batch on consecutive slots reads a plain view,
 no gather. The first pool holds `capacity_tokens` as up to GRAPH_ROWS slots of at least
 FIRST_SLOT_TOKENS (at most max_positions); slots double in length when a request outgrows them
-and double in number when all are taken; each resize copies the contents into a new pool
+and double in number when all are taken. A new layout that fits the pool's memory is laid out
+in place (the live requests' tokens moved within it), and kernels that read the cache find
+each row through its table, which holds the slot's first token: graphs of those keep working,
+only views of the pool go stale (`layout`). A larger one copies the contents into a new pool
 (`generation` tells captured graphs, which capture again: a resize inside a call costs it
 milliseconds, so the pool grows with room to spare, and the first size is a searched choice).
 One extra slot at the end is scratch: padding rows of a CUDA-graph batch write there."""
@@ -34,26 +37,34 @@ class SlabKVCache:
         self.free_slots: list = []
         self.slot_of: dict = {}
         self.generation = 0  # bumped when the pool is reallocated (captured graphs go stale)
+        self.layout = 0  # bumped when the slots change (views of the pool go stale)
         self._resize(max(1, tokens // self.max_len), self.max_len, "the first pool's token slots")
 
     def _resize(self, slots: int, slot_len: int, why: str) -> None:
-        """A pool of `slots` slots of `slot_len` tokens (plus scratch). The live requests move to
-        the first slots, in their old order, with their first `slot_len` tokens (a shorter slot
-        holds all its request has), so the pool can also hold fewer slots than before."""
-        k, v = new_pools(
-            self.spec, self.device, self.dtype, (slots + 1) * slot_len, self.limit_bytes, why
-        )
+        """A pool of `slots` slots of `slot_len` tokens (plus scratch): in place where the pool
+        holds them, else a new one. The live requests move to the first slots, in their old
+        order, with their first `slot_len` tokens (a shorter slot holds all its request has), so
+        the pool can also hold fewer slots than before."""
+        tokens = (slots + 1) * slot_len
+        in_place = self.k is not None and tokens <= self.k.shape[1]
+        if in_place:
+            k, v = self.k, self.v
+        else:
+            k, v = new_pools(self.spec, self.device, self.dtype, tokens, self.limit_bytes, why)
         live = sorted(self.slot_of, key=self.slot_of.get)
         if self.k is not None and live:
             rest = (self.spec.num_kv_heads, self.spec.head_dim)
             layers, n = self.spec.num_layers, min(self.max_len, slot_len)
             old_slots = torch.tensor([self.slot_of[r] for r in live], device=self.device)
+            held = (self.slots + 1) * self.max_len
             for new_pool, old_pool in ((k, self.k), (v, self.v)):
-                into = new_pool.view(layers, slots + 1, slot_len, *rest)[:, : len(live), :n]
-                old = old_pool.view(layers, self.slots + 1, self.max_len, *rest)
-                into.copy_(old.index_select(1, old_slots)[:, :, :n])
+                into = new_pool[:, :tokens].view(layers, slots + 1, slot_len, *rest)
+                old = old_pool[:, :held].view(layers, self.slots + 1, self.max_len, *rest)
+                # (index_select copies them out first: in place, the slots may overlap)
+                into[:, : len(live), :n].copy_(old.index_select(1, old_slots)[:, :, :n])
         if self.k is not None:
-            self.generation += 1
+            self.generation += not in_place
+            self.layout += 1
         self.k, self.v = k, v
         self.slot_of = {rid: i for i, rid in enumerate(live)}
         self.free_slots = list(range(slots - 1, len(live) - 1, -1))
@@ -91,7 +102,7 @@ class SlabKVCache:
         while slots < needed:
             slots *= 2
         if self.limit_bytes is not None:
-            same = min(slots, (self.slots + 1) * self.max_len // shortest - 1)
+            same = min(slots, self.k.shape[1] // shortest - 1)  # what the pool holds now
             shapes = ((slots, slot_len), (slots, shortest), (same, shortest), (needed, shortest))
             for slots, slot_len in shapes:  # noqa: B007 (the first that fits is kept)
                 if (
@@ -144,9 +155,13 @@ class SlabKVCache:
             return slice(slots[0], slots[0] + len(slots))
         return host_tensor(slots, torch.long, self.device)
 
+    # A row's one table entry is its slot's first token (None: the scratch slot's), so a kernel
+    # needs no slot length (`paged_decode_attention(offsets=True)`).
+    table_offsets = True
+
     @property
     def kernel_block_size(self) -> int:
-        return self.max_len  # a slab is a paged pool with one block per slot
+        return self.spec.max_positions  # (unused with token offsets; one value, one compile)
 
     def scratch_token(self) -> int:
         return self.slots * self.max_len
@@ -155,10 +170,11 @@ class SlabKVCache:
         return 1
 
     def table_row(self, rid, width: int) -> list:
-        return [self.slots if rid is None else self.slot_of[rid]]
+        return [(self.slots if rid is None else self.slot_of[rid]) * self.max_len]
 
     def graph_rows(self, table: torch.Tensor, max_len: int) -> torch.Tensor:
-        return table[:, 0]
+        """The rows' slots, for views of the pool (a graph of them follows `layout`)."""
+        return torch.div(table[:, 0], self.max_len, rounding_mode="floor")
 
     def write(self, layer: int, plan, k: torch.Tensor, v: torch.Tensor) -> None:
         self.k[layer].index_copy_(0, plan.write_index, k)
@@ -167,6 +183,7 @@ class SlabKVCache:
     def read(self, layer: int, plan):
         """K, V as [B, kv_heads, max_len, head_dim] of the batch rows."""
         shape = (self.slots + 1, self.max_len, self.spec.num_kv_heads, self.spec.head_dim)
-        k = self.k[layer].view(shape)[:, : plan.max_len]
-        v = self.v[layer].view(shape)[:, : plan.max_len]
+        held = (self.slots + 1) * self.max_len
+        k = self.k[layer, :held].view(shape)[:, : plan.max_len]
+        v = self.v[layer, :held].view(shape)[:, : plan.max_len]
         return k[plan.rows].transpose(1, 2), v[plan.rows].transpose(1, 2)

@@ -89,6 +89,10 @@ class GraphRunner:
         self.graphs: dict = {}
         self.pool = None  # one memory pool for the graphs of one cache pool
         self.generation = None  # the cache's generation the graphs point at
+        # Graphs that take views of the pool (not through its block table) also follow its
+        # layout: a slab's slots may change length in place (`layout`).
+        self.follows_layout = not engine.attention.reads_cache_in_place
+        self.layout = self._layout()
 
     def _buffers(self, tokens: int, host: int, staged: int) -> None:
         """The graphs' token buffer of `tokens` ids (gathering, only the address the ids'
@@ -136,13 +140,17 @@ class GraphRunner:
         torch.cuda.synchronize(self.device)
         return graph
 
+    def _layout(self) -> int:
+        return getattr(self.cache, "layout", 0) if self.follows_layout else 0
+
     def _pool_moved(self) -> bool:
-        """Whether the cache's pool moved since the graphs were captured; they pointed at the
-        old one and are dropped, captured again as calls need them."""
-        if self.generation == self.cache.generation:
+        """Whether the cache's pool moved (or, for graphs that view it, was laid out anew) since
+        the graphs were captured; they pointed at the old one and are dropped, captured again
+        as calls need them."""
+        if self.generation == self.cache.generation and self.layout == self._layout():
             return False
         self.graphs.clear()
-        self.generation = self.cache.generation
+        self.generation, self.layout = self.cache.generation, self._layout()
         return True
 
     def _embedded(self, e, tokens: torch.Tensor) -> torch.Tensor:
@@ -189,7 +197,7 @@ class DecodeGraphs(GraphRunner):
     def capture(self, engine) -> None:
         """Capture every (batch, context) bucket; largest first so the shared pool is sized
         once. After the cache's pool moves, buckets are captured again as calls need them."""
-        self.generation = self.cache.generation
+        self.generation, self.layout = self.cache.generation, self._layout()
         with no_collection():
             for ctx in reversed(self.contexts):
                 for b in reversed(self.batches):
@@ -209,7 +217,7 @@ class DecodeGraphs(GraphRunner):
             kv_lens=kv_lens,
             max_len=ctx,
             uniform=False,
-            rows=self.cache.graph_rows(table, ctx),
+            rows=self.cache.graph_rows(table, ctx) if self.follows_layout else None,
             table=table[:, : self.cache.table_width(ctx)],
             staged=not self.gather,  # gathering, the first kernel writes the metadata
         )

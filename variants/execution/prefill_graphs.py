@@ -105,7 +105,7 @@ class PrefillGraphs(GraphRunner):
 
     def capture(self, engine) -> None:
         """Capture every bucket, largest first so the shared pool is sized once."""
-        self.generation = self.cache.generation
+        self.generation, self.layout = self.cache.generation, self._layout()
         with no_collection():
             for t in reversed(self.buckets):
                 self._capture_bucket(engine, t)

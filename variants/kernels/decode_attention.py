@@ -120,13 +120,23 @@ def _store_split(acc, l_i, b, heads, g_mask, out_ptr, stride_ob, stride_oh, acc_
 
 
 @triton.jit
+def _token_slots(row_ptr, pos, mask, block_size, OFFSETS: tl.constexpr):
+    """The pool slots of a row's positions `pos` through its table of block_size-token blocks:
+    each entry a block's number, or (OFFSETS) its first token's slot."""
+    if OFFSETS:
+        return tl.load(row_ptr).to(tl.int64) + pos
+    block = tl.load(row_ptr + pos // block_size, mask=mask, other=0)
+    return block.to(tl.int64) * block_size + pos % block_size
+
+
+@triton.jit
 def attend_split(
     b, kvh, split, kv_heads, q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, m_ptr, l_ptr,
     acc_ptr, arrivals_ptr, stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_tb, stride_ob, stride_oh, block_size, split_tokens, qk_scale_log2,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DA: tl.constexpr,
-    BLOCK_DB: tl.constexpr, USE_DOT: tl.constexpr,
+    BLOCK_DB: tl.constexpr, USE_DOT: tl.constexpr, OFFSETS: tl.constexpr,
 ):  # fmt: skip
     """Split `split` of row b's kv head `kvh` (of `kv_heads`): its partial, and the combine
     when it is the last live split of that (row, kv head) to finish. The head runs as one
@@ -165,8 +175,7 @@ def attend_split(
         for n0 in range(start, end, BLOCK_N):
             pos = n0 + offs_n
             n_mask = pos < end
-            block = tl.load(table_ptr + b * stride_tb + pos // block_size, mask=n_mask, other=0)
-            slot = block.to(tl.int64) * block_size + pos % block_size
+            slot = _token_slots(table_ptr + b * stride_tb, pos, n_mask, block_size, OFFSETS)
             k_off, v_off = kvh * stride_kh, kvh * stride_vh
             k_a = _rows_part(k_ptr, slot, stride_kt, k_off, n_mask, 0, BLOCK_DA, HEAD_DIM)
             v_a = _rows_part(v_ptr, slot, stride_vt, v_off, n_mask, 0, BLOCK_DA, HEAD_DIM)
@@ -218,7 +227,7 @@ def attend_split(
 def _prefetch_split(
     b, kvh, split, k_ptr, v_ptr, table_ptr, lens_ptr, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_tb, block_size, split_tokens, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    BLOCK_N: tl.constexpr, TILES: tl.constexpr,
+    BLOCK_N: tl.constexpr, TILES: tl.constexpr, OFFSETS: tl.constexpr,
 ):  # fmt: skip
     """Prefetch into L2 the keys and values of the first TILES tiles split `split` of row b's
     kv head will read, before the PDL wait (at 8 x 150 a split is one tile; the cap keeps long
@@ -240,7 +249,10 @@ def _prefetch_split(
         # past the split's end: its last position again
         pos = tl.minimum(start + tl.arange(0, TILES * BLOCK_N), end - 1)
         block = tl.load(table_ptr + b * stride_tb + pos // block_size)
-        slot = block.to(tl.int64) * block_size + pos % block_size
+        if OFFSETS:
+            slot = (block + pos % block_size).to(tl.int64)
+        else:
+            slot = block.to(tl.int64) * block_size + pos % block_size
         prefetch_at(k_ptr + slot[:, None] * stride_kt + kvh * stride_kh + offs_d[None, :])
         prefetch_at(v_ptr + slot[:, None] * stride_vt + kvh * stride_vh + offs_d[None, :])
 
@@ -268,7 +280,7 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DA: tl.constexpr,
     BLOCK_DB: tl.constexpr, USE_DOT: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
-    LONG_SPLITS: tl.constexpr, BLOCK_B: tl.constexpr,
+    LONG_SPLITS: tl.constexpr, BLOCK_B: tl.constexpr, OFFSETS: tl.constexpr,
 ):  # fmt: skip
     if LONG_SPLITS:  # before a PDL wait too: the lengths are staged before the step (pdl.py)
         split_tokens = _grid_split_tokens(
@@ -278,7 +290,7 @@ def _decode_split_kernel(
         _prefetch_split(
             tl.program_id(0), tl.program_id(1), tl.program_id(2), k_ptr, v_ptr, table_ptr,
             lens_ptr, stride_kt, stride_kh, stride_vt, stride_vh, stride_tb, block_size,
-            split_tokens, HEAD_DIM, NUM_SPLITS, BLOCK_N, PREFETCH,
+            split_tokens, HEAD_DIM, NUM_SPLITS, BLOCK_N, PREFETCH, OFFSETS,
         )  # fmt: skip
     wait_previous(PDL)  # q (and this step's key) come from the kernel before
     attend_split(
@@ -286,7 +298,7 @@ def _decode_split_kernel(
         v_ptr, table_ptr, lens_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, arrivals_ptr, stride_qb,
         stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_tb, stride_ob, stride_oh,
         block_size, split_tokens, qk_scale_log2, GROUP, HEAD_DIM, NUM_SPLITS, BLOCK_S, BLOCK_G,
-        BLOCK_N, BLOCK_DA, BLOCK_DB, USE_DOT,
+        BLOCK_N, BLOCK_DA, BLOCK_DB, USE_DOT, OFFSETS,
     )  # fmt: skip
 
 
@@ -309,9 +321,12 @@ def paged_decode_attention(
     min_programs: int | None = None,
     max_registers: int | None = None,
     prefetch_tiles: int | None = None,
+    offsets: bool = False,
 ) -> torch.Tensor:
-    """q [B, heads, d]; pools [slots, kv_heads, d]; block_table [B, W] (int32 or int64; slab:
-    W=1 and block_size=max_positions); kv_lens [B] (a row of length 0 gets zeros). Returns
+    """q [B, heads, d]; pools [slots, kv_heads, d]; block_table [B, W] (int32 or int64) of
+    block_size-token blocks, or with `offsets` [B, 1]: each row's first token slot (a slab's:
+    its slots can change length in place, and a graph holds no length); kv_lens [B] (a row of
+    length 0 gets zeros). Returns
     [B, heads, d] in q's dtype (into `out` when given). `num_splits` is the most splits a row
     gets; each live split gets at least `split_tokens` tokens (default: `split_tokens_for` the
     tile). `arrivals`: int32 zeros, at least
@@ -381,7 +396,7 @@ def paged_decode_attention(
         GROUP=group, HEAD_DIM=d, NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
         BLOCK_G=block_g, BLOCK_DA=da, BLOCK_DB=db, USE_DOT=use_dot, PDL=pdl,
         PREFETCH=prefetch_tiles if pdl and prefetch else 0,
-        LONG_SPLITS=min_programs > 0,
+        LONG_SPLITS=min_programs > 0, OFFSETS=offsets,
         BLOCK_B=triton.next_power_of_2(batch) if min_programs > 0 else 1,
         **launch_options(pdl, q.device),
     )  # fmt: skip

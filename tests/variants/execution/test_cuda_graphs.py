@@ -281,3 +281,91 @@ def test_a_bad_gathered_id_raises_and_leaves_the_requests_as_they_were(
             want = ref.forward(torch.tensor(history[rid])[None])[0, -1].float()
             assert (out[i] - want).abs().max().item() < 1e-4
     assert not graphs.tokens.any()
+
+
+@pytest.mark.parametrize("attention,recaptured", [("triton", []), ("sdpa", [(1, 1024)])])
+def test_a_slab_laid_out_anew_in_place_keeps_the_graphs_that_read_its_table(
+    attention, recaptured, tiny_config, sharp_weights, emulate_decode_graphs, monkeypatch
+):
+    """A prompt longer than the slab's slots, under a limit the pool's memory already meets:
+    the slots grow longer in place. Graphs that read the cache through its block table (Triton)
+    keep working without a capture: every launch finds a row from its table entry, the slot's
+    first token, with one block size whatever the slots' length (a graph holds the launch's
+    numbers); graphs of views of it (SDPA) capture again. Both match the reference."""
+    import variants.attention.triton_attention as triton_attention
+    from variants.cache.pool import pool_bytes
+
+    launched = triton_attention.paged_decode_attention
+    block_sizes = []
+
+    def recording(*args, **kwargs):
+        block_sizes.append((args[5], kwargs["offsets"]))
+        return launched(*args, **kwargs)
+
+    monkeypatch.setattr(triton_attention, "paged_decode_attention", recording)
+
+    config = {**tiny_config, "max_position_embeddings": 2048}
+    ref = ReferenceModel(config, sharp_weights, "cpu")
+    variant = Variant(cache="slab", attention=attention, cache_tokens=4 * 512)
+    engine = build_engine(config, sharp_weights, "cpu", variant)
+    graphs = emulate_decode_graphs(engine, largest=2)
+    cache = engine.cache
+    cache.limit_bytes = pool_bytes(engine.spec, cache.dtype, cache.k.shape[1])
+    graphs.captured.clear()
+    prompt = torch.randint(
+        0, config["vocab_size"], (700,), generator=torch.Generator().manual_seed(5)
+    )
+    engine.prefill([1], [prompt])
+    assert (cache.max_len, cache.generation, cache.layout) == (1024, 0, 1)
+    history = prompt.tolist()
+    for token in (3, 4):
+        out = engine.decode([1], torch.tensor([token]))
+        history.append(token)
+        want = ref.forward(torch.tensor(history)[None])[0, -1].float()
+        assert (out[0] - want).abs().max().item() < 1e-4
+    assert graphs.captured == recaptured
+    assert set(block_sizes) <= {(config["max_position_embeddings"], True)}
+    assert len(block_sizes) >= (0 if attention == "sdpa" else 2 * config["num_hidden_layers"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_a_slab_laid_out_in_place_keeps_its_captured_graphs(tmp_path):
+    """The fastest preset on the course model, its slab under a limit its first pool meets (as
+    the course's 8 GiB budget does): prompts longer than its 2048-token slots lay it out anew in
+    place, and the captured prefill and decode graphs run on, none captured again, matching an
+    eager engine and the reference."""
+    import dataclasses
+    import json
+    from pathlib import Path
+
+    from evaluator.toy_weights import save_toy_weights
+    from variants.cache.pool import pool_bytes
+    from variants.presets import PRESETS
+
+    config = json.loads((Path(__file__).parents[3] / "target/model_config.json").read_text())
+    save_toy_weights(config, tmp_path / "model.pt")
+    variant = dataclasses.replace(PRESETS["slab-triton-pdl-allgraphs"], cache_tokens=131072)
+    graphed = build_engine(config, str(tmp_path), "cuda", variant)
+    eager = build_engine(config, str(tmp_path), "cuda", Variant(cache="slab", attention="triton"))
+    ref = ReferenceModel(config, str(tmp_path), "cuda")
+    cache = graphed.cache
+    cache.limit_bytes = pool_bytes(graphed.spec, cache.dtype, cache.k.shape[1])
+    captured = dict(graphed.decode_runner.graphs), dict(graphed.prefill_runner.graphs)
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, config["vocab_size"], (2100,), generator=gen).cuda()] * 2
+    got, want = graphed.prefill([1, 2], prompts), eager.prefill([1, 2], prompts)
+    assert (cache.max_len, cache.generation, cache.layout) == (4096, 0, 1)
+    torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-2)
+    history = [p.tolist() for p in prompts]
+    for step in range(3):
+        tokens = torch.tensor([step + 1, step + 2], device="cuda")
+        got, want = graphed.decode([1, 2], tokens), eager.decode([1, 2], tokens)
+        torch.testing.assert_close(got, want, atol=1e-2, rtol=1e-2)
+        for i in range(2):
+            history[i].append(int(tokens[i]))
+        expected = ref.forward(torch.tensor(history[0], device="cuda")[None])[0, -1].float()
+        torch.testing.assert_close(got[0], expected, atol=1e-2, rtol=1e-2)
+    runners = graphed.decode_runner.graphs, graphed.prefill_runner.graphs
+    for before, now in zip(captured, runners):
+        assert all(now.get(key) is graph for key, graph in before.items())

@@ -181,6 +181,19 @@ def test_slab_one_column_table(num_splits):
     check(slab_case([1, 64, 23], 4, 2, 48, 64), 64, num_splits)
 
 
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_slab_table_of_first_tokens(num_splits):
+    """`offsets`: each row's one entry is its slot's first token, whatever the slots' length,
+    under one block size that covers every position (a slab laid out anew keeps its graphs)."""
+    q, k_pool, v_pool, table, lens = slab_case([1, 64, 23], 4, 2, 48, 64)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    got = paged_decode_attention(
+        q, k_pool, v_pool, table * 64, lens, 512, scale, num_splits, split_tokens=1, offsets=True
+    )
+    want = reference_decode(q, k_pool, v_pool, table, lens, 64)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 def test_strided_q_and_out_buffer():
     q, k_pool, v_pool, table, lens = paged_case([7, 33], 2, 2, 24, 16)
     wide = torch.cat([q, q], dim=-1)[..., :24]  # row stride 48, last stride 1
