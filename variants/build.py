@@ -21,11 +21,16 @@ def bind(path: str, options: dict):
 
 
 def build_engine(
-    config: dict, weight_dir: str, device: str, variant, memory_budget_gib=None, knobs=None
+    config: dict,
+    weight_dir: str,
+    device: str,
+    variant,
+    memory_budget_gib=None,
+    knobs=None,
+    few_row_knobs=None,
 ):
-    parts = {
-        key: bind(path, options) for key, (path, options) in component_parts(variant, knobs).items()
-    }
+    parts = component_parts(variant, knobs, few_row_knobs)
+    parts = {key: bind(path, options) for key, (path, options) in parts.items()}
     return resolve(assembly_path(variant))(
         config, weight_dir, device, **parts, **model_options(variant),
         memory_budget_gib=memory_budget_gib,

@@ -94,13 +94,26 @@ class Ref:
 
 @dataclass(frozen=True)
 class Table:
-    """An option that is data found for this machine: a constant of its own in engine.py."""
+    """An option that is data found for this machine: a constant of its own in engine.py,
+    under a comment saying what it holds (`about`, a line a string)."""
 
     name: str
     value: dict
+    about: tuple = ()
 
 
 KNOBS_NAME = "DECODE_ATTENTION_KNOBS"
+KNOBS_ABOUT = (
+    "The decode attention's launch at each decode graph's (rows, context) bucket, found by",
+    "timing it on this GPU at this model's shapes (tuning/decode_attention.py; results.log",
+    "says what moved from the rules): paged_decode_attention's options.",
+)
+FEW_ROW_NAME = "FEW_ROW_KNOBS"
+FEW_ROW_ABOUT = (
+    "The few-row kernels' launch at a decode step of so many rows where the kernel search",
+    "found one faster than the rules on this GPU at this model's shapes (tuning/few_row.py):",
+    "(kernel, rows) -> its tiles (BLOCK_N, BLOCK_K, warps, stages) and split_k.",
+)
 
 
 def assembly_path(variant) -> str:
@@ -117,17 +130,21 @@ def model_options(variant) -> dict:
     }
 
 
-def component_parts(variant, knobs: dict | None = None) -> dict:
+def component_parts(variant, knobs: dict | None = None, few_row_knobs: dict | None = None) -> dict:
     """The assembly's components, each resolved when it is chosen: argument -> (module:name,
     the options it is bound to). The library binds them with functools.partial; the renderer
     writes exactly that, so an engine carries no choice it does not use. `knobs`: the decode
-    attention's launch per graph bucket the kernel search found (our Triton attention only)."""
+    attention's launch per graph bucket the kernel search found (our Triton attention only);
+    `few_row_knobs`: the few-row kernels' launch per (kernel, rows) it found (the fused layers
+    and head only)."""
     cache = PREFIX_CACHE if variant.prefix_cache else CACHES[variant.cache]
     sized = {} if variant.cache == "contiguous" else {"capacity_tokens": variant.cache_tokens}
-    pdl = {"pdl": True} if variant.layers == "fused-pdl" else {}  # the fused layers' option
+    fused = {"pdl": True} if variant.layers == "fused-pdl" else {}  # the fused layers' options
+    if variant.layers in HEADS and few_row_knobs:
+        fused["knobs"] = Table(FEW_ROW_NAME, few_row_knobs, FEW_ROW_ABOUT)
     attention = (ATTENTION[variant.attention], {})
     if variant.attention == "triton" and knobs:
-        attention = (ATTENTION["triton"], {"knobs": Table(KNOBS_NAME, knobs)})
+        attention = (ATTENTION["triton"], {"knobs": Table(KNOBS_NAME, knobs, KNOBS_ABOUT)})
     if variant.attention == "sdpa" and variant.sdpa_backend != "auto":
         attention = (SDPA_PINNED, {"backend": variant.sdpa_backend})
     parts = {
@@ -136,12 +153,12 @@ def component_parts(variant, knobs: dict | None = None) -> dict:
             {"block_size": variant.block_size, **sized} if variant.cache == "paged" else sized,
         ),
         "attention_cls": attention,
-        "stack": (STACKS[variant.layers], pdl),
+        "stack": (STACKS[variant.layers], fused),
     }
     if variant.execution == "compile":
         parts["wrap"] = (COMPILE, {"mode": variant.compile_mode})
     if variant.layers in HEADS:
-        parts["head"] = (HEADS[variant.layers], pdl)
+        parts["head"] = (HEADS[variant.layers], fused)
     gathered = (
         {"gathered_embedding": Ref(GATHERS[variant.layers])} if variant.layers in GATHERS else {}
     )

@@ -368,17 +368,13 @@ def _default(module: str, name: str, key: str):
 
 
 def _knobs_source(table: Table) -> str:
-    """The kernel search's table as a constant, a bucket a line."""
+    """A kernel search's table as a constant, an entry a line, under its comment."""
     rows = "".join(
         f"    {key!r}: dict({', '.join(f'{k}={v!r}' for k, v in launch.items())}),\n"
         for key, launch in sorted(table.value.items())
     )
-    return (
-        "# The decode attention's launch at each decode graph's (rows, context) bucket, found by\n"
-        "# timing it on this GPU at this model's shapes (tuning/decode_attention.py; results.log\n"
-        "# says what moved from the rules): paged_decode_attention's options.\n"
-        f"{table.name} = {{\n{rows}}}\n\n"
-    )
+    about = "".join(f"# {line}\n" for line in table.about)
+    return f"{about}{table.name} = {{\n{rows}}}\n\n"
 
 
 def render_source(
@@ -387,16 +383,20 @@ def render_source(
     memory_budget_gib: float | None = None,
     weights: str = "any",
     knobs: dict | None = None,
+    few_row_knobs: dict | None = None,
 ) -> str:
     """The engine's source; `memory_budget_gib` becomes its MEMORY_BUDGET_GIB (None: the
     device's memory is its only bound); `weights` picks its config and weight readers (READERS:
     "course" for a target in the course's format, its config in the course's keys and its
-    weights a course-layout model.pt, else "any"); `knobs`: the kernel search's launches
-    (`component_parts`)."""
+    weights a course-layout model.pt, else "any"); `knobs` and `few_row_knobs`: the kernel
+    searches' launches (`component_parts`)."""
     if weights not in READERS:
         raise ValueError(f"unknown weights format {weights!r}; expected one of {list(READERS)}")
-    parts = component_parts(variant, knobs)
-    tables = [v for _, options in parts.values() for v in options.values() if isinstance(v, Table)]
+    parts = component_parts(variant, knobs, few_row_knobs)
+    # a table bound to several components (the fused stack and its head) is one constant
+    tables = {
+        v.name: v for _, options in parts.values() for v in options.values() if isinstance(v, Table)
+    }.values()
     refs = [v.path for _, options in parts.values() for v in options.values() if isinstance(v, Ref)]
     assembly_module, assemble = assembly_path(variant).split(":")
     paths = [path for path, _ in parts.values()] + refs
@@ -510,11 +510,12 @@ def render_engine(
     memory_budget_gib: float | None = None,
     weights: str = "any",
     knobs: dict | None = None,
+    few_row_knobs: dict | None = None,
 ) -> Path:
     """Write the standalone engine atomically (a temp file in the same folder, then rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = render_source(variant, header, memory_budget_gib, weights, knobs)
+    text = render_source(variant, header, memory_budget_gib, weights, knobs, few_row_knobs)
     compile(text, str(path), "exec")  # a syntax error must never reach disk
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     with os.fdopen(fd, "w") as f:

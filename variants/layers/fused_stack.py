@@ -27,37 +27,48 @@ PDL_MAX_ROWS = 32
 HEAD_MAX_ROWS = 64  # the fused head wins up to 64 rows (11.9 us against 21.6 at 64, H200)
 
 
-def run_fused_stack(engine, x, positions, plan, batch, pdl: bool = False):
+def run_fused_stack(
+    engine, x, positions, plan, batch, pdl: bool = False, knobs: dict | None = None
+):
     """`pdl` (fused-pdl): each kernel launched with programmatic dependent launch, so that it
     starts while the kernel before runs and prefetches its weights into L2 (kernels/pdl.py), for
-    decode steps of up to PDL_MAX_ROWS rows. Hopper and newer, with the Triton attention."""
+    decode steps of up to PDL_MAX_ROWS rows. Hopper and newer, with the Triton attention.
+    `knobs`: (kernel, rows) -> that kernel's `tiles` and `split_k` at a step of that many rows,
+    found on this GPU by the kernel search (tuning/few_row.py); the rules' launch elsewhere."""
     if batch is not None or x.shape[0] > (PDL_MAX_ROWS if pdl else FUSED_MAX_ROWS):
         return run_triton_stack(engine, x, positions, plan, batch, pdl=pdl)
     spec, cache = engine.spec, engine.cache
     heads, d, eps = spec.num_heads, spec.head_dim, spec.rms_norm_eps
     sms = device_sm_count(engine.device)
     cos, sin = engine.rope.cos, engine.rope.sin  # whole tables: the kernel reads `positions`
+    tuned = {
+        kernel: launch for (kernel, rows), launch in (knobs or {}).items() if rows == x.shape[0]
+    }
     for n, w in enumerate(engine.weights.layers):
         (qkv,), (gate_up,) = w.qkv, w.gate_up  # the fused weights (the registry requires them)
         q = norm_qkv_rope(
             x, w.input_norm, qkv, eps, d, heads * d, cos, sin, cache.k[n], cache.v[n],
             plan.write_index, sm_count=sms, pdl=pdl, positions=positions,
             positions_staged=plan.staged or n > 0,  # layer 0 follows a graph's inputs kernel
+            **tuned.get("qkv", {}),
         )  # fmt: skip
         at = (q.view(-1, heads, d), cache, n, plan)
         o = engine.attention.decode_from_cache(*at, pdl=True) if pdl else (
             engine.attention.decode_from_cache(*at)
         )  # fmt: skip
-        x = few_row_linear(o, w.o, residual=x, sm_count=sms, pdl=pdl)
-        act = norm_swiglu(x, w.post_norm, gate_up, eps, sm_count=sms, pdl=pdl)
-        x = few_row_linear(act, w.down, residual=x, sm_count=sms, pdl=pdl)
+        x = few_row_linear(o, w.o, residual=x, sm_count=sms, pdl=pdl, **tuned.get("o", {}))
+        act = norm_swiglu(x, w.post_norm, gate_up, eps, sm_count=sms, pdl=pdl,
+                          **tuned.get("swiglu", {}))  # fmt: skip
+        x = few_row_linear(act, w.down, residual=x, sm_count=sms, pdl=pdl,
+                           **tuned.get("down", {}))  # fmt: skip
     return x
 
 
-def fused_head(spec, fallback, pdl: bool = False):
+def fused_head(spec, fallback, pdl: bool = False, knobs: dict | None = None):
     """output_logits(x, norm_w, head_w) as one kernel for up to 64 rows (float32 out, rounded
     through the compute dtype like the reference); more rows go to `fallback`. `pdl`: launched
-    with programmatic dependent launch."""
+    with programmatic dependent launch. `knobs`: as run_fused_stack's, its "head" entries."""
+    knobs = knobs or {}
 
     def output_logits(x, norm_w, head_w):
         if x.shape[0] > HEAD_MAX_ROWS:
@@ -65,7 +76,7 @@ def fused_head(spec, fallback, pdl: bool = False):
         sms = device_sm_count(x.device)
         return few_row_linear(
             x, head_w, norm=norm_w, eps=spec.rms_norm_eps, out_dtype=torch.float32, sm_count=sms,
-            pdl=pdl,
+            pdl=pdl, **knobs.get(("head", x.shape[0]), {}),
         )  # fmt: skip
 
     return output_logits
