@@ -211,10 +211,14 @@ class KernelCheck:
 class StepBench:
     """A launch timed where it runs: the engine's decode step for the bucket (its CUDA graph,
     every layer and the kernels around the attention), captured with the launch at the
-    bucket's live lengths and replayed back to back; its correctness from `check`."""
+    bucket's live lengths and replayed back to back; its correctness from `check`. The launch
+    goes into `table` at `key` (default: the attention's knobs at the bucket's), a table the
+    engine reads when it captures."""
 
-    def __init__(self, engine, bucket: Bucket, check: KernelCheck, vocab: int):
+    def __init__(self, engine, bucket: Bucket, check, vocab: int, table=None, key=None):
         self.engine, self.bucket, self.check = engine, bucket, check
+        self.table = engine.attention.knobs if table is None else table
+        self.key = (bucket.rows, bucket.context) if key is None else key
         gen = torch.Generator().manual_seed(bucket.rows * 10_000 + bucket.context)
         self.ids = list(range(1 << 20, (1 << 20) + len(bucket.lengths)))
         device = engine.device
@@ -228,7 +232,7 @@ class StepBench:
     def time_ms(self, launch: dict, replays: int = 30, rounds: int = 3) -> float:
         """The median GPU time of one decode step with `launch` at this bucket."""
         e, key = self.engine, (self.bucket.rows, self.bucket.context)
-        e.attention.knobs[key] = launch
+        self.table[self.key] = launch
         if any(r in e.lengths for r in self.ids):
             e.remove(self.ids)
         e.prefill(self.ids, self.prompts)
@@ -262,16 +266,19 @@ def share_deadline(now: float, deadline: float, buckets: list) -> float:
     return now + share * max(0.0, deadline - now)
 
 
-def tune_bucket(bench, prior: dict, spec, bucket, sm_count, deadline: float, axes=AXES) -> Tuned:
-    """Coordinate descent from the prior: each knob in turn over its values, the others at the
-    best so far; a candidate must match the reference (within the prior's own error, at least
-    float16's 1e-2) and beat the best by MARGIN. Stops at `deadline` (time.monotonic).
-    `bench`: `error(launch)` and `time_ms(launch)` (StepBench)."""
+def tune_bucket(
+    bench, prior: dict, spec, bucket, sm_count, deadline: float, axes=AXES, values=candidates
+) -> Tuned:
+    """Coordinate descent from the prior: each knob in turn over its values (`values`, the
+    current one first: `candidates`), the others at the best so far; a candidate must match the
+    reference (within the prior's own error, at least float16's 1e-2) and beat the best by
+    MARGIN. Stops at `deadline` (time.monotonic). `bench`: `error(launch)` and
+    `time_ms(launch)` (StepBench)."""
     tolerance = max(1e-2, 2 * bench.error(prior))
     prior_ms = best_ms = bench.time_ms(prior)
     result = Tuned(bucket, dict(prior), dict(prior), prior_ms, best_ms)
     tries = ((axis, value) for axis in axes
-             for value in candidates(axis, result.best, spec, bucket, sm_count)[1:])  # fmt: skip
+             for value in values(axis, result.best, spec, bucket, sm_count)[1:])  # fmt: skip
     for axis, value in tries:
         if time.monotonic() > deadline:
             break
@@ -328,9 +335,25 @@ def machine_key(spec: ModelSpec, variant, prior: str, device) -> dict:
     }
 
 
-def cache_path(folder, key: dict) -> Path:
+def cache_path(folder, key: dict, name: str = "decode_attention") -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return Path(folder) / f"decode_attention-{digest}.json"
+    return Path(folder) / f"{name}-{digest}.json"
+
+
+def read_cache(path: Path, key: dict) -> dict | None:
+    """The cached search at `path` if it was made for `key`, else None."""
+    if path.is_file():
+        data = json.loads(path.read_text())
+        if data.get("key") == key:
+            return data
+    return None
+
+
+def write_cache(path: Path, payload: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(payload, indent=1))
+    tmp.replace(path)
 
 
 def table_to_json(table: dict) -> dict:
@@ -436,18 +459,14 @@ def load_or_tune(config, weight_dir, variant, folder, prior="hand", budget_s=120
     spec = ModelSpec.from_config(config)
     key = machine_key(spec, variant, prior, torch.device(device))
     path = cache_path(folder, key)
-    if path.is_file():
-        data = json.loads(path.read_text())
-        if data.get("key") == key:
-            return table_from_json(data["table"]), data.get("results", []), path
+    data = read_cache(path, key)
+    if data is not None:
+        return table_from_json(data["table"]), data.get("results", []), path
     started = time.monotonic()
     table, results = tune(config, weight_dir, variant, prior, budget_s, device, log=log)
-    path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"key": key, "seconds": round(time.monotonic() - started, 1),
                "table": table_to_json(table), "results": summary(results)}  # fmt: skip
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(payload, indent=1))
-    tmp.replace(path)
+    write_cache(path, payload)
     return table, payload["results"], path
 
 
