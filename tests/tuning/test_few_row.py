@@ -1,0 +1,321 @@
+"""The few-row kernels' knob search: the prior is the launchers' own launch, the candidates,
+the search's gate (a wrong or refused launch never wins), the table through the engine, its
+file and JSON, and the search's loop with fake timers (the real one times a GPU)."""
+
+import functools
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from evaluator.engine_loader import load_engine_module
+from evaluator.reference_model import ReferenceModel
+from tuning import decode_attention
+from tuning import few_row as tuner
+from variants.build import build_engine
+from variants.kernels import few_row_linear, norm_qkv_rope, norm_swiglu
+from variants.presets import PRESETS
+from variants.render import render_engine, render_source
+from variants.spec import ModelSpec
+from variants.variant import Variant
+
+KERNELS = (*tuner.LAYER_KERNELS, "head")
+LAUNCHERS = {
+    few_row_linear: "_few_row_linear_kernel",
+    norm_qkv_rope: "_norm_qkv_rope_kernel",
+    norm_swiglu: "_norm_swiglu_kernel",
+}
+FUSED = Variant(cache="slab", attention="triton", layers="fused")  # runs on the CPU
+# a launch no rule picks at any rows of the tiny model, valid for every kernel there
+ODD = {"tiles": (16, 32, 2, 2), "split_k": 2}
+
+
+@pytest.fixture
+def course():
+    config = json.loads((Path(__file__).parents[2] / "target" / "model_config.json").read_text())
+    return config, ModelSpec.from_config(config)
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """The few-row kernels' launches (grid and every argument but the tensors), none run."""
+    launches = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                plain = {k: v for k, v in kwargs.items() if not isinstance(v, torch.Tensor)}
+                launches.append((grid, plain))
+
+            return launch
+
+    for module, name in LAUNCHERS.items():
+        monkeypatch.setattr(module, name, Recorder())
+        monkeypatch.setattr(module, "launch_options", lambda pdl, device: {"launch_pdl": pdl})
+    return launches
+
+
+@pytest.mark.parametrize("pdl", [False, True], ids=["plain", "pdl"])
+def test_the_prior_is_the_launch_the_launchers_make(course, recorded, pdl):
+    """At the course's shapes, each kernel launched by default and with the prior's knobs:
+    the same grid, tiles, splits, staging, warps and stages (recorded, not run)."""
+    _, spec = course
+    for rows in (1, 3, 8, 16, 32, 64):
+        for kernel in tuner.kernels_at(rows, pdl):
+            check = tuner.FewRowCheck(kernel, spec, rows, "cpu", torch.float16, pdl, 132)
+            recorded.clear()
+            check._run({})
+            check._run(tuner.launch_of(tuner.prior_launch(kernel, rows, spec, 132, pdl)))
+            assert len(recorded) == 2 and recorded[0] == recorded[1], (kernel, rows)
+
+
+def test_kernels_follow_the_fused_stack_s_row_limits():
+    assert tuner.kernels_at(16, False) == (*tuner.LAYER_KERNELS, "head")
+    assert tuner.kernels_at(32, False) == ("head",)
+    assert tuner.kernels_at(32, True) == (*tuner.LAYER_KERNELS, "head")
+    assert tuner.kernels_at(128, True) == ()
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_candidates_start_at_the_prior_and_are_valid_launches(course, kernel):
+    _, spec = course
+    n, k, _ = tuner.kernel_shape(kernel, spec)
+    for rows in (1, 8, 32):
+        prior = tuner.prior_launch(kernel, rows, spec, 132, True)
+        for axis in tuner.AXES:
+            values = tuner.candidates(kernel, axis, prior, spec, None, 132)
+            assert values[0] == prior[axis] and len(values) == len(set(values)) > 1
+            if axis in ("block_n", "block_k", "warps"):
+                assert all(v & (v - 1) == 0 for v in values)  # powers of two
+            if axis in ("block_n", "block_k"):  # tl.dot's least
+                assert all(v >= 16 for v in values)
+            assert all(v >= 1 for v in values)
+            if axis == "split_k":
+                assert all(1 <= v <= -(-k // prior["block_k"]) for v in values)
+
+
+def test_the_table_round_trips_json():
+    table = {("qkv", 8): {"tiles": (16, 256, 4, 3), "split_k": 1}, ("down", 1): dict(ODD)}
+    assert tuner.table_from_json(json.loads(json.dumps(tuner.table_to_json(table)))) == table
+
+
+class FakeBench:
+    """Times from a table of knob values, every launch right unless `wrong`; `refused` raise."""
+
+    def __init__(self, faster: dict, wrong=(), refused=()):
+        self.faster, self.wrong, self.refused = faster, wrong, refused
+        self.timed = []
+
+    def error(self, knobs):
+        if any(knobs[k] == v for k, v in self.refused):
+            raise RuntimeError("out of resource: shared memory")
+        return 1.0 if any(knobs[k] == v for k, v in self.wrong) else 1e-3
+
+    def time_ms(self, knobs):
+        self.timed.append(dict(knobs))
+        return 1.0 - sum(self.faster.get((k, v), 0.0) for k, v in knobs.items())
+
+
+def search(spec, bench, kernel="down", rows=8, sm_count=132):
+    bucket = decode_attention.Bucket(rows, 1024, (131,) * rows, 1)
+    prior = tuner.prior_launch(kernel, rows, spec, sm_count, False)
+    values = functools.partial(tuner.candidates, kernel)
+    found = decode_attention.tune_bucket(
+        bench, prior, spec, bucket, sm_count, time.monotonic() + 60, tuner.AXES, values
+    )
+    return prior, found
+
+
+def test_the_search_keeps_the_faster_launch_and_the_prior_on_ties(course):
+    _, spec = course
+    prior, found = search(spec, FakeBench({}))  # every launch as fast as the prior
+    assert found.best == prior and found.tried > 10
+    prior, found = search(spec, FakeBench({("block_n", 64): 0.2, ("warps", 8): 0.005}))
+    assert found.best == {**prior, "block_n": 64}  # 0.5% is within the margin
+    assert found.moved == {"block_n": 64} and found.best_ms == pytest.approx(0.8)
+
+
+def test_a_refused_launch_is_rejected_not_fatal(course):
+    _, spec = course
+    prior, found = search(spec, FakeBench({("stages", 6): 0.5}, refused=[("stages", 6)]))
+    assert found.best == prior
+    assert any("shared memory" in str(err) for _, err in found.rejected)
+
+
+def test_a_planted_wrong_launch_is_rejected_by_the_float32_check(tiny_config, monkeypatch):
+    """Through Triton's interpreter: the down projection's real kernel checked against the
+    reference; its launcher corrupted at split_k=2, which the fake timer makes the fastest by
+    far (once 32-wide chunks leave three to split). Without the check it would win."""
+    spec = ModelSpec.from_config(tiny_config)
+    real = few_row_linear.few_row_linear
+
+    def planted(*args, split_k=None, **kwargs):
+        out = real(*args, split_k=split_k, **kwargs)
+        return out + 0.5 if split_k == 2 else out  # (a lost split, say)
+
+    monkeypatch.setattr(few_row_linear, "few_row_linear", planted)
+    check = tuner.FewRowCheck("down", spec, 3, torch.device("cpu"), torch.float32, False, 4)
+
+    class Timed(FakeBench):
+        def error(self, knobs):
+            return check.error(tuner.launch_of(knobs))
+
+    bench = Timed({("block_k", 32): 0.1, ("split_k", 2): 0.5})
+    prior, found = search(spec, bench, rows=3, sm_count=4)
+    assert check.error(tuner.launch_of(prior)) < 1e-4
+    assert found.best == {**prior, "block_k": 32}  # the right, faster chunks are kept
+    assert any(knobs["split_k"] == 2 for knobs, _ in found.rejected)
+    assert all(t["split_k"] != 2 for t in bench.timed)  # rejected before it is timed
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_the_check_passes_right_launches_of_every_kernel(tiny_config, kernel):
+    spec = ModelSpec.from_config(tiny_config)
+    check = tuner.FewRowCheck(kernel, spec, 3, torch.device("cpu"), torch.float32, False, 4)
+    assert check.error(tuner.launch_of(tuner.prior_launch(kernel, 3, spec, 4, False))) < 1e-4
+    assert check.error(ODD) < 1e-4
+    check.norm[0] += 1  # a planted fault where the kernel reads the norm: the reference differs
+    if kernel != "o" and kernel != "down":
+        assert check.error(ODD) > 1e-2
+
+
+def _scenario(engine, ref, vocab) -> float:
+    """Prefill three prompts, decode 3 rows, then 1: the largest gap to the reference."""
+    gen = torch.Generator().manual_seed(5)
+    history = {7: 5, 3: 40, 11: 1}
+    history = {r: torch.randint(0, vocab, (n,), generator=gen) for r, n in history.items()}
+    worst = 0.0
+
+    def gap(ids, out) -> float:
+        wants = [ref.forward(history[rid][None])[0, -1] for rid in ids]
+        return max((out[i] - want).abs().max().item() for i, want in enumerate(wants))
+
+    worst = gap(list(history), engine.prefill(list(history), list(history.values())))
+    for ids in ([3, 11, 7], [11]):
+        tokens = torch.randint(0, vocab, (len(ids),), generator=gen)
+        for i, rid in enumerate(ids):
+            history[rid] = torch.cat([history[rid], tokens[i : i + 1]])
+        worst = max(worst, gap(ids, engine.decode(ids, tokens)))
+    return worst
+
+
+def _odd_table():
+    return {(kernel, rows): dict(ODD) for kernel in KERNELS for rows in (1, 3)}
+
+
+def test_an_engine_with_a_table_launches_it_and_matches_the_reference(
+    tiny_config, sharp_weights, monkeypatch
+):
+    from variants.layers import fused_stack
+
+    asked = []
+    for name in ("few_row_linear", "norm_qkv_rope", "norm_swiglu"):
+        real = getattr(fused_stack, name)
+
+        def launch(*args, real=real, name=name, **kwargs):
+            asked.append((name, len(args[0]), kwargs.get("tiles"), kwargs.get("split_k")))
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(fused_stack, name, launch)
+    engine = build_engine(tiny_config, sharp_weights, "cpu", FUSED, few_row_knobs=_odd_table())
+    asked.clear()
+    ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
+    assert _scenario(engine, ref, tiny_config["vocab_size"]) < 1e-4
+    # the two steps' two layers of four kernels and heads, and the prefill's head (its 3 rows)
+    assert len(asked) == 2 * (2 * 4 + 1) + 1
+    assert all(a[2:] == (ODD["tiles"], ODD["split_k"]) for a in asked), asked
+
+
+def test_the_table_is_written_into_the_engine_which_matches_the_library(
+    tiny_config, sharp_weights, tmp_path
+):
+    table = _odd_table()
+    path = render_engine(FUSED, tmp_path / "engine.py", few_row_knobs=table)
+    text = path.read_text()
+    assert text.count("FEW_ROW_KNOBS = {") == 1
+    assert "    ('down', 3): dict(tiles=(16, 32, 2, 2), split_k=2),\n" in text
+    assert "stack=functools.partial(run_fused_stack, knobs=FEW_ROW_KNOBS)" in text
+    assert "head=functools.partial(fused_head, knobs=FEW_ROW_KNOBS)" in text
+    module = load_engine_module(path)
+    assert module.FEW_ROW_KNOBS == table
+    rendered = module.create_engine(tiny_config, sharp_weights, "cpu")
+    library = build_engine(tiny_config, sharp_weights, "cpu", FUSED, few_row_knobs=table)
+    ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
+    gaps = [_scenario(e, ref, tiny_config["vocab_size"]) for e in (rendered, library)]
+    assert gaps[0] == gaps[1] and gaps[0] < 1e-4
+
+
+def test_without_a_table_the_fastest_engine_is_unchanged():
+    fastest = PRESETS["slab-triton-pdl-allgraphs"]
+    text = render_source(fastest)
+    assert render_source(fastest, few_row_knobs={}) == text
+    assert "FEW_ROW_KNOBS" not in text and "knobs=" not in text.split("def create_engine")[1]
+    tuned = render_source(fastest, few_row_knobs=_odd_table())
+    # the kernels keep their lines (Triton's cache key): the table goes at the end
+    kernels = text.split("# -------------------- imports")[0]
+    assert tuned.startswith(kernels)
+    assert "stack=functools.partial(run_fused_stack, pdl=True, knobs=FEW_ROW_KNOBS)" in tuned
+
+
+def test_an_engine_without_the_fused_layers_carries_no_table():
+    text = render_source(PRESETS["slab-triton-fused-allgraphs"], few_row_knobs=_odd_table())
+    assert "FEW_ROW_KNOBS" not in text
+
+
+def test_row_buckets_weigh_every_context_of_their_rows(course):
+    config, spec = course
+    buckets = decode_attention.graph_buckets(spec, (9, 0))
+    per_context = decode_attention.trace_buckets(config, buckets)
+    rows = tuner.row_buckets(config, buckets)
+    assert len({b.rows for b in rows}) == len(rows)
+    assert [b.weight for b in rows] == sorted((b.weight for b in rows), reverse=True)
+    for b in rows:
+        same = [c for c in per_context if c.rows == b.rows]
+        assert b.weight == pytest.approx(sum(c.weight for c in same))
+        assert b.steps == sum(c.steps for c in same)
+        assert (b.context, b.lengths) == (same[0].context, same[0].lengths)  # the heaviest
+
+
+def test_the_search_loop_keeps_only_what_moved(tiny_config, tiny_weights, monkeypatch):
+    """tune() on the CPU with a fake bench and check: the down projection is faster at
+    BLOCK_N 32 at every rows bucket (the rules': 16), the rest ties; the table holds only
+    those entries."""
+    timed = []
+
+    class Check:
+        def __init__(self, kernel, *args):
+            self.kernel = kernel
+
+        def error(self, launch):
+            return 0.0
+
+    class Bench:
+        ids: list = []  # (no request of its own)
+
+        def __init__(self, engine, bucket, check, vocab, table, key):
+            self.check, self.key, self.table = check, key, table
+
+        def error(self, launch):
+            return self.check.error(launch)
+
+        def time_ms(self, launch):
+            self.table[self.key] = launch
+            timed.append(self.key)
+            fast = self.key[0] == "down" and launch["tiles"][0] == 32
+            return 0.5 if fast else 1.0
+
+    monkeypatch.setattr(tuner, "device_sm_count", lambda device: 132)
+    table, results = tuner.tune(
+        tiny_config, tiny_weights, FUSED, 60.0, "cpu", log=lambda line: None, bench=Bench,
+        check=Check,
+    )  # fmt: skip
+    assert results and {kernel for kernel, _ in results} == set(KERNELS)
+    downs = [found for kernel, found in results if kernel == "down"]
+    assert set(table) == {("down", found.bucket.rows) for found in downs}
+    assert all(f.prior["block_n"] == 16 for f in downs)
+    assert all(table["down", f.bucket.rows]["tiles"][0] == 32 for f in downs)
+    assert all(f.best == f.prior for kernel, f in results if kernel != "down")
+    summary = tuner.summary(results)
+    assert all(r["best_us"] <= r["prior_us"] for r in summary)

@@ -1,0 +1,344 @@
+"""The few-row projection kernels' launches searched at the target's shapes on this GPU.
+
+A decode step of the fused layers is mostly its few-row kernels: norm + QKV + RoPE ("qkv"), the
+output projection ("o"), norm + gate-up + SiLU ("swiglu"), the down projection ("down") and the
+head ("head"). Their tiles and splits come from rules measured on one GPU (few_row_tiles,
+swiglu_tiles, default_split_k). Here each kernel at each decode row bucket the traces reach is
+searched as the decode attention's launch is (decode_attention.py: the same buckets and weights,
+the same step bench, coordinate descent and margin), from the rules' launch; every candidate
+must match a float32 reference before it is timed.
+
+The result, (kernel, rows) -> tiles and split_k where they beat the rules, is cached per GPU,
+model shape, layout and Triton version (`cache_path`), bound to the fused stack and head as
+`knobs` and written into engine.py as constants.
+
+    python -m tuning.few_row [--config target/model_config.json] [--weight-dir target/weights]
+        [--preset NAME | --variant JSON] [--budget 120] [--cache-dir studies/kernels]
+        [--json table.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from tuning.decode_attention import (
+    StepBench,
+    cache_path,
+    graph_buckets,
+    machine_key,
+    read_cache,
+    share_deadline,
+    trace_buckets,
+    tune_bucket,
+    write_cache,
+)
+from variants.kernels.device import device_capability, device_sm_count
+from variants.kernels.row_dot import few_row_tiles
+from variants.kernels.split_k import LONG_K, LONG_K_TILES, host_cdiv, splits_for
+from variants.kernels.staged_dot import default_stage, short_staged_tiles
+from variants.layers.fused_stack import FUSED_MAX_ROWS, HEAD_MAX_ROWS, PDL_MAX_ROWS
+from variants.layers.rmsnorm import rms_norm
+from variants.layers.rope import RopeTable, apply_rope
+from variants.spec import ModelSpec
+
+LAYER_KERNELS = ("qkv", "o", "swiglu", "down")  # a layer's, in the order a step runs them
+LINEAR = ("o", "down", "head")  # few_row_linear's
+# the knobs in the order they are searched; the tiles' (launch_of) then the splits
+AXES = ("block_n", "block_k", "warps", "stages", "split_k")
+VALUES = {
+    "block_n": (16, 32, 64, 128),
+    "block_k": (32, 64, 128, 256),
+    "warps": (2, 4, 8),
+    "stages": (2, 3, 4, 6),
+    "split_k": (1, 2, 4, 8, 16),
+}
+
+
+def kernels_at(rows: int, pdl: bool) -> tuple:
+    """The few-row kernels a decode step of `rows` rows runs (fused_stack's row limits)."""
+    layers = LAYER_KERNELS if rows <= (PDL_MAX_ROWS if pdl else FUSED_MAX_ROWS) else ()
+    return layers + (("head",) if rows <= HEAD_MAX_ROWS else ())
+
+
+def kernel_shape(kernel: str, spec: ModelSpec) -> tuple:
+    """(output columns, reduction length, weight tiles a program reads) as the launcher counts
+    them: qkv's columns are rotation pairs, swiglu's the intermediate (gate and up rows)."""
+    q, kv = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    return {
+        "qkv": ((q + 2 * kv) // 2, spec.hidden_size, 2),
+        "o": (spec.hidden_size, q, 1),
+        "swiglu": (spec.intermediate_size, spec.hidden_size, 2),
+        "down": (spec.hidden_size, spec.intermediate_size, 1),
+        "head": (spec.vocab_size, spec.hidden_size, 1),
+    }[kernel]
+
+
+def prior_launch(kernel: str, rows: int, spec: ModelSpec, sm_count: int, pdl: bool) -> dict:
+    """The launch the fused stack's call of `kernel` makes at `rows` rows without a table, every
+    knob explicit (the launchers' own choice, step by step)."""
+    from variants.kernels.norm_swiglu import swiglu_tiles
+
+    n, k, weight_tiles = kernel_shape(kernel, spec)
+    long_k = kernel in LINEAR and k >= LONG_K
+    prefer = swiglu_tiles(rows) if kernel == "swiglu" else LONG_K_TILES if long_k else None
+    block_m, *tiles = few_row_tiles(rows, n, sm_count, weight_tiles, prefer)
+    if kernel in LINEAR and not long_k and default_stage(pdl, rows):
+        tiles = short_staged_tiles(block_m, k, spec.config_dtype.itemsize) or tiles
+    programs = host_cdiv(n, tiles[0]) * host_cdiv(rows, block_m)
+    return dict(zip(AXES, tiles), split_k=splits_for(None, programs, k, tiles[1], sm_count))
+
+
+def launch_of(knobs: dict) -> dict:
+    """The search's knobs as the launchers take them: `tiles` and `split_k`."""
+    return {"tiles": tuple(knobs[a] for a in AXES[:4]), "split_k": knobs["split_k"]}
+
+
+def candidates(kernel: str, axis: str, current: dict, spec: ModelSpec, bucket, sm_count) -> list:
+    """The values one knob of `kernel` takes, the current one first: tiles no wider than the
+    columns or the reduction need, at most one split a BLOCK_K chunk."""
+    n, k, _ = kernel_shape(kernel, spec)
+    most = {
+        "block_n": max(16, 1 << (n - 1).bit_length()),
+        "block_k": max(32, 1 << (k - 1).bit_length()),
+        "split_k": host_cdiv(k, current["block_k"]),
+    }.get(axis)
+    values = [v for v in VALUES[axis] if most is None or v <= most]
+    first = current[axis]
+    return [first] + [v for v in values if v != first]
+
+
+class FewRowCheck:
+    """One kernel's inputs at `rows` rows (the fused stack's call of it), checked against a
+    float32 reference. `error(launch)`: the launch's largest error (`launch_of`'s form)."""
+
+    def __init__(self, kernel: str, spec: ModelSpec, rows: int, device, dtype, pdl: bool,
+                 sm_count: int):  # fmt: skip
+        self.kernel, self.spec, self.pdl, self.sm_count = kernel, spec, pdl, sm_count
+        gen = torch.Generator().manual_seed(rows)
+        n, k, _ = kernel_shape(kernel, spec)
+        rand = lambda *shape, scale=1.0: (  # noqa: E731
+            (scale * torch.randn(*shape, generator=gen)).to(device, dtype)
+        )
+        self.x = rand(rows, k)
+        columns = {"qkv": 2 * n, "swiglu": 2 * n}.get(kernel, n)
+        self.weight = rand(columns, k, scale=k**-0.5)
+        self.norm = (1 + 0.1 * torch.randn(k, generator=gen)).to(device, dtype)
+        self.residual = rand(rows, n)
+        if kernel == "qkv":
+            positions = min(spec.max_positions, 4096)
+            self.rope = RopeTable(spec.head_dim, positions, spec.rope_theta, device, dtype)
+            self.positions = torch.randint(0, positions, (rows,), generator=gen).to(device)
+            self.slots = torch.randperm(2 * rows, generator=gen)[:rows].to(device)
+        self.want = self._reference()
+
+    def _reference(self) -> list:
+        s, f32 = self.spec, lambda t: t.float()  # noqa: E731
+        if self.kernel in ("o", "down"):
+            return [f32(self.residual) + f32(self.x) @ f32(self.weight).T]
+        h = rms_norm(f32(self.x), f32(self.norm), s.rms_norm_eps) @ f32(self.weight).T
+        if self.kernel == "head":
+            return [h]
+        if self.kernel == "swiglu":
+            gate, up = h.chunk(2, dim=-1)
+            return [F.silu(gate) * up]
+        q, kv = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+        q, k, v = h.split((q, kv, kv), dim=-1)
+        cos, sin = (f32(t) for t in self.rope.at(self.positions))
+        rotated = [apply_rope(t.unflatten(-1, (-1, s.head_dim)), cos, sin) for t in (q, k)]
+        return [rotated[0].flatten(1), rotated[1], v.unflatten(-1, (-1, s.head_dim))]
+
+    def _run(self, launch: dict) -> list:
+        from variants.kernels.few_row_linear import few_row_linear
+        from variants.kernels.norm_qkv_rope import norm_qkv_rope
+        from variants.kernels.norm_swiglu import norm_swiglu
+
+        s, common = self.spec, {"sm_count": self.sm_count, "pdl": self.pdl, **launch}
+        if self.kernel in ("o", "down"):
+            return [few_row_linear(self.x, self.weight, residual=self.residual, **common)]
+        if self.kernel == "head":
+            return [
+                few_row_linear(
+                    self.x,
+                    self.weight,
+                    norm=self.norm,
+                    eps=s.rms_norm_eps,
+                    out_dtype=torch.float32,
+                    **common,
+                )  # fmt: skip
+            ]
+        if self.kernel == "swiglu":
+            return [norm_swiglu(self.x, self.norm, self.weight, s.rms_norm_eps, **common)]
+        pool = (2 * len(self.slots), s.num_kv_heads, s.head_dim)
+        k_pool, v_pool = (self.x.new_zeros(pool) for _ in "kv")
+        q = norm_qkv_rope(
+            self.x, self.norm, self.weight, s.rms_norm_eps, s.head_dim, s.num_heads * s.head_dim,
+            self.rope.cos, self.rope.sin, k_pool, v_pool, self.slots, positions=self.positions,
+            **common,
+        )  # fmt: skip
+        return [q, k_pool[self.slots], v_pool[self.slots]]
+
+    def error(self, launch: dict) -> float:
+        got = self._run(launch)
+        return max(float((g.float() - w).abs().max()) for g, w in zip(got, self.want))
+
+
+class KnobBench:
+    """A bench (`error`, `time_ms` of a launch) driven by the search's knobs (`launch_of`)."""
+
+    def __init__(self, bench):
+        self.bench = bench
+
+    def error(self, knobs: dict) -> float:
+        return self.bench.error(launch_of(knobs))
+
+    def time_ms(self, knobs: dict) -> float:
+        return self.bench.time_ms(launch_of(knobs))
+
+
+def row_buckets(config: dict, buckets: list, most_rows: int = HEAD_MAX_ROWS) -> list:
+    """The row buckets the traces' decode steps reach (`trace_buckets` over the decode graphs'
+    (rows, context) `buckets`), the heaviest first: each timed at its heaviest context's
+    lengths, weighing what all its contexts weigh."""
+    found: dict = {}
+    for b in trace_buckets(config, buckets):
+        if b.rows > most_rows:
+            continue
+        had = found.get(b.rows)
+        found[b.rows] = b if had is None else (
+            replace(had, steps=had.steps + b.steps, weight=had.weight + b.weight)
+        )  # fmt: skip
+    return sorted(found.values(), key=lambda b: (-b.weight, -b.steps))
+
+
+def tune(config: dict, weight_dir: str, variant, budget_s: float = 120.0, device="cuda",
+         log=print, bench=StepBench, check=FewRowCheck) -> tuple:  # fmt: skip
+    """(table, results): (kernel, rows) -> the launch found where it beats the rules', and
+    what the search did per (kernel, rows bucket), the heaviest buckets first. `bench` and
+    `check` make a bucket's StepBench and FewRowCheck (the tests' fakes elsewhere)."""
+    from variants.build import build_engine
+
+    spec = ModelSpec.from_config(config)
+    device = torch.device(device)
+    sm_count, capability = device_sm_count(device), device_capability(device)
+    pdl = variant.layers == "fused-pdl"
+    policy = variant.graphs if variant.graphs != "off" else "pow2"
+    buckets = row_buckets(config, graph_buckets(spec, capability, policy))
+    work = [(b, kernel) for b in buckets for kernel in kernels_at(b.rows, pdl)]
+    if not work or budget_s <= 0:
+        return {}, []
+    priors = {(k, b.rows): prior_launch(k, b.rows, spec, sm_count, pdl) for b, k in work}
+    live = {key: launch_of(knobs) for key, knobs in priors.items()}  # what the engine reads
+    engine = build_engine(config, weight_dir, str(device), variant, few_row_knobs=live)
+    deadline = time.monotonic() + budget_s  # (the engine's build is not the search's)
+    results = []
+    for i, (bucket, kernel) in enumerate(work):
+        if time.monotonic() > deadline:
+            break
+        key = (kernel, bucket.rows)
+        checked = check(kernel, spec, bucket.rows, device, spec.config_dtype, pdl, sm_count)
+        step = bench(engine, bucket, checked, spec.vocab_size, table=live, key=key)
+        # a bucket's weight shared out over its kernels
+        left = [replace(b, weight=b.weight / len(kernels_at(b.rows, pdl))) for b, _ in work[i:]]
+        until = share_deadline(time.monotonic(), deadline, left)
+        values = functools.partial(candidates, kernel)
+        found = tune_bucket(KnobBench(step), priors[key], spec, bucket, sm_count, until, AXES,
+                            values)  # fmt: skip
+        engine.remove(step.ids)
+        live[key] = launch_of(found.best)
+        results.append((kernel, found))
+        moved = ", ".join(f"{k}={v}" for k, v in found.moved.items()) or "prior kept"
+        log(
+            f"  {kernel:6s} at {bucket.rows:3d} rows (weight {bucket.weight:.2f}): a step "
+            f"{found.prior_ms * 1e3:7.1f} -> {found.best_ms * 1e3:7.1f} us, {found.tried} "
+            f"tried: {moved}"
+        )
+    del engine
+    return {k: v for k, v in live.items() if v != launch_of(priors[k])}, results
+
+
+def summary(results: list) -> list:
+    """The per-(kernel, rows) results as plain data (the cache file, the CLI's json)."""
+    return [
+        {"kernel": kernel, "rows": r.bucket.rows, "steps": r.bucket.steps,
+         "weight": round(r.bucket.weight, 2), "prior_us": round(r.prior_ms * 1e3, 1),
+         "best_us": round(r.best_ms * 1e3, 1), "tried": r.tried, "rejected": len(r.rejected),
+         "moved": r.moved}
+        for kernel, r in results
+    ]  # fmt: skip
+
+
+def table_to_json(table: dict) -> dict:
+    return {f"{kernel}@{rows}": {"tiles": list(launch["tiles"]), "split_k": launch["split_k"]}
+            for (kernel, rows), launch in table.items()}  # fmt: skip
+
+
+def table_from_json(data: dict) -> dict:
+    table = {}
+    for key, launch in data.items():
+        kernel, rows = key.split("@")
+        table[kernel, int(rows)] = {"tiles": tuple(launch["tiles"]), "split_k": launch["split_k"]}
+    return table
+
+
+def load_or_tune(config, weight_dir, variant, folder, budget_s=120.0, device="cuda", log=print):
+    """(table, results, path): the cached table for this machine, model shape and layout, or
+    a new search, cached in `folder`."""
+    spec = ModelSpec.from_config(config)
+    key = {**machine_key(spec, variant, "hand", torch.device(device)), "kernels": "few_row"}
+    path = cache_path(folder, key, "few_row")
+    data = read_cache(path, key)
+    if data is not None:
+        return table_from_json(data["table"]), data.get("results", []), path
+    started = time.monotonic()
+    table, results = tune(config, weight_dir, variant, budget_s, device, log=log)
+    payload = {"key": key, "seconds": round(time.monotonic() - started, 1),
+               "table": table_to_json(table), "results": summary(results)}  # fmt: skip
+    write_cache(path, payload)
+    return table, payload["results"], path
+
+
+def main(argv=None) -> int:
+    from variants.presets import PRESETS
+    from variants.variant import Variant
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="target/model_config.json")
+    parser.add_argument("--weight-dir", default="target/weights")
+    parser.add_argument("--preset", default="slab-triton-pdl-allgraphs", choices=sorted(PRESETS))
+    parser.add_argument("--variant", help="a Variant as JSON (instead of --preset)")
+    parser.add_argument("--budget", type=float, default=120.0, help="seconds of search")
+    parser.add_argument("--cache-dir", help="reuse (or keep) the table for this machine here")
+    parser.add_argument("--json", help="write the table and the per-kernel results here")
+    args = parser.parse_args(argv)
+    config = json.loads(Path(args.config).read_text())
+    variant = Variant.from_dict(json.loads(args.variant)) if args.variant else PRESETS[args.preset]
+    if variant.layers not in ("fused", "fused-pdl"):
+        parser.error(f"layers {variant.layers!r} run no few-row kernels (fused or fused-pdl do)")
+    if not torch.cuda.is_available():
+        parser.error("the search times kernels on a GPU: no CUDA device here")
+    started = time.monotonic()
+    if args.cache_dir:
+        table, results, path = load_or_tune(
+            config, args.weight_dir, variant, args.cache_dir, args.budget
+        )
+        print(f"table {path}")
+    else:
+        table, found = tune(config, args.weight_dir, variant, args.budget)
+        results = summary(found)
+    print(f"{len(results)} kernel buckets searched in {time.monotonic() - started:.0f} s")
+    if args.json:
+        payload = {"table": table_to_json(table), "results": results}
+        Path(args.json).write_text(json.dumps(payload, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
