@@ -319,3 +319,34 @@ def test_the_search_loop_keeps_only_what_moved(tiny_config, tiny_weights, monkey
     assert all(f.best == f.prior for kernel, f in results if kernel != "down")
     summary = tuner.summary(results)
     assert all(r["best_us"] <= r["prior_us"] for r in summary)
+
+
+@pytest.mark.parametrize(
+    "variant,why",
+    [
+        ({"layers": "triton", "graphs": "pow2"}, "run no few-row kernels"),
+        ({"layers": "fused", "graphs": "off"}, "needs graphs"),
+    ],
+)
+def test_the_command_refuses_a_variant_it_cannot_search(variant, why, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        tuner.main(["--variant", json.dumps({**FUSED.to_dict(), **variant})])
+    assert exit_.value.code == 2 and why in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_short_search_is_cached_and_its_engine_passes_the_gate(
+    tiny_config, tiny_weights, tmp_path
+):
+    from evaluator.correctness import check_engine
+
+    variant = Variant(cache="slab", attention="triton", layers="fused", graphs="pow2")
+    table, results, path = tuner.load_or_tune(tiny_config, tiny_weights, variant, tmp_path, 20.0)
+    assert path.is_file() and results and all(r["best_us"] <= r["prior_us"] for r in results)
+    started = time.monotonic()
+    again = tuner.load_or_tune(tiny_config, tiny_weights, variant, tmp_path, 20.0)
+    assert again[0] == table and time.monotonic() - started < 5  # from the cache
+    module = load_engine_module(render_engine(variant, tmp_path / "e.py", few_row_knobs=table))
+    checked = check_engine(module.create_engine, tiny_config, tiny_weights, "cuda")
+    assert all(case["passed"] for case in checked.values()), checked
