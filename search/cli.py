@@ -283,7 +283,10 @@ class RunJob:
     def write_engine(self, records, ranked, standing):
         """Render, verify and install the first candidate that passes: the standing best, else
         the ranked trials and then the defaults; the kernel search's table for its leader."""
-        tuned = self.kernels.table if self.kernels is not None and self.kernels.kept else None
+        kept = self.kernels is not None and self.kernels.kept
+        tuned = {"knobs": self.kernels.table} if kept and self.kernels.table else {}
+        if kept and self.kernels.few_row:
+            tuned["few_row_knobs"] = self.kernels.few_row
         first = [] if standing is None else [standing]
         taken = {r.number for r in first}
         rest = [r for r in candidates(self, records, ranked) if r.number not in taken]
@@ -291,7 +294,7 @@ class RunJob:
         budget, weights = self.runner.engine_budget_gib, self.target.weights_format
 
         def render(variant, path, text):
-            knobs = {"knobs": tuned} if tuned and variant.to_dict() == ranked[0].variant else {}
+            knobs = tuned if tuned and variant.to_dict() == ranked[0].variant else {}
             return renderer(variant, path, text, budget, weights=weights, **knobs)
 
         verify = partial(

@@ -275,6 +275,8 @@ class TrialRunner:
     # as JSON), else the hand rules or, "neutral", the defaults of a GPU nothing was measured on
     knobs: dict | None = None
     kernel_prior: str = "hand"
+    # the few-row kernels' launches the kernel search found (tuning/few_row.py, as JSON)
+    few_row_knobs: dict | None = None
     # where the gate's noise measurement is kept for the next trials (None: each measures it)
     noise_cache: str | None = None
     durations: list[float] = field(default_factory=list)
@@ -548,6 +550,16 @@ def kernel_knobs(job: dict, variant) -> dict | None:
     return None
 
 
+def few_row_knobs(job: dict, variant) -> dict | None:
+    """The few-row kernels' table for a trial's engine: the job's (the kernel search's) where
+    the variant runs the fused layers; None: the rules."""
+    if not job.get("few_row_knobs") or variant.layers not in ("fused", "fused-pdl"):
+        return None
+    from tuning.few_row import table_from_json
+
+    return table_from_json(job["few_row_knobs"])
+
+
 def run_job(job: dict, phases: Phases) -> dict:
     from evaluator.engine_loader import load_engine_module
     from variants.variant import Variant
@@ -558,6 +570,9 @@ def run_job(job: dict, phases: Phases) -> dict:
     engine_path = Path(job["engine_path"])
     knobs = kernel_knobs(job, variant)
     extra = {"knobs": knobs} if knobs else {}  # (a renderer of the user's may not take them)
+    few_row = few_row_knobs(job, variant)
+    if few_row:
+        extra["few_row_knobs"] = few_row
     render(variant, engine_path, job.get("header", ""), job.get("engine_budget_gib"), **extra)
     phases.enter("import")
     create_engine = load_engine_module(engine_path).create_engine

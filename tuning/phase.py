@@ -1,8 +1,9 @@
 """The kernel search as a phase of the main job (`bash run.sh`): after the study, the leading
 assembly's decode attention is searched on this GPU (decode_attention.py, in a child process,
-its table cached under studies/kernels/), then the leader is timed with the table in the
-grader's protocol, behind the correctness gate; the table is written into engine.py only where
-it is faster on the traces' geometric mean. results.log says what moved and by how much."""
+its table cached under studies/kernels/), and with the fused layers its few-row kernels after it
+(few_row.py, likewise); then the leader is timed with the tables in the grader's protocol,
+behind the correctness gate; they are written into engine.py only where it is faster on the
+traces' geometric mean. results.log says what moved and by how much."""
 
 import json
 import math
@@ -39,6 +40,14 @@ class KernelSearch:
     # the traces the table can move (those with decode steps; empty: all): a prefill-only
     # trace's noise must not decide
     decoding: tuple = ()
+    # the few-row kernels' search (the fused layers only): its table and per-kernel results
+    few_row: dict | None = None
+    few_row_results: list = field(default_factory=list)
+    few_row_why: str = ""  # why it gave no table
+
+    @property
+    def moved(self) -> bool:
+        return any(r["moved"] for r in (*self.results, *self.few_row_results))
 
     @property
     def gain(self) -> float | None:
@@ -72,40 +81,71 @@ def decide(search: KernelSearch) -> KernelSearch:
     return search
 
 
-def run_search(job, variant, prior: str, budget_s: float) -> KernelSearch:
-    """The table for `variant` from a child process (so a crash or a hung compile costs only
-    this phase), cached per GPU, model shape, layout and Triton version."""
+def search_child(job, variant, module: str, budget_s: float, *options) -> tuple:
+    """(the search's JSON or None, seconds, its log or why it failed): `python -m module` for
+    `variant` in a child process (so a crash or a hung compile costs only this phase), its
+    table cached per GPU, model shape, layout and Triton version."""
     from search.trial import run_child
 
-    found = KernelSearch(prior, budget_s)
     folder = Path(getattr(job.args, "studies_dir", "studies")) / "kernels"
     with tempfile.TemporaryDirectory(prefix="kernels-") as tmp:
         out, log_path = Path(tmp) / "table.json", Path(tmp) / "log.txt"
         cmd = [
-            sys.executable, "-m", "tuning.decode_attention",
+            sys.executable, "-m", module,
             "--config", str(job.target.config_path), "--weight-dir", str(job.target.weight_dir),
-            "--variant", json.dumps(variant.to_dict()), "--prior", prior,
+            "--variant", json.dumps(variant.to_dict()), *options,
             "--budget", f"{budget_s:.0f}", "--cache-dir", str(folder), "--json", str(out),
         ]  # fmt: skip
-        code, found.seconds = run_child(cmd, log_path, budget_s + 180)
+        code, seconds = run_child(cmd, log_path, budget_s + 180)
         text = log_path.read_text(errors="replace") if log_path.is_file() else ""
         if code != 0 or not out.is_file():
-            lines = text.strip().splitlines()
-            found.why = f"the kernel search failed (exit {code}): {lines[-1] if lines else ''}"
-            return found
-        data = json.loads(out.read_text())
+            last = (text.strip().splitlines() or [""])[-1]
+            return None, seconds, f"the kernel search failed (exit {code}): {last}"
+        return json.loads(out.read_text()), seconds, text
+
+
+def run_search(job, variant, prior: str, budget_s: float) -> KernelSearch:
+    """The decode attention's table for `variant` (`search_child`)."""
+    found = KernelSearch(prior, budget_s)
+    data, found.seconds, text = search_child(
+        job, variant, "tuning.decode_attention", budget_s, "--prior", prior
+    )
+    if data is None:
+        found.why = text
+        return found
     found.table = table_from_json(data["table"])
     found.results = data["results"]
     found.cached = next((ln[6:] for ln in text.splitlines() if ln.startswith("table ")), "")
     return found
 
 
-def timed_with(job, variant, table: dict | None, timeout_s: float) -> tuple:
+def run_few_row_search(job, variant, found: KernelSearch, budget_s: float) -> KernelSearch:
+    """The few-row kernels' table for `variant` into `found` (`search_child`); where it fails,
+    the attention's table stands alone."""
+    from tuning.few_row import table_from_json as few_row_from_json
+
+    data, seconds, text = search_child(job, variant, "tuning.few_row", budget_s)
+    found.seconds += seconds
+    if data is None:
+        found.few_row_why = text
+        return found
+    found.few_row = few_row_from_json(data["table"])
+    found.few_row_results = data["results"]
+    return found
+
+
+def timed_with(job, variant, table: dict | None, timeout_s: float, few_row_table=None) -> tuple:
     """(trace -> seconds, failure): `variant` in the grader's protocol behind the gate, with
-    the table (None: the rules)."""
+    the tables (None: the rules)."""
     from dataclasses import replace
 
-    runner = replace(job.runner, knobs=None if table is None else table_to_json(table))
+    from tuning.few_row import table_to_json as few_row_to_json
+
+    runner = replace(
+        job.runner,
+        knobs=None if table is None else table_to_json(table),
+        few_row_knobs=few_row_to_json(few_row_table) if few_row_table else None,
+    )
     outcome = runner.run(variant, protocol="full", check=True, timeout_s=timeout_s)
     feasible = outcome.status == "ok" and all(c <= 0 for c in outcome.attrs.get("constraint", [1]))
     if not feasible:
@@ -132,6 +172,15 @@ def lines(search: KernelSearch | None) -> str:
         out.append(
             f"{r['rows']:3d} rows x {r['context']:5d} ({r['steps']} steps, weight"
             f" {r.get('weight')}, longest {r['longest']}):"
+            f" a step {r['prior_us']:.1f} -> {r['best_us']:.1f} us, {r['tried']} tried"
+            f" ({r['rejected']} wrong or refused): {moved}"
+        )
+    if search.few_row_why:
+        out.append(f"few-row kernels: {search.few_row_why}")
+    for r in search.few_row_results:
+        moved = ", ".join(f"{k}={v}" for k, v in r["moved"].items()) or "the rules kept"
+        out.append(
+            f"{r['kernel']:6s} at {r['rows']:3d} rows ({r['steps']} steps, weight {r['weight']}):"
             f" a step {r['prior_us']:.1f} -> {r['best_us']:.1f} us, {r['tried']} tried"
             f" ({r['rejected']} wrong or refused): {moved}"
         )
@@ -164,10 +213,15 @@ def kernel_phase(job, leader) -> KernelSearch | None:
     if found.budget_s <= 0:
         found.why = "no time left for it in this budget"
         return found
-    found = run_search(job, variant, prior, found.budget_s)
+    fused = variant.layers in ("fused", "fused-pdl")  # (their few-row kernels: half the time)
+    budget_s = found.budget_s
+    found = run_search(job, variant, prior, budget_s / 2 if fused else budget_s)
     if found.table is None:
         return found
-    if not any(r["moved"] for r in found.results):
+    if fused:
+        found = run_few_row_search(job, variant, found, budget_s / 2)
+        found.budget_s = budget_s
+    if not found.moved:
         found.why = "every bucket searched kept the prior's launch"
         return found
     # the leader timed with the rules and then with the table, back to back (numbers from the
@@ -181,7 +235,9 @@ def kernel_phase(job, leader) -> KernelSearch | None:
     if failure:
         found.why = f"the leader with the {prior} rules failed: {failure.splitlines()[0]}"
     else:
-        found.after, failure = timed_with(job, variant, found.table, limit)
+        found.after, failure = timed_with(
+            job, variant, found.table, limit, few_row_table=found.few_row
+        )
         if failure:
             found.why = f"the leader with the table failed: {failure.splitlines()[0]}"
     return decide(found)

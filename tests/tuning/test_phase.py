@@ -92,7 +92,7 @@ def test_the_phase_times_the_leader_with_the_rules_then_the_table(monkeypatch, t
     )
     calls = []
 
-    def timed_with(job, variant, knobs, limit):
+    def timed_with(job, variant, knobs, limit, few_row_table=None):
         calls.append(knobs)
         if knobs is None:
             return {"prefill": 1.0, "decode": 5.0}, None
@@ -115,3 +115,82 @@ def test_the_phase_times_the_leader_with_the_rules_then_the_table(monkeypatch, t
     assert found.kept and found.gain == pytest.approx(1.25)  # prefill's 2x slower is noise here
     found = phase.kernel_phase(job, leader)  # the table's timing fails this time
     assert not found.kept and found.why == "the leader with the table failed: crash"
+
+
+def test_a_trial_renders_the_jobs_few_row_table_only_for_the_fused_layers():
+    from search.trial import few_row_knobs
+    from tuning.few_row import table_to_json
+    from variants.variant import Variant
+
+    table = {("down", 8): {"tiles": (16, 128, 4, 3), "split_k": 4}}
+    job = {"device": "cuda", "few_row_knobs": table_to_json(table)}
+    fused = Variant(cache="slab", attention="triton", layers="fused-pdl")
+    assert few_row_knobs(job, fused) == table
+    assert few_row_knobs(job, Variant(cache="slab", attention="triton", layers="triton")) is None
+    assert few_row_knobs({**job, "few_row_knobs": None}, fused) is None  # the rules
+
+
+def _fused_job(tiny_config):
+    from types import SimpleNamespace
+
+    from search.setup import Budget
+
+    return SimpleNamespace(
+        device="cuda",
+        args=SimpleNamespace(kernel_search=True),
+        budget=Budget(0.0, 300.0),
+        budget_s=1200.0,
+        seconds_left=lambda: 900.0,
+        runner=SimpleNamespace(durations=[20.0], kernel_prior="hand", traces=("decode",)),
+        target=SimpleNamespace(config=tiny_config),
+    )
+
+
+def test_a_fused_leader_s_few_row_kernels_are_searched_after_its_attention(
+    monkeypatch, tiny_config
+):
+    """Half the budget each; the leader timed with both tables; the log names both searches'
+    moves. A failed few-row search leaves the attention's table to be timed alone."""
+    from search.trial import Record
+    from tuning import phase
+
+    table = {(8, 1024): {"num_splits": 4}}
+    few_row = {("down", 8): {"tiles": (16, 128, 4, 3), "split_k": 4}}
+    budgets, calls = [], []
+
+    def run_search(job, variant, prior, budget_s):
+        budgets.append(budget_s)
+        return KernelSearch(prior, budget_s, table, [])  # the attention kept the rules
+
+    def run_few_row_search(job, variant, found, budget_s):
+        budgets.append(budget_s)
+        found.few_row = few_row
+        found.few_row_results = [
+            {"kernel": "down", "rows": 8, "steps": 42, "weight": 3.0, "prior_us": 300.0,
+             "best_us": 280.0, "tried": 12, "rejected": 2, "moved": {"split_k": 4}},
+        ]  # fmt: skip
+        return found
+
+    def timed_with(job, variant, knobs, limit, few_row_table=None):
+        calls.append((knobs, few_row_table))
+        return {"decode": 5.0 if knobs is None else 4.0}, None
+
+    monkeypatch.setattr(phase, "run_search", run_search)
+    monkeypatch.setattr(phase, "run_few_row_search", run_few_row_search)
+    monkeypatch.setattr(phase, "timed_with", timed_with)
+    leader = Record(0, "ok", {"cache": "slab", "attention": "triton", "layers": "fused"})
+    found = phase.kernel_phase(_fused_job(tiny_config), leader)
+    assert budgets == [60.0, 60.0] and found.budget_s == 120.0
+    assert calls == [(None, None), (table, few_row)] and found.kept
+    text = lines(found)
+    assert "down   at   8 rows (42 steps, weight 3.0): a step 300.0 -> 280.0 us" in text
+    assert "split_k=4" in text
+
+    def failing(job, variant, found, budget_s):
+        found.few_row_why = "the kernel search failed (exit 1): OutOfResources"
+        return found
+
+    monkeypatch.setattr(phase, "run_few_row_search", failing)
+    found = phase.kernel_phase(_fused_job(tiny_config), leader)
+    assert found.few_row is None and "few-row kernels: the kernel search failed" in lines(found)
+    assert found.why == "every bucket searched kept the prior's launch"  # nothing moved
