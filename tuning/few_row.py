@@ -41,6 +41,7 @@ from tuning.decode_attention import (
     write_cache,
 )
 from variants.kernels.device import device_capability, device_sm_count
+from variants.kernels.norm_swiglu import swiglu_tiles
 from variants.kernels.row_dot import few_row_tiles
 from variants.kernels.split_k import LONG_K, LONG_K_TILES, host_cdiv, splits_for
 from variants.kernels.staged_dot import default_stage, short_staged_tiles
@@ -84,8 +85,6 @@ def kernel_shape(kernel: str, spec: ModelSpec) -> tuple:
 def prior_launch(kernel: str, rows: int, spec: ModelSpec, sm_count: int, pdl: bool) -> dict:
     """The launch the fused stack's call of `kernel` makes at `rows` rows without a table, every
     knob explicit (the launchers' own choice, step by step)."""
-    from variants.kernels.norm_swiglu import swiglu_tiles
-
     n, k, weight_tiles = kernel_shape(kernel, spec)
     long_k = kernel in LINEAR and k >= LONG_K
     prefer = swiglu_tiles(rows) if kernel == "swiglu" else LONG_K_TILES if long_k else None
