@@ -321,8 +321,11 @@ def main(argv=None) -> int:
     variant = Variant.from_dict(json.loads(args.variant)) if args.variant else PRESETS[args.preset]
     if variant.layers not in ("fused", "fused-pdl"):
         parser.error(f"layers {variant.layers!r} run no few-row kernels (fused or fused-pdl do)")
-    if variant.graphs == "off":
-        parser.error("the search times the decode graphs: the variant needs graphs")
+    if variant.graphs == "off" or variant.attention != "triton":
+        # the buckets timed are those our attention's graphs capture under the rules
+        parser.error(
+            "the search times the decode graphs: the variant needs graphs and our attention"
+        )
     if not torch.cuda.is_available():
         parser.error("the search times kernels on a GPU: no CUDA device here")
     started = time.monotonic()

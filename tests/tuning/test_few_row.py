@@ -328,6 +328,10 @@ def test_the_search_loop_keeps_only_what_moved(tiny_config, tiny_weights, monkey
     [
         ({"layers": "triton", "graphs": "pow2"}, "run no few-row kernels"),
         ({"layers": "fused", "graphs": "off"}, "needs graphs"),
+        (
+            {"layers": "fused", "graphs": "pow2", "attention": "sdpa"},
+            "needs graphs and our attention",
+        ),
     ],
 )
 def test_the_command_refuses_a_variant_it_cannot_search(variant, why, capsys):
