@@ -2,7 +2,7 @@
 # The GPU check, run on the device machine (H200) over a copy of the tree:
 #   bash scripts/gpu_check.sh [STAGE...]   stages: env tests kernels fewrow tune tuneprefill
 #   profile timeline anatomy hostprofile sweep table compilereuse study grader
-#   realmodels replacement soak cachesizes knobs kernelstudy crossknobs move
+#   realmodels replacement soak cachesizes knobs fewknobs kernelstudy crossknobs move
 # (default: all). Writes logs and JSON under $OUT (or workspace/gpu_check) and a summary.txt.
 # Optuna is not installed there: wheels in .whl/ (carried) are installed into /tmp/site first.
 # A run longer than one call (the default 20-minute run.sh): scripts/gpu_long.sh.
@@ -148,6 +148,31 @@ render_engine(PRESETS['slab-triton-pdl-allgraphs'], 'workspace/knobs/$name.py', 
             --json "$OUT/knob_$name.json"
     done
     "$PY" scripts/trace_table.py "$OUT"/knob_*.json | tee -a "$SUMMARY"
+fi
+# The few-row kernels' table (tuning/few_row.py) for the fused-pdl slab engine, from the rules,
+# with and without the decode attention's (hand prior), each engine timed on every suite against
+# today's (no table): FEWROW_BUDGET seconds of search each.
+if stage fewknobs; then
+    mkdir -p workspace/fewknobs
+    timed fewrow_search "${FEWROW_LIMIT:-300}" "$PY" -m tuning.few_row \
+        --budget "${FEWROW_BUDGET:-120}" --json "$OUT/fewrow.json"
+    [ -f "$OUT/knobs_hand.json" ] || timed knobs_hand "${KNOBS_LIMIT:-200}" "$PY" \
+        -m tuning.decode_attention --prior hand --budget "${KNOBS_BUDGET:-120}" \
+        --json "$OUT/knobs_hand.json"
+    for name in base fewrow both; do
+        "$PY" -c "
+import json, sys; from variants.presets import PRESETS; from variants.render import render_engine
+from tuning.decode_attention import table_from_json
+from tuning.few_row import table_from_json as few_row_from_json
+few = few_row_from_json(json.load(open('$OUT/fewrow.json'))['table']) if '$name' != 'base' else None
+att = table_from_json(json.load(open('$OUT/knobs_hand.json'))['table']) if '$name' == 'both' else None
+render_engine(PRESETS['slab-triton-pdl-allgraphs'], 'workspace/fewknobs/$name.py', '', 8.0,
+              knobs=att, few_row_knobs=few)"
+        timed "fewknob_$name" "${KNOB_LIMIT:-150}" "$PY" evaluator/benchmark_throughput.py \
+            --engine "workspace/fewknobs/$name.py" --device cuda --suite "${KNOB_SUITE:-all}" \
+            --json "$OUT/fewknob_$name.json"
+    done
+    "$PY" scripts/trace_table.py "$OUT"/fewknob_*.json | tee -a "$SUMMARY"
 fi
 # run.sh end to end with its kernel search, on the tests' tiny model (fast trials leave the
 # phase its time in a short budget): results.log's kernel search section
