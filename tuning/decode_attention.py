@@ -470,22 +470,37 @@ def load_or_tune(config, weight_dir, variant, folder, prior="hand", budget_s=120
     return table, payload["results"], path
 
 
-def main(argv=None) -> int:
+def kernel_parser(doc: str) -> argparse.ArgumentParser:
+    """The arguments every kernel search's command takes: the target, the assembly, the budget,
+    the cache and the output."""
     from variants.presets import PRESETS
-    from variants.variant import Variant
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--config", default="target/model_config.json")
     parser.add_argument("--weight-dir", default="target/weights")
     parser.add_argument("--preset", default="slab-triton-pdl-allgraphs", choices=sorted(PRESETS))
     parser.add_argument("--variant", help="a Variant as JSON (instead of --preset)")
-    parser.add_argument("--prior", choices=("hand", "neutral"), default="hand")
     parser.add_argument("--budget", type=float, default=120.0, help="seconds of search")
     parser.add_argument("--cache-dir", help="reuse (or keep) the table for this machine here")
     parser.add_argument("--json", help="write the table and the per-bucket results here")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def kernel_target(args) -> tuple:
+    """(config, variant) of a kernel search's command line."""
+    from variants.presets import PRESETS
+    from variants.variant import Variant
+
     config = json.loads(Path(args.config).read_text())
     variant = Variant.from_dict(json.loads(args.variant)) if args.variant else PRESETS[args.preset]
+    return config, variant
+
+
+def main(argv=None) -> int:
+    parser = kernel_parser(__doc__)
+    parser.add_argument("--prior", choices=("hand", "neutral"), default="hand")
+    args = parser.parse_args(argv)
+    config, variant = kernel_target(args)
     started = time.monotonic()
     if args.cache_dir:
         table, results, path = load_or_tune(

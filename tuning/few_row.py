@@ -19,7 +19,6 @@ model shape, layout and Triton version (`cache_path`), bound to the fused stack 
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import time
@@ -33,6 +32,8 @@ from tuning.decode_attention import (
     StepBench,
     cache_path,
     graph_buckets,
+    kernel_parser,
+    kernel_target,
     machine_key,
     read_cache,
     share_deadline,
@@ -305,20 +306,9 @@ def load_or_tune(config, weight_dir, variant, folder, budget_s=120.0, device="cu
 
 
 def main(argv=None) -> int:
-    from variants.presets import PRESETS
-    from variants.variant import Variant
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", default="target/model_config.json")
-    parser.add_argument("--weight-dir", default="target/weights")
-    parser.add_argument("--preset", default="slab-triton-pdl-allgraphs", choices=sorted(PRESETS))
-    parser.add_argument("--variant", help="a Variant as JSON (instead of --preset)")
-    parser.add_argument("--budget", type=float, default=120.0, help="seconds of search")
-    parser.add_argument("--cache-dir", help="reuse (or keep) the table for this machine here")
-    parser.add_argument("--json", help="write the table and the per-kernel results here")
+    parser = kernel_parser(__doc__)
     args = parser.parse_args(argv)
-    config = json.loads(Path(args.config).read_text())
-    variant = Variant.from_dict(json.loads(args.variant)) if args.variant else PRESETS[args.preset]
+    config, variant = kernel_target(args)
     if variant.layers not in ("fused", "fused-pdl"):
         parser.error(f"layers {variant.layers!r} run no few-row kernels (fused or fused-pdl do)")
     if variant.graphs == "off" or variant.attention != "triton":

@@ -158,6 +158,15 @@ def timed_with(job, variant, table: dict | None, timeout_s: float, few_row_table
     return seconds, None
 
 
+def _moved(r: dict, where: str, start: str) -> str:
+    """A searched bucket's line: its step time from `start` to the best, and what moved."""
+    moved = ", ".join(f"{k}={v}" for k, v in r["moved"].items()) or f"the {start} kept"
+    return (
+        f"{where}: a step {r['prior_us']:.1f} -> {r['best_us']:.1f} us, {r['tried']} tried"
+        f" ({r['rejected']} wrong or refused): {moved}"
+    )
+
+
 def lines(search: KernelSearch | None) -> str:
     """The results log's section."""
     if search is None:
@@ -168,22 +177,13 @@ def lines(search: KernelSearch | None) -> str:
     if search.cached:
         out.append(f"table: {search.cached}")
     for r in search.results:
-        moved = ", ".join(f"{k}={v}" for k, v in r["moved"].items()) or "the prior kept"
-        out.append(
-            f"{r['rows']:3d} rows x {r['context']:5d} ({r['steps']} steps, weight"
-            f" {r.get('weight')}, longest {r['longest']}):"
-            f" a step {r['prior_us']:.1f} -> {r['best_us']:.1f} us, {r['tried']} tried"
-            f" ({r['rejected']} wrong or refused): {moved}"
-        )
+        where = f"{r['rows']:3d} rows x {r['context']:5d} ({r['steps']} steps, weight"
+        out.append(_moved(r, f"{where} {r.get('weight')}, longest {r['longest']})", "prior"))
     if search.few_row_why:
         out.append(f"few-row kernels: {search.few_row_why}")
     for r in search.few_row_results:
-        moved = ", ".join(f"{k}={v}" for k, v in r["moved"].items()) or "the rules kept"
-        out.append(
-            f"{r['kernel']:6s} at {r['rows']:3d} rows ({r['steps']} steps, weight {r['weight']}):"
-            f" a step {r['prior_us']:.1f} -> {r['best_us']:.1f} us, {r['tried']} tried"
-            f" ({r['rejected']} wrong or refused): {moved}"
-        )
+        where = f"{r['kernel']:6s} at {r['rows']:3d} rows ({r['steps']} steps, weight"
+        out.append(_moved(r, f"{where} {r['weight']})", "rules"))
     if search.after:
         out.append("trace            rules ms   tuned ms")
         for trace in sorted(search.after):
