@@ -2,8 +2,9 @@
 # A/B of the public traces between a base commit and the working tree, on one machine: hosts
 # differ by a few percent, so only numbers from one machine compare.
 #
-#   bash scripts/ab_bench.sh prepare BASE    # here: BASE's tree into .ab/base (ignored by git)
-#   bash scripts/ab_bench.sh run [ROUNDS]    # on the GPU (carry .ab): both engines of PRESET,
+#   bash scripts/ab_bench.sh prepare BASE [REV...]  # here: BASE's tree into .ab/base, each REV's
+#                                            # into .ab/rev-REV (a bisection; ignored by git)
+#   bash scripts/ab_bench.sh run [ROUNDS]    # on the GPU (carry .ab): every tree's engine of PRESET,
 #                                            # each timed by its own tree's benchmark, alternately,
 #                                            # on the traces of SUITE (public, hidden, serving);
 #                                            # HARNESS=base or head times both engines with that
@@ -18,12 +19,18 @@ SUITE=${SUITE:-public}
 HARNESS=${HARNESS:-own}
 case "${1:-}" in
 prepare)
-    base=${2:?usage: ab_bench.sh prepare BASE}
-    rm -rf .ab/base && mkdir -p .ab/base
-    # sweep/ where BASE has it (it left search/ later)
-    git archive "$base" variants evaluator search target $(git ls-tree --name-only "$base" sweep) \
-        | tar -x -C .ab/base
-    echo "$base $(git rev-parse "$base")" > .ab/base/COMMIT
+    [ -n "${2:-}" ] || { echo "usage: ab_bench.sh prepare BASE [REV...]" >&2; exit 2; }
+    rm -rf .ab/base .ab/rev-*
+    shift
+    for rev in "$@"; do
+        dir=.ab/rev-$(git rev-parse --short "$rev")
+        [ "$rev" = "$1" ] && dir=.ab/base
+        mkdir -p "$dir"
+        # sweep/ where the tree has it (it left search/ later)
+        git archive "$rev" variants evaluator search target $(git ls-tree --name-only "$rev" sweep) \
+            | tar -x -C "$dir"
+        echo "$rev $(git rev-parse "$rev")" > "$dir/COMMIT"
+    done
     ;;
 run)
     [ -d .ab/base ] || { echo "error: no .ab/base: run 'ab_bench.sh prepare BASE' first" >&2; exit 2; }
@@ -31,13 +38,14 @@ run)
     root=$PWD
     [ -f target/weights/model.pt ] || "$PY" scripts/generate_toy_weights.py \
         --config target/model_config.json --output target/weights/model.pt > /dev/null
-    for tree in .ab/base .; do
+    trees=(.ab/base $(ls -d .ab/rev-* 2>/dev/null) .)
+    for tree in "${trees[@]}"; do
         (cd "$tree" && PYTHONPATH=$PWD "$PY" -c "
 from variants.presets import PRESETS; from variants.render import render_engine
 render_engine(PRESETS['$PRESET'], '$root/.ab/engine_${tree//[.\/]/}.py')")
     done
     for round in $(seq 1 "${2:-3}"); do
-        for tree in .ab/base .; do
+        for tree in "${trees[@]}"; do
             name=${tree//[.\/]/}
             case $HARNESS in base) bench=.ab/base ;; head) bench=. ;; *) bench=$tree ;; esac
             (cd "$bench" && PYTHONPATH=$PWD "$PY" evaluator/benchmark_throughput.py \
@@ -62,7 +70,7 @@ for (trace, harness, tree), ms in sorted(rows.items()):
 "
     ;;
 *)
-    echo "usage: ab_bench.sh prepare BASE | run [ROUNDS]" >&2
+    echo "usage: ab_bench.sh prepare BASE [REV...] | run [ROUNDS]" >&2
     exit 2
     ;;
 esac
