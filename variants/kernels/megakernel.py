@@ -727,6 +727,19 @@ class StepInputs:
     scale: float  # softmax scale, 1 / sqrt(head_dim)
 
 
+class StepRecorder:
+    """A layer stack that runs `stack` and keeps its last decode step's arguments (x,
+    positions, plan): the step as run_fused_stack gets it, for the megakernel to run too."""
+
+    def __init__(self, stack):
+        self.stack, self.last = stack, None
+
+    def __call__(self, engine, x, positions, plan, batch):
+        if batch is None:
+            self.last = (x, positions, plan)
+        return self.stack(engine, x, positions, plan, batch)
+
+
 def step_inputs(engine, x, positions, plan) -> StepInputs:
     """A decode step's inputs as run_fused_stack(engine, x, positions, plan, None) gets them."""
     cache = engine.cache
