@@ -9,7 +9,11 @@ rows, head_dim a multiple of 16."""
 import dataclasses
 import hashlib
 import math
+import re
 import struct
+import subprocess
+import tempfile
+from pathlib import Path
 
 import torch
 
@@ -615,14 +619,15 @@ extern "C" __global__ void hop_kernel(int* counter, int hops) {
 
 BINDING_SOURCE = r"""
 #include <cstring>
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
 
 void launch(torch::Tensor params, int64_t blocks, int64_t shared_bytes) {
     TORCH_CHECK(params.device().is_cpu() && params.scalar_type() == torch::kInt64 &&
                 params.numel() * 8 == (int64_t)sizeof(Params), "params: int64 words of Params");
     Params p;
     std::memcpy(&p, params.data_ptr(), sizeof(Params));
-    megakernel<<<blocks, THREADS, shared_bytes, at::cuda::getCurrentCUDAStream()>>>(p);
+    megakernel<<<blocks, THREADS, shared_bytes, c10::cuda::getCurrentCUDAStream()>>>(p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -636,7 +641,7 @@ int64_t prepare(int64_t shared_bytes) {  // the shared memory a block takes; blo
 }
 
 void hop(torch::Tensor counter, int64_t hops) {
-    hop_kernel<<<2, 32, 0, at::cuda::getCurrentCUDAStream()>>>(counter.data_ptr<int>(), (int)hops);
+    hop_kernel<<<2, 32, 0, c10::cuda::getCurrentCUDAStream()>>>(counter.data_ptr<int>(), (int)hops);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 """
@@ -684,6 +689,45 @@ def kernel_source(shape: MegaShape, consumer_warps: int = 4, ring_slots: int = 8
     return "\n".join(lines) + "\n" + CUDA_SOURCE
 
 
+def nvcc_flags(arch: str) -> list:
+    """The flags `build` compiles with, less torch's own (cpp_extension adds those)."""
+    return ["-O3", f"-gencode=arch=compute_{arch},code=sm_{arch}"]
+
+
+def ptxas_report(shape: MegaShape, arch: str, consumer_warps: int = 4,
+                 ring_slots: int | None = None) -> dict:  # fmt: skip
+    """What ptxas says of the kernel for `arch` (nvcc on PATH, no GPU needed), compiled as
+    `build` compiles it: registers a thread, spill bytes, stack bytes (the watchdog's printf
+    arguments), static and dynamic shared memory. Raises with nvcc's output if it fails."""
+    from torch.utils.cpp_extension import COMMON_NVCC_FLAGS
+
+    ring_slots = ring_slots or ring_slots_for(shape, arch)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "megakernel.cu"
+        path.write_text(kernel_source(shape, consumer_warps, ring_slots))
+        out = subprocess.run(
+            ["nvcc", *nvcc_flags(arch), *COMMON_NVCC_FLAGS, "-Xptxas", "-v", "-c", str(path),
+             "-o", str(Path(tmp) / "megakernel.o")], capture_output=True, text=True,
+        )  # fmt: skip
+    if out.returncode:
+        raise RuntimeError(f"nvcc failed for sm_{arch}:\n{out.stderr[-4000:]}")
+    entry = out.stderr.split("Compiling entry function 'megakernel'")[1]
+    entry = entry.split("Compiling entry function")[0]
+
+    def number(pattern: str) -> int:
+        found = re.search(pattern, entry)
+        return int(found.group(1)) if found else 0
+
+    return {
+        "arch": f"sm_{arch}", "ring_slots": ring_slots, "consumer_warps": consumer_warps,
+        "registers": number(r"Used (\d+) registers"),
+        "spill_bytes": number(r"(\d+) bytes spill stores") + number(r"(\d+) bytes spill loads"),
+        "stack_bytes": number(r"(\d+) bytes stack frame"),
+        "static_shared_bytes": number(r"(\d+) bytes smem"),
+        "dynamic_shared_bytes": dynamic_shared_bytes(shape, ring_slots),
+    }  # fmt: skip
+
+
 def build(
     shape: MegaShape,
     arch: str = "90",
@@ -698,7 +742,7 @@ def build(
 
     ring_slots = ring_slots or ring_slots_for(shape, arch)
     source = kernel_source(shape, consumer_warps, ring_slots) + BINDING_SOURCE
-    flags = ["-O3", f"-gencode=arch=compute_{arch},code=sm_{arch}"]
+    flags = nvcc_flags(arch)
     name = "mega_" + hashlib.sha256((source + " ".join(flags)).encode()).hexdigest()[:16]
     module = load_inline(
         name=name, cpp_sources=BINDING_DECLARATIONS, cuda_sources=source,

@@ -13,12 +13,9 @@ import torch
 pytest.importorskip("triton")
 
 from evaluator.reference_model import ReferenceModel  # noqa: E402
-from evaluator.toy_weights import save_toy_weights  # noqa: E402
-from variants.attention.triton_attention import TritonAttention  # noqa: E402
 from variants.cache.paged import PagedKVCache  # noqa: E402
 from variants.cache.slab import SlabKVCache  # noqa: E402
-from variants.engine import assemble_engine  # noqa: E402
-from variants.kernels.megakernel import StepRecorder, step_inputs  # noqa: E402
+from variants.kernels.megakernel import step_inputs  # noqa: E402
 from variants.kernels.megakernel_schedule import (  # noqa: E402
     ATTN_BLOCK,
     NONE,
@@ -30,17 +27,9 @@ from variants.kernels.megakernel_schedule import (  # noqa: E402
     build_schedule,
     validate,
 )
-from variants.layers.fused_stack import fused_head, run_fused_stack  # noqa: E402
 
 COURSE = MegaShape(layers=12, hidden=768, heads=4, kv_heads=4, head_dim=192, inter=3072)
-# The tests' tiny model with a head_dim of 32 (a tile never straddles a head) and GQA.
-CONFIG = {
-    "model_type": "tiny_llama", "torch_dtype": "float16", "vocab_size": 256, "hidden_size": 64,
-    "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "head_dim": 32, "max_position_embeddings": 512,
-    "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
-}  # fmt: skip
-PROMPTS = [1, 5, 20, 33, 65, 100, 140, 7]  # 8 rows; 66 and 141 keys leave a split empty
+ROWS = 8
 SPLITS, SPLIT_TOKENS = 4, 16  # 1 to 4 live splits a row
 
 
@@ -309,26 +298,9 @@ class Simulator:
 
 
 @pytest.fixture(scope="module", params=["float16", "float32"])
-def decode_step(request, tmp_path_factory):
-    """An engine (slab, our attention, the fused stack) in `dtype` on the CPU after a ragged
-    prefill of 8 rows and one decode step: (engine, the step's (x, positions, plan), x after
-    run_fused_stack, and each row's history)."""
-    path = tmp_path_factory.mktemp("mega_weights")
-    save_toy_weights(CONFIG, path / "model.pt", seed=7, qk_scale=12.0, head_scale=10.0)
-    recorder = StepRecorder(run_fused_stack)
-    engine = assemble_engine(CONFIG, str(path), "cpu", cache_cls=SlabKVCache,
-                             attention_cls=TritonAttention, stack=recorder, head=fused_head,
-                             dtype=request.param)  # fmt: skip
-    gen = torch.Generator().manual_seed(3)
-    rids = list(range(len(PROMPTS)))
-    prompts = [torch.randint(0, 256, (n,), generator=gen) for n in PROMPTS]
-    engine.prefill(rids, prompts)
-    tokens = torch.randint(0, 256, (len(rids),), generator=gen)
-    engine.decode(rids, tokens)
-    x, positions, plan = recorder.last
-    fused = run_fused_stack(engine, x, positions, plan, None)
-    history = [p.tolist() + [int(tok)] for p, tok in zip(prompts, tokens)]
-    return engine, (x, positions, plan), fused, history, path
+def decode_step(request, mega_step):
+    """The tiny model's decode step on the CPU in each dtype (slab cache): see `mega_step`."""
+    return mega_step("cpu", request.param, SlabKVCache)
 
 
 def _simulate(engine, step, blocks: int, seed: int | None, schedule=None):
@@ -336,7 +308,7 @@ def _simulate(engine, step, blocks: int, seed: int | None, schedule=None):
     random order from `seed`, or (None) every task as early as its wait allows."""
     inputs = step_inputs(engine, *step)
     shape = MegaShape.from_spec(engine.spec)
-    schedule = schedule or build_schedule(shape, len(PROMPTS), blocks, attn_splits=SPLITS)
+    schedule = schedule or build_schedule(shape, ROWS, blocks, attn_splits=SPLITS)
     sim = Simulator(schedule, inputs, SPLIT_TOKENS)
     return sim.step(None if seed is None else random.Random(seed)), sim
 
@@ -346,7 +318,7 @@ def test_simulated_step_matches_the_fused_stack_and_the_reference(decode_step):
     written once; x is the fused stack's up to float32 summation order (a few fp16 rounding
     steps at most), and the logits are no further from the float64 reference than the fused
     stack's."""
-    engine, step, fused, history, path = decode_step
+    engine, step, fused, history, config, path = decode_step
     outs = []
     for blocks, seed in ((5, 0), (5, 1), (64, 2), (5, None)):
         out, sim = _simulate(engine, step, blocks, seed)
@@ -355,7 +327,7 @@ def test_simulated_step_matches_the_fused_stack_and_the_reference(decode_step):
     assert all(torch.equal(outs[0], o) for o in outs[1:])
     gap = (outs[0].float() - fused.float()).abs().max().item()
     assert gap < (5e-4 if engine.dtype == torch.float16 else 1e-6), gap  # fp16: ~4 ulps of x
-    ref = ReferenceModel(CONFIG, str(path), "cpu", dtype=torch.float64)
+    ref = ReferenceModel(config, path, "cpu", dtype=torch.float64)
     want = torch.stack([ref.forward(torch.tensor(h)[None])[0, -1] for h in history])
     sim_err = (engine._logits(outs[0]).double() - want).abs().max().item()
     fused_err = (engine._logits(fused).double() - want).abs().max().item()
@@ -364,24 +336,14 @@ def test_simulated_step_matches_the_fused_stack_and_the_reference(decode_step):
         assert sim_err < 1e-4
 
 
-def test_simulated_step_reads_a_paged_pool(tmp_path):
+def test_simulated_step_reads_a_paged_pool(mega_step):
     """The same step over a paged cache of 16-token blocks: the table's blocks, not a slot's
     first token, find the keys."""
-    save_toy_weights(CONFIG, tmp_path / "model.pt", seed=8, qk_scale=12.0)
-    recorder = StepRecorder(run_fused_stack)
-    engine = assemble_engine(
-        CONFIG, str(tmp_path), "cpu", cache_cls=functools.partial(PagedKVCache, block_size=16),
-        attention_cls=TritonAttention, stack=recorder, head=fused_head, dtype="float32",
-    )  # fmt: skip
-    gen = torch.Generator().manual_seed(4)
-    rids = list(range(len(PROMPTS)))
-    engine.prefill(rids, [torch.randint(0, 256, (n,), generator=gen) for n in PROMPTS])
-    engine.decode(rids, torch.randint(0, 256, (len(rids),), generator=gen))
-    step = recorder.last
+    paged = functools.partial(PagedKVCache, block_size=16)
+    engine, step, fused, *_ = mega_step("cpu", "float32", paged)
     assert step[2].table.shape[1] > 1  # block numbers
-    fused = run_fused_stack(engine, *step, None)
     out, _ = _simulate(engine, step, blocks=7, seed=5)
-    assert (out - fused).abs().max().item() < 1e-5
+    assert (out - fused).abs().max().item() < 1e-6
 
 
 @pytest.mark.parametrize("fault", ["moved signal", "low target", "deadlock"])
@@ -391,7 +353,7 @@ def test_simulator_catches_planted_faults(fault, decode_step):
     its last writer ran."""
     engine, step, *_ = decode_step
     shape = MegaShape.from_spec(engine.spec)
-    schedule = _broken(build_schedule(shape, len(PROMPTS), 5, attn_splits=SPLITS), fault)
+    schedule = _broken(build_schedule(shape, ROWS, 5, attn_splits=SPLITS), fault)
     with pytest.raises(AssertionError, match="deadlock|before it was complete"):
         _simulate(engine, step, 5, None, schedule)
 
