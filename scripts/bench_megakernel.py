@@ -26,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from evaluator.reference_model import ReferenceModel  # noqa: E402
+from scripts.decode_step_profile import replay_us  # noqa: E402
 from variants.attention.triton_attention import TritonAttention  # noqa: E402
 from variants.cache.slab import SlabKVCache  # noqa: E402
 from variants.engine import assemble_engine  # noqa: E402
@@ -56,17 +57,6 @@ def capture(fn) -> torch.cuda.CUDAGraph:
     with torch.cuda.graph(graph):
         fn()
     return graph
-
-
-def replay_us(graph: torch.cuda.CUDAGraph, replays: int) -> float:
-    """GPU microseconds a replay, `replays` back to back between two events."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / replays
 
 
 def hop_us(module, hops: int) -> float:

@@ -89,12 +89,7 @@ def graph_replay_us(engine, batch: int, longest: int, replays: int = 100) -> dic
     graph = graphs.graphs[bucket, next(c for c in graphs.contexts if c >= longest)]
     for _ in range(5):
         graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
+    gpu_us = replay_us(graph, replays)
     launch = []
     for _ in range(20):
         torch.cuda.synchronize()
@@ -102,8 +97,18 @@ def graph_replay_us(engine, batch: int, longest: int, replays: int = 100) -> dic
         graph.replay()
         launch.append((time.perf_counter() - t0) * 1e6)
     torch.cuda.synchronize()
-    return {"gpu_us": round(start.elapsed_time(end) * 1e3 / replays, 1),
-            "launch_us": round(statistics.median(launch), 1)}  # fmt: skip
+    return {"gpu_us": round(gpu_us, 1), "launch_us": round(statistics.median(launch), 1)}
+
+
+def replay_us(graph, replays: int) -> float:
+    """GPU microseconds a replay of `graph`, `replays` back to back between two CUDA events."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / replays
 
 
 def prefill_profile(engine, config, gen, shapes=((4, 128), (1, 2048), (8, 512))) -> list:

@@ -342,15 +342,21 @@ __device__ __forceinline__ void rotate(half x0, half x1, float c, float s, half&
     r1 = round_half(e + f);
 }
 
+// Rows r and r + 8 of activation row n, summed over the warps in warp order.
+__device__ __forceinline__ float2 paired_sums(const Shared& sh, int r, int n) {
+    float2 v = make_float2(0.f, 0.f);
+    for (int w = 0; w < CONSUMER_WARPS; ++w) {
+        v.x += sh.red[w][r][n];
+        v.y += sh.red[w][r + PAIRS][n];
+    }
+    return v;
+}
+
 __device__ void qkv_epilogue(const Params& p, const Shared& sh, const Task& t) {
     const int pair = threadIdx.x % PAIRS, n = threadIdx.x / PAIRS;
     if (n >= p.rows) return;
-    float even = 0.f, odd = 0.f;
-    for (int w = 0; w < CONSUMER_WARPS; ++w) {
-        even += sh.red[w][pair][n];
-        odd += sh.red[w][pair + PAIRS][n];
-    }
-    const half x0 = round_half(even), x1 = round_half(odd);
+    const float2 sums = paired_sums(sh, pair, n);  // the pair's even and odd columns
+    const half x0 = round_half(sums.x), x1 = round_half(sums.y);
     const int col = 2 * (t.tile * PAIRS + pair), dim = col % HEAD_DIM;
     if (col >= Q_DIM + KV_DIM) {  // v: stored as projected
         const int head = (col - Q_DIM - KV_DIM) / HEAD_DIM;
@@ -374,14 +380,10 @@ __device__ void qkv_epilogue(const Params& p, const Shared& sh, const Task& t) {
 __device__ void gateup_epilogue(const Params& p, const Shared& sh, const Task& t) {
     const int j = threadIdx.x % PAIRS, n = threadIdx.x / PAIRS;
     if (n >= p.rows) return;
-    float gate = 0.f, up = 0.f;
-    for (int w = 0; w < CONSUMER_WARPS; ++w) {
-        gate += sh.red[w][j][n];
-        up += sh.red[w][j + PAIRS][n];
-    }
-    const float g = widen(round_half(gate));
-    const float act = widen(round_half(g / (1.f + expf(-g))));
-    act_of(p, t.layer)[n * INTER + t.tile * PAIRS + j] = round_half(act * widen(round_half(up)));
+    const float2 sums = paired_sums(sh, j, n);  // gate, up
+    const float g = widen(round_half(sums.x));
+    const float act = widen(round_half(g / (1.f + expf(-g)))), up = widen(round_half(sums.y));
+    act_of(p, t.layer)[n * INTER + t.tile * PAIRS + j] = round_half(act * up);
 }
 
 // The split's partial, then in the last split to arrive: the partials summed in split order,
@@ -788,8 +790,8 @@ def step_inputs(engine, x, positions, plan) -> StepInputs:
     """A decode step's inputs as run_fused_stack(engine, x, positions, plan, None) gets them."""
     cache = engine.cache
     return StepInputs(
-        x=x, layers=engine.weights.layers, k_pools=[cache.k[n] for n in range(len(cache.k))],
-        v_pools=[cache.v[n] for n in range(len(cache.v))], cos=engine.rope.cos,
+        x=x, layers=engine.weights.layers, k_pools=list(cache.k), v_pools=list(cache.v),
+        cos=engine.rope.cos,
         sin=engine.rope.sin, positions=positions, write_index=plan.write_index,
         kv_lens=plan.kv_lens, table=plan.table,
         block_size=0 if cache.table_offsets else cache.kernel_block_size,
@@ -837,7 +839,7 @@ class Megakernel:
         ]
         key = tuple(t.data_ptr() for row in rows for t in row)
         if key != self._pointers[0]:
-            for t in (t for row in rows[:1] for t in row[:6]):
+            for t in (t for row in rows for t in row[:6]):  # cp.async moves 16-byte pieces
                 assert t.dtype == torch.float16 and t.is_contiguous() and t.data_ptr() % 16 == 0
             table = torch.tensor(key, dtype=torch.int64).view(len(rows), len(LAYER_POINTERS))
             self._pointers = (key, table.to(self.tasks.device))
