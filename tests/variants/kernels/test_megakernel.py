@@ -66,7 +66,7 @@ def test_gpu_step_matches_the_fused_stack(mega_step):
     mega = Megakernel(module, schedule, ring_slots, engine.device, split_tokens=16)
     inputs = step_inputs(engine, *step)
     first = mega(inputs).clone()
-    assert (first.float() - fused.float()).abs().max().item() < 5e-4
+    assert (first.float() - fused.float()).abs().max().item() < 1e-3  # ~8 float16 steps of x
     for _ in range(200):
         out = mega(inputs)
     torch.cuda.synchronize()
