@@ -28,8 +28,9 @@ def build_engine(
     memory_budget_gib=None,
     knobs=None,
     few_row_knobs=None,
+    prefill_knobs=None,
 ):
-    parts = component_parts(variant, knobs, few_row_knobs)
+    parts = component_parts(variant, knobs, few_row_knobs, prefill_knobs)
     parts = {key: bind(path, options) for key, (path, options) in parts.items()}
     return resolve(assembly_path(variant))(
         config, weight_dir, device, **parts, **model_options(variant),

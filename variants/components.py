@@ -114,6 +114,12 @@ FEW_ROW_ABOUT = (
     "found one faster than the rules on this GPU at this model's shapes (tuning/few_row.py):",
     "(kernel, rows) -> its tiles (BLOCK_N, BLOCK_K, warps, stages) and split_k.",
 )
+PREFILL_NAME = "PREFILL_ATTENTION_KNOBS"
+PREFILL_ABOUT = (
+    "The prefill attention's launch at a prefill graph's token bucket where the kernel search",
+    "found one faster than the rules on this GPU at this model's shapes",
+    "(tuning/prefill_attention.py): tokens -> its tiles (BLOCK_M, BLOCK_N, warps, stages).",
+)
 
 
 def assembly_path(variant) -> str:
@@ -130,21 +136,30 @@ def model_options(variant) -> dict:
     }
 
 
-def component_parts(variant, knobs: dict | None = None, few_row_knobs: dict | None = None) -> dict:
+def component_parts(
+    variant,
+    knobs: dict | None = None,
+    few_row_knobs: dict | None = None,
+    prefill_knobs: dict | None = None,
+) -> dict:
     """The assembly's components, each resolved when it is chosen: argument -> (module:name,
     the options it is bound to). The library binds them with functools.partial; the renderer
     writes exactly that, so an engine carries no choice it does not use. `knobs`: the decode
     attention's launch per graph bucket the kernel search found (our Triton attention only);
     `few_row_knobs`: the few-row kernels' launch per (kernel, rows) it found (the fused layers
-    and head only)."""
+    and head only); `prefill_knobs`: the prefill attention's per token bucket (our Triton
+    attention only)."""
     cache = PREFIX_CACHE if variant.prefix_cache else CACHES[variant.cache]
     sized = {} if variant.cache == "contiguous" else {"capacity_tokens": variant.cache_tokens}
     fused = {"pdl": True} if variant.layers == "fused-pdl" else {}  # the fused layers' options
     if variant.layers in HEADS and few_row_knobs:
         fused["knobs"] = Table(FEW_ROW_NAME, few_row_knobs, FEW_ROW_ABOUT)
     attention = (ATTENTION[variant.attention], {})
-    if variant.attention == "triton" and knobs:
-        attention = (ATTENTION["triton"], {"knobs": Table(KNOBS_NAME, knobs, KNOBS_ABOUT)})
+    if variant.attention == "triton":
+        tables = {"knobs": Table(KNOBS_NAME, knobs, KNOBS_ABOUT)} if knobs else {}
+        if prefill_knobs:
+            tables["prefill_knobs"] = Table(PREFILL_NAME, prefill_knobs, PREFILL_ABOUT)
+        attention = (ATTENTION["triton"], tables)
     if variant.attention == "sdpa" and variant.sdpa_backend != "auto":
         attention = (SDPA_PINNED, {"backend": variant.sdpa_backend})
     parts = {

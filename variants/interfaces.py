@@ -71,6 +71,11 @@ class InPlaceAttention(Attention, Protocol):
         """The rows' block tables for an eager decode step (`plan.table`)."""
         ...
 
+    def prefill_block_m(self, tokens: int, head_dim: int, capability: tuple) -> int:
+        """The q-block rows its prefill of `tokens` packed tokens launches with (the prefill
+        graphs build a bucket's q-block schedule for them)."""
+        ...
+
 
 @runtime_checkable
 class PrefillRunner(Protocol):

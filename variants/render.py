@@ -384,15 +384,16 @@ def render_source(
     weights: str = "any",
     knobs: dict | None = None,
     few_row_knobs: dict | None = None,
+    prefill_knobs: dict | None = None,
 ) -> str:
     """The engine's source; `memory_budget_gib` becomes its MEMORY_BUDGET_GIB (None: the
     device's memory is its only bound); `weights` picks its config and weight readers (READERS:
     "course" for a target in the course's format, its config in the course's keys and its
-    weights a course-layout model.pt, else "any"); `knobs` and `few_row_knobs`: the kernel
-    searches' launches (`component_parts`)."""
+    weights a course-layout model.pt, else "any"); `knobs`, `few_row_knobs` and
+    `prefill_knobs`: the kernel searches' launches (`component_parts`)."""
     if weights not in READERS:
         raise ValueError(f"unknown weights format {weights!r}; expected one of {list(READERS)}")
-    parts = component_parts(variant, knobs, few_row_knobs)
+    parts = component_parts(variant, knobs, few_row_knobs, prefill_knobs)
     # a table bound to several components (the fused stack and its head) is one constant
     tables = {
         v.name: v for _, options in parts.values() for v in options.values() if isinstance(v, Table)
@@ -511,11 +512,14 @@ def render_engine(
     weights: str = "any",
     knobs: dict | None = None,
     few_row_knobs: dict | None = None,
+    prefill_knobs: dict | None = None,
 ) -> Path:
     """Write the standalone engine atomically (a temp file in the same folder, then rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = render_source(variant, header, memory_budget_gib, weights, knobs, few_row_knobs)
+    text = render_source(
+        variant, header, memory_budget_gib, weights, knobs, few_row_knobs, prefill_knobs
+    )
     compile(text, str(path), "exec")  # a syntax error must never reach disk
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     with os.fdopen(fd, "w") as f:

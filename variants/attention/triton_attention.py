@@ -12,21 +12,25 @@ import torch
 from variants.kernels.decode_attention import paged_decode_attention
 from variants.kernels.decode_attention_rules import choose_num_splits, graph_context_buckets
 from variants.kernels.device import device_capability, device_sm_count
-from variants.kernels.prefill_attention import varlen_prefill_attention
+from variants.kernels.prefill_attention import prefill_tiles, varlen_prefill_attention
 from variants.staging import host_tensor
 
 
 class TritonAttention:
     reads_cache_in_place = True
 
-    def __init__(self, spec, dtype, knobs: dict | None = None):
+    def __init__(self, spec, dtype, knobs: dict | None = None, prefill_knobs: dict | None = None):
         """`knobs`: (rows, context) -> the decode kernel's launch (paged_decode_attention's
         options) at each decode graph bucket, found on this GPU by the kernel search
         (tuning/decode_attention.py); its contexts are the graphs' context buckets. Without
-        it, or for a call no bucket covers, the rules launch (decode_attention_rules.py)."""
+        it, or for a call no bucket covers, the rules launch (decode_attention_rules.py).
+        `prefill_knobs`: tokens -> the prefill kernel's launch (varlen_prefill_attention's
+        `tiles`) at the prefill graph buckets where the search found one faster than the rules
+        (tuning/prefill_attention.py); a call of another size launches by the rules."""
         self.scale = 1.0 / math.sqrt(spec.head_dim)
         self.kv_heads = spec.num_kv_heads
         self.knobs = knobs or {}
+        self.prefill_knobs = prefill_knobs or {}
         # The decode kernel's arrival counters (int32, left at zero by each launch), shared by
         # every layer and graph. A larger batch adds a buffer; none is freed, since captured
         # graphs keep pointing at the one they were captured with.
@@ -53,10 +57,17 @@ class TritonAttention:
         self.arrivals.append(torch.zeros(max(need, 64), dtype=torch.int32, device=device))
         return self.arrivals[-1]
 
+    def prefill_block_m(self, tokens: int, head_dim: int, capability: tuple) -> int:
+        """The q-block rows a prefill of `tokens` packed tokens launches with: a prefill
+        graph's schedule is built for them."""
+        launch = self.prefill_knobs.get(tokens)
+        return launch["tiles"][0] if launch else prefill_tiles(head_dim, capability, tokens)[0]
+
     def prefill(self, q, k, v, batch):
         out = varlen_prefill_attention(
-            q, k, v, batch.cu_seqlens, batch.max_len, self.scale, batch.schedule
-        )
+            q, k, v, batch.cu_seqlens, batch.max_len, self.scale, batch.schedule,
+            **self.prefill_knobs.get(q.shape[0], {}),
+        )  # fmt: skip
         return out.flatten(1)
 
     def decode_from_cache(self, q, cache, layer: int, plan, pdl: bool = False):

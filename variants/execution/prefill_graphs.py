@@ -22,9 +22,12 @@ from variants.attention.padding import PrefillBatch
 from variants.cache.plans import CachePlan
 from variants.execution.cuda_graphs import GraphRunner, doubling_buckets, no_collection
 from variants.kernels.device import device_capability
-from variants.kernels.prefill_attention import prefill_schedule, prefill_tiles
+from variants.kernels.prefill_attention import prefill_schedule
 from variants.kernels.prompt_gather import prompt_sources
 from variants.staging import int_fill, int_range
+
+# the token buckets' least and most, and the most prompts a graph runs (more: the eager pass)
+SMALLEST_TOKENS, LARGEST_TOKENS, MOST_PROMPTS = 16, 8192, 64
 
 
 @functools.lru_cache(maxsize=256)
@@ -49,17 +52,16 @@ class PrefillGraphs(GraphRunner):
     """The prefill runner of an engine: a graph of the layers per token bucket, and one of the
     head per prompt count."""
 
-    def __init__(
-        self, engine, largest_tokens: int = 8192, most_prompts: int = 64, gathered_embedding=None
-    ):
+    def __init__(self, engine, largest_tokens: int = LARGEST_TOKENS,
+                 most_prompts: int = MOST_PROMPTS, gathered_embedding=None):  # fmt: skip
         super().__init__(engine, gathered_embedding)
         spec, device = engine.spec, self.device
-        self.buckets = doubling_buckets(16, largest_tokens)
+        self.buckets = doubling_buckets(SMALLEST_TOKENS, largest_tokens)
         self.prompts = most_prompts
         # Each bucket's schedule must be built for the q-block size the kernel launches with on
-        # this GPU for that many tokens.
-        capability = device_capability(device)
-        self.block_m = {t: prefill_tiles(spec.head_dim, capability, t)[0] for t in self.buckets}
+        # this GPU for that many tokens (the attention's table, else the rules).
+        capability, block_m = device_capability(device), engine.attention.prefill_block_m
+        self.block_m = {t: block_m(t, spec.head_dim, capability) for t in self.buckets}
         # One long buffer; bucket T uses a prefix of it, laid out as positions [T], write
         # slots [T], last-token rows [P], prompt starts [P + 1], q-block table [2, Q(T)].
         size = max(self._meta_size(t) for t in self.buckets)

@@ -249,8 +249,9 @@ def varlen_prefill_attention(
     `schedule` ([2, S] from `prefill_schedule`, on the device) fixes the grid at S programs per
     head whatever the lengths, as a CUDA graph needs; max_seqlen is then unused. The tiles
     follow the packed token count (`prefill_tiles`): a graph's schedule is built for its
-    bucket. `tiles` = (BLOCK_M, BLOCK_N, warps, stages) overrides `prefill_tiles` (not with a
-    schedule, which is built for its BLOCK_M on this device; scripts/tune_prefill_attention.py)."""
+    bucket. `tiles` = (BLOCK_M, BLOCK_N, warps, stages) overrides `prefill_tiles` and
+    `prefill_stages` (a table of the kernel search, tuning/prefill_attention.py): a schedule
+    must then be built for its BLOCK_M, as the prefill graphs build a bucket's from the table."""
     tokens, heads, d = q.shape
     kv_heads = k.shape[1]
     group = heads // kv_heads
@@ -262,7 +263,6 @@ def varlen_prefill_attention(
     block_m, block_n, warps = prefill_tiles(d, capability, tokens)
     parts, stages = head_parts(d), prefill_stages(capability)
     if tiles is not None:
-        assert schedule is None, "a schedule is built for prefill_tiles' BLOCK_M"
         block_m, block_n, warps, stages = tiles
     if schedule is None:
         grid = (heads, cu_seqlens.numel() - 1, triton.cdiv(max_seqlen, block_m))

@@ -51,7 +51,8 @@ def run_case(lengths, heads, kv_heads, d, dtype=torch.float32, device=DEVICE, se
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     schedule = None
     if schedule_size:
-        block_m = prefill_tiles(d, device_capability(torch.device(device)), tokens)[0]
+        capability = device_capability(torch.device(device))
+        block_m = tiles[0] if tiles else prefill_tiles(d, capability, tokens)[0]
         table = prefill_schedule(lengths, block_m, schedule_size)
         schedule = torch.tensor(table, device=device).view(2, schedule_size)
     got = varlen_prefill_attention(
@@ -83,9 +84,10 @@ def test_tile_override(tiles):
     run_case([1, 70, 5], 2, 2, 24, tiles=tiles)
 
 
-def test_tile_override_refuses_a_schedule():
-    with pytest.raises(AssertionError, match="schedule"):
-        run_case([5], 2, 2, 24, schedule_size=4, tiles=(16, 16, 4, 2))
+def test_tile_override_runs_a_schedule_built_for_its_block_m():
+    """The kernel search's tiles in a prefill graph: a fixed grid whose schedule is built for
+    the tiles' 16-row q-blocks, not the rules' 64, padding tokens after the prompts."""
+    run_case([70, 5, 1], 2, 2, 24, padding=20, schedule_size=10, tiles=(16, 32, 4, 2))
 
 
 def test_head_parts_are_powers_of_two_of_at_least_16():
