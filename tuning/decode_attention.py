@@ -19,6 +19,7 @@ constants; its context buckets become the decode graphs' own.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import math
@@ -243,18 +244,23 @@ class StepBench:
         stale = e.decode_runner.graphs.pop(key, None)
         e.decode(self.ids, self.tokens)
         del stale
-        graph = e.decode_runner.graphs[key]
-        times = []
-        for _ in range(rounds):
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(replays):
-                graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / replays)
-        return statistics.median(times)
+        return replay_ms(e.decode_runner.graphs[key], replays, rounds)
+
+
+def replay_ms(graph, replays: int = 30, rounds: int = 3) -> float:
+    """The median GPU time (CUDA events) of one replay of `graph`, over `rounds` rounds of
+    `replays` back to back."""
+    times = []
+    for _ in range(rounds):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / replays)
+    return statistics.median(times)
 
 
 def share_deadline(now: float, deadline: float, buckets: list) -> float:
@@ -311,12 +317,11 @@ def layout_of(variant) -> tuple:
     return layout, variant.layers == "fused-pdl"
 
 
-def machine_key(spec: ModelSpec, variant, prior: str, device) -> dict:
-    """What a table is valid for: the GPU, the versions, the model's shape, the layout."""
+def device_key(spec: ModelSpec, device) -> dict:
+    """What any kernel search's table is valid for: the GPU, the versions, the model's shape."""
     import triton
 
     props = torch.cuda.get_device_properties(device)
-    layout, pdl = layout_of(variant)
     return {
         "gpu": props.name,
         "capability": list(torch.cuda.get_device_capability(device)),
@@ -328,11 +333,14 @@ def machine_key(spec: ModelSpec, variant, prior: str, device) -> dict:
         "hidden": [spec.hidden_size, spec.intermediate_size, spec.vocab_size],
         "max_positions": spec.max_positions,
         "dtype": str(spec.config_dtype).removeprefix("torch."),
-        "layout": layout,
-        "pdl": pdl,
-        "graphs": variant.graphs,
-        "prior": prior,
     }
+
+
+def machine_key(spec: ModelSpec, variant, prior: str, device) -> dict:
+    """What a table is valid for: the GPU, the versions, the model's shape, the layout."""
+    layout, pdl = layout_of(variant)
+    key = device_key(spec, device)
+    return {**key, "layout": layout, "pdl": pdl, "graphs": variant.graphs, "prior": prior}
 
 
 def cache_path(folder, key: dict, name: str = "decode_attention") -> Path:
@@ -354,6 +362,22 @@ def write_cache(path: Path, payload: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(payload, indent=1))
     tmp.replace(path)
+
+
+def cached_search(folder, key: dict, name: str, search, to_json, from_json) -> tuple:
+    """(table, results, path): the table cached in `folder` for `key` (a search's `name`), or
+    `search()`'s, (table, its per-bucket results as plain data), cached there with the time
+    it took. `to_json` and `from_json`: the table as the file holds it."""
+    path = cache_path(folder, key, name)
+    data = read_cache(path, key)
+    if data is not None:
+        return from_json(data["table"]), data.get("results", []), path
+    started = time.monotonic()
+    table, results = search()
+    payload = {"key": key, "seconds": round(time.monotonic() - started, 1),
+               "table": to_json(table), "results": results}  # fmt: skip
+    write_cache(path, payload)
+    return table, results, path
 
 
 def table_to_json(table: dict) -> dict:
@@ -452,22 +476,21 @@ def summary(results: list) -> list:
     ]  # fmt: skip
 
 
+def searched(tune_, summary_, *args, **kwargs) -> tuple:
+    """(table, results as plain data) of a search: `tune_(*args, **kwargs)`, its results
+    through `summary_`."""
+    table, results = tune_(*args, **kwargs)
+    return table, summary_(results)
+
+
 def load_or_tune(config, weight_dir, variant, folder, prior="hand", budget_s=120.0,
                  device="cuda", log=print):  # fmt: skip
     """(table, results, path): the cached table for this machine, model shape and layout, or
     a new search, cached in `folder`."""
-    spec = ModelSpec.from_config(config)
-    key = machine_key(spec, variant, prior, torch.device(device))
-    path = cache_path(folder, key)
-    data = read_cache(path, key)
-    if data is not None:
-        return table_from_json(data["table"]), data.get("results", []), path
-    started = time.monotonic()
-    table, results = tune(config, weight_dir, variant, prior, budget_s, device, log=log)
-    payload = {"key": key, "seconds": round(time.monotonic() - started, 1),
-               "table": table_to_json(table), "results": summary(results)}  # fmt: skip
-    write_cache(path, payload)
-    return table, payload["results"], path
+    key = machine_key(ModelSpec.from_config(config), variant, prior, torch.device(device))
+    search = functools.partial(searched, tune, summary, config, weight_dir, variant, prior,
+                               budget_s, device, log=log)  # fmt: skip
+    return cached_search(folder, key, "decode_attention", search, table_to_json, table_from_json)
 
 
 def kernel_parser(doc: str) -> argparse.ArgumentParser:
@@ -496,25 +519,32 @@ def kernel_target(args) -> tuple:
     return config, variant
 
 
+def search_command(args, load, search, to_json, what: str) -> int:
+    """A kernel search's command: with --cache-dir the table `load(folder)` finds or makes there
+    (its path printed: the run's phase reads it), else `search()`'s; the table and the
+    per-bucket results to --json. `what`: what a result is, for the log."""
+    started = time.monotonic()
+    if args.cache_dir:
+        table, results, path = load(args.cache_dir)
+        print(f"table {path}")
+    else:
+        table, results = search()
+    print(f"{len(results)} {what} searched in {time.monotonic() - started:.0f} s")
+    if args.json:
+        payload = {"table": to_json(table), "results": results}
+        Path(args.json).write_text(json.dumps(payload, indent=1))
+    return 0
+
+
 def main(argv=None) -> int:
     parser = kernel_parser(__doc__)
     parser.add_argument("--prior", choices=("hand", "neutral"), default="hand")
     args = parser.parse_args(argv)
     config, variant = kernel_target(args)
-    started = time.monotonic()
-    if args.cache_dir:
-        table, results, path = load_or_tune(
-            config, args.weight_dir, variant, args.cache_dir, args.prior, args.budget
-        )
-        print(f"table {path}")
-    else:
-        table, found = tune(config, args.weight_dir, variant, args.prior, args.budget)
-        results = summary(found)
-    print(f"{len(results)} buckets searched in {time.monotonic() - started:.0f} s")
-    if args.json:
-        payload = {"table": table_to_json(table), "results": results}
-        Path(args.json).write_text(json.dumps(payload, indent=1))
-    return 0
+    target = (config, args.weight_dir, variant)
+    load = lambda folder: load_or_tune(*target, folder, args.prior, args.budget)  # noqa: E731
+    search = functools.partial(searched, tune, summary, *target, args.prior, args.budget)
+    return search_command(args, load, search, table_to_json, "buckets")
 
 
 if __name__ == "__main__":

@@ -20,26 +20,24 @@ model shape, layout and Triton version (`cache_path`), bound to the fused stack 
 from __future__ import annotations
 
 import functools
-import json
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from tuning.decode_attention import (
     StepBench,
-    cache_path,
+    cached_search,
     graph_buckets,
     kernel_parser,
     kernel_target,
     machine_key,
-    read_cache,
+    search_command,
+    searched,
     share_deadline,
     trace_buckets,
     tune_bucket,
-    write_cache,
 )
 from variants.kernels.device import device_capability, device_sm_count
 from variants.kernels.norm_swiglu import swiglu_tiles
@@ -293,16 +291,9 @@ def load_or_tune(config, weight_dir, variant, folder, budget_s=120.0, device="cu
     a new search, cached in `folder`."""
     spec = ModelSpec.from_config(config)
     key = {**machine_key(spec, variant, "hand", torch.device(device)), "kernels": "few_row"}
-    path = cache_path(folder, key, "few_row")
-    data = read_cache(path, key)
-    if data is not None:
-        return table_from_json(data["table"]), data.get("results", []), path
-    started = time.monotonic()
-    table, results = tune(config, weight_dir, variant, budget_s, device, log=log)
-    payload = {"key": key, "seconds": round(time.monotonic() - started, 1),
-               "table": table_to_json(table), "results": summary(results)}  # fmt: skip
-    write_cache(path, payload)
-    return table, payload["results"], path
+    search = functools.partial(searched, tune, summary, config, weight_dir, variant, budget_s,
+                               device, log=log)  # fmt: skip
+    return cached_search(folder, key, "few_row", search, table_to_json, table_from_json)
 
 
 def main(argv=None) -> int:
@@ -318,20 +309,10 @@ def main(argv=None) -> int:
         )
     if not torch.cuda.is_available():
         parser.error("the search times kernels on a GPU: no CUDA device here")
-    started = time.monotonic()
-    if args.cache_dir:
-        table, results, path = load_or_tune(
-            config, args.weight_dir, variant, args.cache_dir, args.budget
-        )
-        print(f"table {path}")
-    else:
-        table, found = tune(config, args.weight_dir, variant, args.budget)
-        results = summary(found)
-    print(f"{len(results)} kernel buckets searched in {time.monotonic() - started:.0f} s")
-    if args.json:
-        payload = {"table": table_to_json(table), "results": results}
-        Path(args.json).write_text(json.dumps(payload, indent=1))
-    return 0
+    target = (config, args.weight_dir, variant)
+    load = lambda folder: load_or_tune(*target, folder, args.budget)  # noqa: E731
+    search = functools.partial(searched, tune, summary, *target, args.budget)
+    return search_command(args, load, search, table_to_json, "kernel buckets")
 
 
 if __name__ == "__main__":

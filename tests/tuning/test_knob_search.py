@@ -274,3 +274,28 @@ def test_a_transplanted_table_keeps_this_models_buckets_and_head_cut(course):
     assert crossed[8, 1024]["tiles"] == (64, 4, 2) and crossed[8, 1024]["num_splits"] == 3
     assert crossed[4, 1024]["tiles"] == (16, 1, 2)  # the same key
     assert crossed[64, 4096]["tiles"] == (64, 4, 2)  # no 64-row bucket there: the nearest key
+
+
+def test_a_cached_search_is_read_back_for_its_key_alone(tmp_path):
+    """The first call searches and writes the table; the same key reads it back (its JSON
+    form made the table again), another key searches anew, in a file of its own."""
+    runs = []
+
+    def search():
+        runs.append(1)
+        return {(8, 1024): {"tiles": (32, 2, 2)}}, [{"rows": 8, "moved": {}}]
+
+    key = {"gpu": "H200", "triton": "3.4.0"}
+    first = tuner.cached_search(
+        tmp_path, key, "decode_attention", search, tuner.table_to_json, tuner.table_from_json
+    )
+    again = tuner.cached_search(
+        tmp_path, dict(key), "decode_attention", search, tuner.table_to_json, tuner.table_from_json
+    )
+    assert len(runs) == 1 and again == first and first[0][8, 1024]["tiles"] == (32, 2, 2)
+    assert json.loads(first[2].read_text())["key"] == key
+    other = tuner.cached_search(
+        tmp_path, {**key, "triton": "3.5.0"}, "decode_attention", search, tuner.table_to_json,
+        tuner.table_from_json,
+    )  # fmt: skip
+    assert len(runs) == 2 and other[2] != first[2]
