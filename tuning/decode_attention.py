@@ -272,14 +272,20 @@ def share_deadline(now: float, deadline: float, buckets: list) -> float:
     return now + share * max(0.0, deadline - now)
 
 
+def knobs_at(axis, value) -> dict:
+    """An axis's knobs at `value`: one knob, or several moved together (a tuple of their names,
+    a tuple of values)."""
+    return dict(zip(axis, value)) if isinstance(axis, tuple) else {axis: value}
+
+
 def tune_bucket(
     bench, prior: dict, spec, bucket, sm_count, deadline: float, axes=AXES, values=candidates
 ) -> Tuned:
-    """Coordinate descent from the prior: each knob in turn over its values (`values`, the
-    current one first: `candidates`), the others at the best so far; a candidate must match the
-    reference (within the prior's own error, at least float16's 1e-2) and beat the best by
-    MARGIN. Stops at `deadline` (time.monotonic). `bench`: `error(launch)` and
-    `time_ms(launch)` (StepBench)."""
+    """Coordinate descent from the prior: each knob (or knobs moved together: `knobs_at`) in
+    turn over its values (`values`, the current one first: `candidates`), the others at the best
+    so far; a candidate must match the reference (within the prior's own error, at least
+    float16's 1e-2) and beat the best by MARGIN. Stops at `deadline` (time.monotonic).
+    `bench`: `error(launch)` and `time_ms(launch)` (StepBench)."""
     tolerance = max(1e-2, 2 * bench.error(prior))
     prior_ms = best_ms = bench.time_ms(prior)
     result = Tuned(bucket, dict(prior), dict(prior), prior_ms, best_ms)
@@ -288,7 +294,7 @@ def tune_bucket(
     for axis, value in tries:
         if time.monotonic() > deadline:
             break
-        launch = {**result.best, axis: value}
+        launch = {**result.best, **knobs_at(axis, value)}
         result.tried += 1
         try:
             err = bench.error(launch)

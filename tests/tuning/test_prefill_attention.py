@@ -1,0 +1,390 @@
+"""The prefill attention's tile search: the buckets the traces' prefill calls reach, the prior is
+the launcher's own launch, the candidates, the search's gate (a wrong or refused launch never
+wins), the table through the engine, its file and JSON, and the search's loop with fake timers
+(the real one times a GPU)."""
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from evaluator.benchmark_traces import SUITES
+from evaluator.engine_loader import load_engine_module
+from evaluator.reference_model import ReferenceModel
+from evaluator.traces import Prefill
+from tuning import decode_attention
+from tuning import prefill_attention as tuner
+from variants.build import build_engine
+from variants.kernels import prefill_attention as kernel
+from variants.presets import PRESETS
+from variants.render import render_engine, render_source
+from variants.spec import ModelSpec
+from variants.variant import Variant
+
+OURS = Variant(cache="slab", attention="triton")  # runs on the CPU (eager prefill)
+H200_SHARED, RTX3090_SHARED = 232448, 101376  # bytes a program may take
+# tiles no rule picks, valid at the tiny model's head size
+ODD = {"tiles": (16, 32, 2, 2)}
+
+
+@pytest.fixture
+def course():
+    config = json.loads((Path(__file__).parents[2] / "target" / "model_config.json").read_text())
+    return config, ModelSpec.from_config(config)
+
+
+def test_every_prefill_call_a_graph_runs_falls_in_its_smallest_bucket(course):
+    config, _ = course
+    buckets = tuner.graph_buckets()
+    found = tuner.prefill_buckets(config, buckets)
+    assert buckets[0] == 16 and buckets[-1] == 8192
+    calls = [
+        (op.lengths, trace.prefill_tokens)
+        for suite in SUITES.values()
+        for trace in suite(config)
+        for op in trace.ops
+        if isinstance(op, Prefill)
+    ]
+    ran = [(lengths, total) for lengths, total in calls if sum(lengths) <= 8192]
+    assert len(ran) < len(calls)  # wide_decode's 64 x 256 and a few admissions run eagerly
+    assert sum(b.calls for b in found) == len(ran)
+    assert sum(b.weight for b in found) == pytest.approx(sum(sum(ls) / t for ls, t in ran))
+    assert [b.weight for b in found] == sorted((b.weight for b in found), reverse=True)
+    for b in found:
+        assert b.tokens in buckets and sum(b.lengths) <= b.tokens
+        smaller = [t for t in buckets if t < b.tokens]
+        assert not smaller or sum(b.lengths) > smaller[-1]  # the smallest that holds it
+        assert any(lengths == b.lengths for lengths, _ in ran)
+    public = {b.tokens for b in found}
+    assert {256, 512, 1024, 8192} <= public  # decode 8x32, prefill 4x128, 8x128, long prompts
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """The prefill kernel's launches (grid and every argument but the tensors), none run."""
+    launches = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                plain = {k: v for k, v in kwargs.items() if not isinstance(v, torch.Tensor)}
+                launches.append((grid, plain))
+
+            return launch
+
+    monkeypatch.setattr(kernel, "_varlen_prefill_kernel", Recorder())
+    return launches
+
+
+@pytest.mark.parametrize("capability", [(0, 0), (8, 6), (9, 0)])
+def test_the_prior_is_the_launch_the_launcher_makes(course, recorded, monkeypatch, capability):
+    """At the course's shapes, each bucket's call launched by default and with the prior's
+    tiles: the same grid, tiles, warps and stages (recorded, not run)."""
+    _, spec = course
+    monkeypatch.setattr(kernel, "device_capability", lambda device: capability)
+    for t in tuner.graph_buckets():
+        q = torch.zeros(t, spec.num_heads, spec.head_dim, dtype=torch.float16)
+        k = torch.zeros(t, spec.num_kv_heads, spec.head_dim, dtype=torch.float16)
+        cu, schedule = torch.tensor([0, t], dtype=torch.int32), torch.zeros(2, 70)
+        launch = tuner.launch_of(tuner.prior_launch(spec, t, capability))
+        recorded.clear()
+        kernel.varlen_prefill_attention(q, k, k, cu, t, 0.1, schedule)
+        kernel.varlen_prefill_attention(q, k, k, cu, t, 0.1, schedule, **launch)
+        assert len(recorded) == 2 and recorded[0] == recorded[1], t
+
+
+@pytest.mark.parametrize("capability,shared", [((8, 6), RTX3090_SHARED), ((9, 0), H200_SHARED)])
+def test_candidates_start_at_the_current_value_and_fit(course, capability, shared):
+    config, spec = course
+    for bucket in tuner.prefill_buckets(config, tuner.graph_buckets()):
+        prior = tuner.prior_launch(spec, bucket.tokens, capability)
+        assert tuner.fits(prior, spec, shared)  # the rules' own tiles fit where they are used
+        tallest = max(16, 1 << (max(bucket.lengths) - 1).bit_length())
+        for axis in tuner.AXES:
+            values = tuner.candidates(shared, axis, prior, spec, bucket, 132)
+            first = tuple(prior[k] for k in axis) if axis == tuner.PROGRAM else prior[axis]
+            assert values[0] == first and len(values) == len(set(values)) > 1
+            for value in values:
+                knobs = {**prior, **decode_attention.knobs_at(axis, value)}
+                assert all(knobs[k] in tuner.VALUES[k] for k in tuner.KNOBS)
+                assert knobs["block_m"] <= max(tallest, prior["block_m"])
+                assert value == values[0] or tuner.fits(knobs, spec, shared)
+
+
+def test_the_filter_drops_spilling_and_oversized_tiles(course):
+    """At head_dim 192 (two parts, 192 wide): 128 rows need 8 warps; four stages of 128-key
+    tiles take more than the H200's shared memory, two stages of them fit the RTX 3090's."""
+    _, spec = course
+    tile = dict(zip(tuner.KNOBS, (128, 64, 8, 3)))
+    assert tuner.fits(tile, spec, H200_SHARED)
+    assert not tuner.fits({**tile, "warps": 4}, spec, H200_SHARED)  # 192 values a thread
+    assert not tuner.fits({**tile, "block_n": 128, "stages": 4}, spec, H200_SHARED)
+    assert tuner.fits({**tile, "block_n": 128, "stages": 2}, spec, RTX3090_SHARED)
+    assert not tuner.fits({**tile, "block_n": 128, "stages": 3}, spec, RTX3090_SHARED)
+
+
+def test_the_table_round_trips_json():
+    table = {512: {"tiles": (32, 64, 4, 3)}, 8192: {"tiles": (128, 128, 8, 2)}}
+    assert tuner.table_from_json(json.loads(json.dumps(tuner.table_to_json(table)))) == table
+
+
+class FakeBench:
+    """Times from a table of knob values, every launch right unless `wrong`; `refused` raise."""
+
+    def __init__(self, faster: dict, wrong=(), refused=()):
+        self.faster, self.wrong, self.refused = faster, wrong, refused
+        self.timed = []
+
+    def error(self, knobs):
+        if any(knobs[k] == v for k, v in self.refused):
+            raise RuntimeError("out of resource: shared memory")
+        return 1.0 if any(knobs[k] == v for k, v in self.wrong) else 1e-3
+
+    def time_ms(self, knobs):
+        self.timed.append(dict(knobs))
+        return 1.0 - sum(self.faster.get((k, v), 0.0) for k, v in knobs.items())
+
+
+def search(spec, bench, bucket, capability=(9, 0), shared=H200_SHARED):
+    prior = tuner.prior_launch(spec, bucket.tokens, capability)
+    values = lambda *args: tuner.candidates(shared, *args)  # noqa: E731
+    found = decode_attention.tune_bucket(
+        bench, prior, spec, bucket, 132, time.monotonic() + 60, tuner.AXES, values
+    )
+    return prior, found
+
+
+BUCKET = tuner.PrefillBucket(1024, (128,) * 8, 3, 1.4)  # decode_8x128's
+
+
+def test_the_search_moves_rows_and_warps_together_and_keeps_the_prior_on_ties(course):
+    _, spec = course
+    prior, found = search(spec, FakeBench({}), BUCKET)  # every launch as fast as the prior
+    assert found.best == prior and found.tried > 10
+    faster = {("block_m", 128): 0.2, ("block_n", 128): 0.1, ("stages", 4): 0.005}
+    prior, found = search(spec, FakeBench(faster), BUCKET)
+    # 128 rows at the rules' 4 warps would spill: tried at 8; four stages are within the margin
+    assert found.moved == {"block_m": 128, "warps": 8, "block_n": 128}
+    assert found.best_ms == pytest.approx(0.7) and found.prior_ms == pytest.approx(1.0)
+
+
+def test_a_refused_launch_is_rejected_not_fatal(course):
+    _, spec = course
+    bench = FakeBench({("stages", 2): 0.5}, refused=[("stages", 2)])
+    prior, found = search(spec, bench, BUCKET)
+    assert found.best == prior
+    assert any("shared memory" in str(err) for _, err in found.rejected)
+
+
+def test_a_planted_wrong_launch_is_rejected_by_the_float32_check(tiny_config, monkeypatch):
+    """Through Triton's interpreter: the real kernel checked against the reference on three
+    packed prompts with padding rows after them; its launcher corrupted at 32-key tiles, which
+    the fake timer makes the fastest by far. Without the check they would win."""
+    spec = ModelSpec.from_config(tiny_config)
+    real = tuner.varlen_prefill_attention
+
+    def planted(*args, tiles=None, **kwargs):
+        out = real(*args, tiles=tiles, **kwargs)
+        return out + 0.5 if tiles[1] == 32 else out  # (a key tile lost, say)
+
+    monkeypatch.setattr(tuner, "varlen_prefill_attention", planted)
+    bucket = tuner.PrefillBucket(64, (37, 5, 20), 1, 1.0)
+    check = tuner.PrefillCheck(spec, bucket, torch.device("cpu"), torch.float32, most_prompts=4)
+
+    class Timed(FakeBench):
+        def error(self, knobs):
+            return check.error(knobs)
+
+    bench = Timed({("block_m", 32): 0.1, ("block_n", 32): 0.5})
+    prior, found = search(spec, bench, bucket, capability=(0, 0))
+    assert prior == dict(zip(tuner.KNOBS, (64, 64, 4, 2))) and check.error(prior) < 1e-4
+    assert found.best == {**prior, "block_m": 32, "warps": 2}  # the right, faster q-blocks kept
+    assert any(knobs["block_n"] == 32 for knobs, _ in found.rejected)
+    assert all(t["block_n"] != 32 for t in bench.timed)  # rejected before it is timed
+
+
+def test_the_check_passes_right_tiles_and_catches_unwritten_rows(tiny_config, monkeypatch):
+    """Right tiles of every q-block height pass. A schedule built for taller q-blocks than the
+    launch's leaves rows unwritten: caught on every call, even where each output is given the
+    memory of the one before, a right one (the allocator's worst case, planted)."""
+    spec = ModelSpec.from_config(tiny_config)
+    bucket = tuner.PrefillBucket(64, (37, 5, 20), 1, 1.0)
+    check = tuner.PrefillCheck(spec, bucket, torch.device("cpu"), torch.float32, most_prompts=4)
+    prior = tuner.prior_launch(spec, 64, (0, 0))
+    for block_m, block_n in ((16, 32), (32, 16), (64, 128), (16, 16)):
+        assert check.error({**prior, "block_m": block_m, "block_n": block_n}) < 1e-4
+    check.schedules[16] = check.schedule(32)  # a planted fault: 16-row blocks, 32's table
+    outputs, empty = {}, torch.empty
+
+    def recycled(*shape, **kwargs):
+        return outputs.setdefault((shape, kwargs.get("dtype")), empty(*shape, **kwargs))
+
+    monkeypatch.setattr(kernel.torch, "empty", recycled)
+    for _ in range(3):
+        assert check.error(prior) < 1e-4
+        assert not check.error({**prior, "block_m": 16}) < 1e-2  # (a NaN fails too)
+    assert len(outputs) == 1  # the launcher's output, the same memory every call
+
+
+def _scenario(engine, ref, vocab) -> float:
+    """Prefill three prompts (46 tokens), then one (9 tokens), decode the four rows: the largest
+    gap to the reference."""
+    gen = torch.Generator().manual_seed(5)
+    history: dict = {}
+    worst = 0.0
+    for call in ({7: 5, 3: 40, 11: 1}, {4: 9}):
+        prompts = {r: torch.randint(0, vocab, (n,), generator=gen) for r, n in call.items()}
+        out = engine.prefill(list(prompts), list(prompts.values()))
+        history.update(prompts)
+        for i, prompt in enumerate(prompts.values()):
+            worst = max(worst, (out[i] - ref.forward(prompt[None])[0, -1]).abs().max().item())
+    ids = sorted(history)
+    tokens = torch.randint(0, vocab, (len(ids),), generator=gen)
+    out = engine.decode(ids, tokens)
+    for i, rid in enumerate(ids):
+        want = ref.forward(torch.cat([history[rid], tokens[i : i + 1]])[None])[0, -1]
+        worst = max(worst, (out[i] - want).abs().max().item())
+    return worst
+
+
+def test_an_engine_with_a_table_launches_it_and_matches_the_reference(
+    tiny_config, sharp_weights, monkeypatch
+):
+    """Eagerly on the CPU: a call of as many tokens as a table's entry launches its tiles, any
+    other the rules'."""
+    from variants.attention import triton_attention
+
+    launched = []
+    real = triton_attention.varlen_prefill_attention
+
+    def recorded(q, *args, tiles=None, **kwargs):
+        launched.append((q.shape[0], tiles))
+        return real(q, *args, tiles=tiles, **kwargs)
+
+    monkeypatch.setattr(triton_attention, "varlen_prefill_attention", recorded)
+    engine = build_engine(tiny_config, sharp_weights, "cpu", OURS, prefill_knobs={46: ODD})
+    assert engine.attention.prefill_knobs == {46: ODD}
+    launched.clear()
+    ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
+    assert _scenario(engine, ref, tiny_config["vocab_size"]) < 1e-4
+    assert launched == [(46, ODD["tiles"])] * 2 + [(9, None)] * 2  # two layers a call
+
+
+def test_the_table_is_written_into_the_engine_which_matches_the_library(
+    tiny_config, sharp_weights, tmp_path
+):
+    table = {46: dict(ODD), 512: {"tiles": (32, 64, 4, 3)}}
+    path = render_engine(OURS, tmp_path / "engine.py", prefill_knobs=table)
+    text = path.read_text()
+    assert text.count("PREFILL_ATTENTION_KNOBS = {") == 1
+    assert "    512: dict(tiles=(32, 64, 4, 3)),\n" in text
+    assert "functools.partial(TritonAttention, prefill_knobs=PREFILL_ATTENTION_KNOBS)" in text
+    module = load_engine_module(path)
+    assert module.PREFILL_ATTENTION_KNOBS == table
+    rendered = module.create_engine(tiny_config, sharp_weights, "cpu")
+    library = build_engine(tiny_config, sharp_weights, "cpu", OURS, prefill_knobs=table)
+    ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
+    gaps = [_scenario(e, ref, tiny_config["vocab_size"]) for e in (rendered, library)]
+    assert gaps[0] == gaps[1] and gaps[0] < 1e-4
+
+
+def test_without_a_table_the_fastest_engine_is_unchanged():
+    fastest = PRESETS["slab-triton-pdl-allgraphs"]
+    text = render_source(fastest)
+    assert render_source(fastest, prefill_knobs={}) == text
+    assert "PREFILL_ATTENTION_KNOBS" not in text
+    assert "attention_cls=TritonAttention," in text
+    decode = {(8, 1024): {"num_splits": 4}}
+    tuned = render_source(fastest, knobs=decode, prefill_knobs={512: {"tiles": (32, 64, 4, 3)}})
+    # every kernel keeps its line (Triton's cache key holds it): the tables go after them
+    kernels = lambda source: [  # noqa: E731
+        (i, line) for i, line in enumerate(source.splitlines()) if line.startswith("@triton.jit")
+    ]
+    assert kernels(tuned) == kernels(text) and len(kernels(text)) > 10
+    assert "            knobs=DECODE_ATTENTION_KNOBS,\n" in tuned
+    assert "            prefill_knobs=PREFILL_ATTENTION_KNOBS,\n" in tuned
+
+
+@pytest.mark.parametrize("preset", ["slab-sdpa", "slab-sdpa-graphs"])
+def test_an_engine_without_our_attention_carries_no_table(preset):
+    """The CPU's engine (eager SDPA) and SDPA's graphs: the same file with a table or without."""
+    table = {46: dict(ODD)}
+    text = render_source(PRESETS[preset], weights="course")
+    assert render_source(PRESETS[preset], weights="course", prefill_knobs=table) == text
+
+
+def test_the_search_loop_keeps_only_what_moved(tiny_config, monkeypatch):
+    """tune() on the CPU with a fake bench and check: 32-key tiles are faster at the heaviest
+    bucket alone, the rest ties; the table holds that bucket's tiles alone."""
+    made, heaviest = [], tuner.prefill_buckets(tiny_config, tuner.graph_buckets())[0]
+
+    class Check:
+        def __init__(self, spec, bucket, device, dtype):
+            self.bucket = bucket
+            made.append(bucket.tokens)
+
+    class Bench:
+        def __init__(self, check, layers):
+            self.bucket, self.layers = check.bucket, layers
+
+        def error(self, knobs):
+            return 0.0
+
+        def time_ms(self, knobs):
+            fast = self.bucket == heaviest and knobs["block_n"] == 32
+            return 0.5 if fast else 1.0
+
+    monkeypatch.setattr(tuner, "shared_memory", lambda device: H200_SHARED)
+    table, results = tuner.tune(
+        tiny_config, 60.0, "cpu", log=lambda line: None, bench=Bench, check=Check
+    )
+    assert made == [b.tokens for b in tuner.prefill_buckets(tiny_config, tuner.graph_buckets())]
+    assert [r.bucket for r in results][0] == heaviest and len(results) == len(made)
+    assert table == {heaviest.tokens: {"tiles": (64, 32, 4, 2)}}  # the CPU's rules, 32 keys
+    summary = tuner.summary(results)
+    assert summary[0]["moved"] == {"block_n": 32} and summary[0]["best_us"] == 500.0
+    assert all(r["moved"] == {} and r["best_us"] == r["prior_us"] for r in summary[1:])
+
+
+@pytest.mark.parametrize(
+    "variant,why",
+    [
+        ({"attention": "sdpa"}, "needs our attention and prefill graphs"),
+        ({"prefill_graphs": "off"}, "needs our attention and prefill graphs"),
+    ],
+)
+def test_the_command_refuses_a_variant_it_cannot_search(variant, why, capsys):
+    ours = PRESETS["slab-triton-pdl-allgraphs"].to_dict()
+    with pytest.raises(SystemExit) as exit_:
+        tuner.main(["--variant", json.dumps({**ours, **variant})])
+    assert exit_.value.code == 2 and why in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's refusal")
+def test_the_command_refuses_to_run_without_a_gpu(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        tuner.main([])
+    assert exit_.value.code == 2 and "no CUDA device here" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_short_search_is_cached_and_its_engine_passes_the_gate(
+    tiny_config, tiny_weights, tmp_path
+):
+    from evaluator.correctness import check_engine
+
+    variant = PRESETS["slab-triton-pdl-allgraphs"]
+    table, results, path = tuner.load_or_tune(tiny_config, tmp_path, 20.0)
+    assert path.is_file() and results and all(r["best_us"] <= r["prior_us"] for r in results)
+    assert set(table) <= {r["tokens"] for r in results if r["moved"]}
+    started = time.monotonic()
+    again = tuner.load_or_tune(tiny_config, tmp_path, 20.0)
+    assert again[0] == table and time.monotonic() - started < 5  # from the cache
+    # with no tile moved, a table of the first bucket's other q-blocks: the gate still runs it
+    table = table or {results[0]["tokens"]: {"tiles": (32, 64, 4, 2)}}
+    module = load_engine_module(render_engine(variant, tmp_path / "e.py", prefill_knobs=table))
+    checked = check_engine(module.create_engine, tiny_config, tiny_weights, "cuda")
+    assert all(case["passed"] for case in checked.values()), checked
