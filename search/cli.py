@@ -282,11 +282,14 @@ class RunJob:
 
     def write_engine(self, records, ranked, standing):
         """Render, verify and install the first candidate that passes: the standing best, else
-        the ranked trials and then the defaults; the kernel search's table for its leader."""
-        kept = self.kernels is not None and self.kernels.kept
-        tuned = {"knobs": self.kernels.table} if kept and self.kernels.table else {}
-        if kept and self.kernels.few_row:
-            tuned["few_row_knobs"] = self.kernels.few_row
+        the ranked trials and then the defaults; the kernel search's tables for its leader."""
+        found = self.kernels if self.kernels is not None and self.kernels.kept else None
+        tables = {} if found is None else {
+            "knobs": found.table,
+            "few_row_knobs": found.few_row.table,
+            "prefill_knobs": found.prefill.table,
+        }  # fmt: skip
+        tuned = {k: v for k, v in tables.items() if v}
         first = [] if standing is None else [standing]
         taken = {r.number for r in first}
         rest = [r for r in candidates(self, records, ranked) if r.number not in taken]

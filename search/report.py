@@ -299,7 +299,7 @@ def render_log(job, records: list[Record], ranked: list[Record], attempts: list[
     if getattr(job, "kernels", None) is not None:
         from tuning.phase import lines
 
-        title = "kernel search (the decode attention's and the few-row kernels' launches)"
+        title = "kernel search (the decode and prefill attention's and few-row kernels' launches)"
         out.append(_section(title, lines(job.kernels)))
     out.append(_section("verification", _verification(attempts)))
     phases = "\n".join(f"{name}: {secs:.1f} s" for name, secs in job.phases.items())

@@ -277,6 +277,8 @@ class TrialRunner:
     kernel_prior: str = "hand"
     # the few-row kernels' launches the kernel search found (tuning/few_row.py, as JSON)
     few_row_knobs: dict | None = None
+    # the prefill attention's tiles it found (tuning/prefill_attention.py, as JSON)
+    prefill_knobs: dict | None = None
     # where the gate's noise measurement is kept for the next trials (None: each measures it)
     noise_cache: str | None = None
     durations: list[float] = field(default_factory=list)
@@ -550,14 +552,24 @@ def kernel_knobs(job: dict, variant) -> dict | None:
     return None
 
 
-def few_row_knobs(job: dict, variant) -> dict | None:
-    """The few-row kernels' table for a trial's engine: the job's (the kernel search's) where
-    the variant runs the fused layers; None: the rules."""
-    if not job.get("few_row_knobs") or variant.layers not in ("fused", "fused-pdl"):
+def searched_table(job: dict, name: str, module: str, runs: bool) -> dict | None:
+    """A kernel search's table for a trial's engine: the job's `name` (as JSON, read by the
+    search's `module`) where the variant `runs` the kernels it tunes; None: the rules."""
+    if not job.get(name) or not runs:
         return None
-    from tuning.few_row import table_from_json
+    return importlib.import_module(module).table_from_json(job[name])
 
-    return table_from_json(job["few_row_knobs"])
+
+def few_row_knobs(job: dict, variant) -> dict | None:
+    """The few-row kernels' table where the variant runs the fused layers (`searched_table`)."""
+    fused = variant.layers in ("fused", "fused-pdl")
+    return searched_table(job, "few_row_knobs", "tuning.few_row", fused)
+
+
+def prefill_knobs(job: dict, variant) -> dict | None:
+    """The prefill attention's table where the variant runs ours (`searched_table`)."""
+    ours = variant.attention == "triton"
+    return searched_table(job, "prefill_knobs", "tuning.prefill_attention", ours)
 
 
 def run_job(job: dict, phases: Phases) -> dict:
@@ -568,11 +580,12 @@ def run_job(job: dict, phases: Phases) -> dict:
     phases.enter("render")
     render = load_renderer(job.get("renderer") or DEFAULT_RENDERER)
     engine_path = Path(job["engine_path"])
-    knobs = kernel_knobs(job, variant)
-    extra = {"knobs": knobs} if knobs else {}  # (a renderer of the user's may not take them)
-    few_row = few_row_knobs(job, variant)
-    if few_row:
-        extra["few_row_knobs"] = few_row
+    tables = {
+        "knobs": kernel_knobs(job, variant),
+        "few_row_knobs": few_row_knobs(job, variant),
+        "prefill_knobs": prefill_knobs(job, variant),
+    }
+    extra = {k: v for k, v in tables.items() if v}  # (a renderer of the user's may not take them)
     render(variant, engine_path, job.get("header", ""), job.get("engine_budget_gib"), **extra)
     phases.enter("import")
     create_engine = load_engine_module(engine_path).create_engine

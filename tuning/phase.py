@@ -1,10 +1,12 @@
 """The kernel search as a phase of the main job (`bash run.sh`): after the study, the leading
 assembly's decode attention is searched on this GPU (decode_attention.py, in a child process,
-its table cached under studies/kernels/), and with the fused layers its few-row kernels after it
-(few_row.py, likewise); then the leader is timed with the tables in the grader's protocol,
-behind the correctness gate; they are written into engine.py only where it is faster on the
-traces' geometric mean. results.log says what moved and by how much."""
+its table cached under studies/kernels/), then with the fused layers its few-row kernels
+(few_row.py, likewise) and with prefill graphs its prefill attention (prefill_attention.py);
+then the leader is timed with the tables in the grader's protocol, behind the correctness gate;
+they are written into engine.py only where it is faster on the traces' geometric mean.
+results.log says what moved and by how much."""
 
+import importlib
 import json
 import math
 import sys
@@ -24,6 +26,16 @@ LEADER_TIMINGS = 3.0
 
 
 @dataclass
+class TableSearch:
+    """A search after the decode attention's (the few-row kernels', the prefill attention's):
+    its table (None: it gave none), its per-bucket results and why it gave none."""
+
+    table: dict | None = None
+    results: list = field(default_factory=list)
+    why: str = ""
+
+
+@dataclass
 class KernelSearch:
     """What the phase did, for results.log and the write phase."""
 
@@ -37,17 +49,18 @@ class KernelSearch:
     after: dict = field(default_factory=dict)  # trace -> seconds, with the table
     kept: bool = False
     why: str = ""
-    # the traces the table can move (those with decode steps; empty: all): a prefill-only
-    # trace's noise must not decide
+    # the traces the tables can move (those with decode steps; empty: all): a prefill-only
+    # trace's noise must not decide on tables of decode steps alone
     decoding: tuple = ()
-    # the few-row kernels' search (the fused layers only): its table and per-kernel results
-    few_row: dict | None = None
-    few_row_results: list = field(default_factory=list)
-    few_row_why: str = ""  # why it gave no table
+    # the few-row kernels' search (the fused layers only), per (kernel, rows bucket), and the
+    # prefill attention's (prefill graphs only), per token bucket
+    few_row: TableSearch = field(default_factory=TableSearch)
+    prefill: TableSearch = field(default_factory=TableSearch)
 
     @property
     def moved(self) -> bool:
-        return any(r["moved"] for r in (*self.results, *self.few_row_results))
+        searched = (*self.results, *self.few_row.results, *self.prefill.results)
+        return any(r["moved"] for r in searched)
 
     @property
     def gain(self) -> float | None:
@@ -119,32 +132,32 @@ def run_search(job, variant, prior: str, budget_s: float) -> KernelSearch:
     return found
 
 
-def run_few_row_search(job, variant, found: KernelSearch, budget_s: float) -> KernelSearch:
-    """The few-row kernels' table for `variant` into `found` (`search_child`); where it fails,
-    the attention's table stands alone."""
-    from tuning.few_row import table_from_json as few_row_from_json
-
-    data, seconds, text = search_child(job, variant, "tuning.few_row", budget_s)
+def run_table_search(job, variant, found: KernelSearch, module: str, budget_s: float):
+    """A search after the decode attention's, `python -m module` for `variant`
+    (`search_child`), its seconds added to `found`'s: a TableSearch. Where it fails, the
+    other tables stand without it."""
+    data, seconds, text = search_child(job, variant, module, budget_s)
     found.seconds += seconds
     if data is None:
-        found.few_row_why = text
-        return found
-    found.few_row = few_row_from_json(data["table"])
-    found.few_row_results = data["results"]
-    return found
+        return TableSearch(why=text)
+    from_json = importlib.import_module(module).table_from_json
+    return TableSearch(from_json(data["table"]), data["results"])
 
 
-def timed_with(job, variant, table: dict | None, timeout_s: float, few_row_table=None) -> tuple:
+def timed_with(job, variant, table: dict | None, timeout_s: float, few_row_table=None,
+               prefill_table=None) -> tuple:  # fmt: skip
     """(trace -> seconds, failure): `variant` in the grader's protocol behind the gate, with
     the tables (None: the rules)."""
     from dataclasses import replace
 
     from tuning.few_row import table_to_json as few_row_to_json
+    from tuning.prefill_attention import table_to_json as prefill_to_json
 
     runner = replace(
         job.runner,
         knobs=None if table is None else table_to_json(table),
         few_row_knobs=few_row_to_json(few_row_table) if few_row_table else None,
+        prefill_knobs=prefill_to_json(prefill_table) if prefill_table else None,
     )
     outcome = runner.run(variant, protocol="full", check=True, timeout_s=timeout_s)
     feasible = outcome.status == "ok" and all(c <= 0 for c in outcome.attrs.get("constraint", [1]))
@@ -158,11 +171,12 @@ def timed_with(job, variant, table: dict | None, timeout_s: float, few_row_table
     return seconds, None
 
 
-def _moved(r: dict, where: str, start: str) -> str:
-    """A searched bucket's line: its step time from `start` to the best, and what moved."""
+def _moved(r: dict, where: str, start: str, timed: str = "a step") -> str:
+    """A searched bucket's line: the time of what is `timed` from `start` to the best, and
+    what moved."""
     moved = ", ".join(f"{k}={v}" for k, v in r["moved"].items()) or f"the {start} kept"
     return (
-        f"{where}: a step {r['prior_us']:.1f} -> {r['best_us']:.1f} us, {r['tried']} tried"
+        f"{where}: {timed} {r['prior_us']:.1f} -> {r['best_us']:.1f} us, {r['tried']} tried"
         f" ({r['rejected']} wrong or refused): {moved}"
     )
 
@@ -179,11 +193,17 @@ def lines(search: KernelSearch | None) -> str:
     for r in search.results:
         where = f"{r['rows']:3d} rows x {r['context']:5d} ({r['steps']} steps, weight"
         out.append(_moved(r, f"{where} {r.get('weight')}, longest {r['longest']})", "prior"))
-    if search.few_row_why:
-        out.append(f"few-row kernels: {search.few_row_why}")
-    for r in search.few_row_results:
+    if search.few_row.why:
+        out.append(f"few-row kernels: {search.few_row.why}")
+    for r in search.few_row.results:
         where = f"{r['kernel']:6s} at {r['rows']:3d} rows ({r['steps']} steps, weight"
         out.append(_moved(r, f"{where} {r['weight']})", "rules"))
+    if search.prefill.why:
+        out.append(f"prefill attention: {search.prefill.why}")
+    for r in search.prefill.results:
+        where = f"prefill {r['tokens']:5d} tokens ({r['calls']} calls, weight {r['weight']}, "
+        where += f"{r['prompts']} prompts, longest {r['longest']})"
+        out.append(_moved(r, where, "rules", "its attention"))
     if search.after:
         out.append("trace            rules ms   tuned ms")
         for trace in sorted(search.after):
@@ -195,9 +215,10 @@ def lines(search: KernelSearch | None) -> str:
 
 
 def kernel_phase(job, leader) -> KernelSearch | None:
-    """Search the leading trial's decode attention, time the leader with the table, decide.
-    None where there is nothing to search: no CUDA, the phase off, or a leader that does not
-    launch our decode attention."""
+    """Search the leading trial's decode attention (and its few-row kernels and prefill
+    attention where it runs them), time the leader with the tables, decide. None where there is
+    nothing to search: no CUDA, the phase off, or a leader that does not launch our decode
+    attention."""
     from search.write import after_remeasure_s
     from variants.variant import Variant
 
@@ -213,14 +234,20 @@ def kernel_phase(job, leader) -> KernelSearch | None:
     if found.budget_s <= 0:
         found.why = "no time left for it in this budget"
         return found
-    fused = variant.layers in ("fused", "fused-pdl")  # (their few-row kernels: half the time)
+    # each search an equal share of the time: the decode attention's, the fused layers' few-row
+    # kernels', the prefill graphs' attention's
+    fused, prefill = variant.layers in ("fused", "fused-pdl"), variant.prefill_graphs != "off"
     budget_s = found.budget_s
-    found = run_search(job, variant, prior, budget_s / 2 if fused else budget_s)
+    share = budget_s / (1 + fused + prefill)
+    found = run_search(job, variant, prior, share)
     if found.table is None:
         return found
+    found.budget_s = budget_s
     if fused:
-        found = run_few_row_search(job, variant, found, budget_s / 2)
-        found.budget_s = budget_s
+        found.few_row = run_table_search(job, variant, found, "tuning.few_row", share)
+    if prefill:
+        module = "tuning.prefill_attention"
+        found.prefill = run_table_search(job, variant, found, module, share)
     if not found.moved:
         found.why = "every bucket searched kept the prior's launch"
         return found
@@ -229,14 +256,16 @@ def kernel_phase(job, leader) -> KernelSearch | None:
     from evaluator.benchmark_traces import get_trace
 
     config = job.target.config
-    found.decoding = tuple(t for t in job.runner.traces if get_trace(t, config).decode_tokens)
+    if not found.prefill.table:  # (a prefill table moves every trace's prefill calls)
+        decoding = (t for t in job.runner.traces if get_trace(t, config).decode_tokens)
+        found.decoding = tuple(decoding)
     limit = LEADER_TIMINGS * typical
     found.before, failure = timed_with(job, variant, None, limit)
     if failure:
         found.why = f"the leader with the {prior} rules failed: {failure.splitlines()[0]}"
     else:
         found.after, failure = timed_with(
-            job, variant, found.table, limit, few_row_table=found.few_row
+            job, variant, found.table, limit, found.few_row.table, found.prefill.table
         )
         if failure:
             found.why = f"the leader with the table failed: {failure.splitlines()[0]}"

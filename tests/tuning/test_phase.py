@@ -3,7 +3,7 @@ what results.log says."""
 
 import pytest
 
-from tuning.phase import LEAST_S, KernelSearch, decide, lines, search_budget_s
+from tuning.phase import LEAST_S, KernelSearch, TableSearch, decide, lines, search_budget_s
 
 
 def test_the_budget_is_a_share_of_the_run_within_what_is_left():
@@ -92,7 +92,7 @@ def test_the_phase_times_the_leader_with_the_rules_then_the_table(monkeypatch, t
     )
     calls = []
 
-    def timed_with(job, variant, knobs, limit, few_row_table=None):
+    def timed_with(job, variant, knobs, limit, few_row_table=None, prefill_table=None):
         calls.append(knobs)
         if knobs is None:
             return {"prefill": 1.0, "decode": 5.0}, None
@@ -130,6 +130,35 @@ def test_a_trial_renders_the_jobs_few_row_table_only_for_the_fused_layers():
     assert few_row_knobs({**job, "few_row_knobs": None}, fused) is None  # the rules
 
 
+def test_a_trial_renders_the_jobs_prefill_table_only_for_our_attention(tmp_path, monkeypatch):
+    """The job's table reaches the renderer with the others; an SDPA engine's renderer is
+    called without it."""
+    from search import trial
+    from tuning.prefill_attention import table_to_json
+    from variants.variant import Variant
+
+    table = {512: {"tiles": (32, 64, 4, 3)}}
+    job = {"device": "cuda", "prefill_knobs": table_to_json(table)}
+    ours = Variant(cache="slab", attention="triton", prefill_graphs="pow2")
+    assert trial.prefill_knobs(job, ours) == table
+    assert trial.prefill_knobs(job, Variant(cache="slab", attention="sdpa")) is None
+    assert trial.prefill_knobs({**job, "prefill_knobs": None}, ours) is None  # the rules
+    rendered = []
+
+    def render(variant, path, header, budget, **tables):
+        rendered.append(tables)
+        raise RuntimeError("rendered")  # (the trial stops here)
+
+    monkeypatch.setattr(trial, "load_renderer", lambda name: render)
+    for variant in (ours, Variant(cache="slab", attention="sdpa")):
+        with pytest.raises(RuntimeError, match="rendered"):
+            trial.run_job(
+                {**job, "variant": variant.to_dict(), "engine_path": str(tmp_path / "e.py")},
+                trial.Phases(tmp_path / "phase"),
+            )
+    assert rendered == [{"prefill_knobs": table}, {}]
+
+
 def _fused_job(tiny_config):
     from types import SimpleNamespace
 
@@ -162,21 +191,21 @@ def test_a_fused_leader_s_few_row_kernels_are_searched_after_its_attention(
         budgets.append(budget_s)
         return KernelSearch(prior, budget_s, table, [])  # the attention kept the rules
 
-    def run_few_row_search(job, variant, found, budget_s):
+    def run_table_search(job, variant, found, module, budget_s):
         budgets.append(budget_s)
-        found.few_row = few_row
-        found.few_row_results = [
+        assert module == "tuning.few_row"
+        results = [
             {"kernel": "down", "rows": 8, "steps": 42, "weight": 3.0, "prior_us": 300.0,
              "best_us": 280.0, "tried": 12, "rejected": 2, "moved": {"split_k": 4}},
         ]  # fmt: skip
-        return found
+        return TableSearch(few_row, results)
 
-    def timed_with(job, variant, knobs, limit, few_row_table=None):
+    def timed_with(job, variant, knobs, limit, few_row_table=None, prefill_table=None):
         calls.append((knobs, few_row_table))
         return {"decode": 5.0 if knobs is None else 4.0}, None
 
     monkeypatch.setattr(phase, "run_search", run_search)
-    monkeypatch.setattr(phase, "run_few_row_search", run_few_row_search)
+    monkeypatch.setattr(phase, "run_table_search", run_table_search)
     monkeypatch.setattr(phase, "timed_with", timed_with)
     leader = Record(0, "ok", {"cache": "slab", "attention": "triton", "layers": "fused"})
     found = phase.kernel_phase(_fused_job(tiny_config), leader)
@@ -186,11 +215,71 @@ def test_a_fused_leader_s_few_row_kernels_are_searched_after_its_attention(
     assert "down   at   8 rows (42 steps, weight 3.0): a step 300.0 -> 280.0 us" in text
     assert "split_k=4" in text
 
-    def failing(job, variant, found, budget_s):
-        found.few_row_why = "the kernel search failed (exit 1): OutOfResources"
-        return found
+    def failing(job, variant, found, module, budget_s):
+        return TableSearch(why="the kernel search failed (exit 1): OutOfResources")
 
-    monkeypatch.setattr(phase, "run_few_row_search", failing)
+    monkeypatch.setattr(phase, "run_table_search", failing)
     found = phase.kernel_phase(_fused_job(tiny_config), leader)
-    assert found.few_row is None and "few-row kernels: the kernel search failed" in lines(found)
+    assert found.few_row.table is None
+    assert "few-row kernels: the kernel search failed" in lines(found)
     assert found.why == "every bucket searched kept the prior's launch"  # nothing moved
+
+
+@pytest.mark.parametrize("layers,shares", [("fused-pdl", 3), ("triton", 2)])
+def test_a_leader_with_prefill_graphs_has_its_prefill_attention_searched_last(
+    monkeypatch, tiny_config, layers, shares
+):
+    """An equal share of the budget each (three with the fused layers' few-row kernels, else
+    two); the leader timed with every table; the log names the prefill buckets' moves, and
+    every trace decides (a prefill table moves each one's prefill calls)."""
+    from search.trial import Record
+    from tuning import phase
+
+    table = {(8, 1024): {"num_splits": 4}}
+    tables = {
+        "tuning.few_row": {("down", 8): {"tiles": (16, 128, 4, 3), "split_k": 4}},
+        "tuning.prefill_attention": {512: {"tiles": (32, 64, 4, 3)}},
+    }
+    prefill_results = [
+        {"tokens": 512, "calls": 14, "weight": 1.87, "prompts": 4, "longest": 128,
+         "prior_us": 90.0, "best_us": 70.0, "tried": 13, "rejected": 1,
+         "moved": {"block_m": 32, "warps": 4}},
+    ]  # fmt: skip
+    budgets, searched, calls = [], [], []
+
+    def run_search(job, variant, prior, budget_s):
+        budgets.append(budget_s)
+        return KernelSearch(prior, budget_s, table, [])
+
+    def run_table_search(job, variant, found, module, budget_s):
+        budgets.append(budget_s)
+        searched.append(module)
+        results = prefill_results if module == "tuning.prefill_attention" else []
+        return TableSearch(tables[module], results)
+
+    def timed_with(job, variant, knobs, limit, few_row_table=None, prefill_table=None):
+        calls.append((knobs, few_row_table, prefill_table))
+        return {"prefill": 1.0 if knobs is None else 0.9, "decode": 5.0}, None
+
+    monkeypatch.setattr(phase, "run_search", run_search)
+    monkeypatch.setattr(phase, "run_table_search", run_table_search)
+    monkeypatch.setattr(phase, "timed_with", timed_with)
+    job = _fused_job(tiny_config)
+    job.runner.traces = ("prefill", "decode")
+    leader = Record(
+        0,
+        "ok",
+        {"cache": "slab", "attention": "triton", "layers": layers, "prefill_graphs": "pow2"},
+    )
+    found = phase.kernel_phase(job, leader)
+    assert budgets == [pytest.approx(120.0 / shares)] * shares and found.budget_s == 120.0
+    assert searched == ["tuning.few_row", "tuning.prefill_attention"][3 - shares :]
+    few_row = tables["tuning.few_row"] if shares == 3 else None
+    assert calls == [(None, None, None), (table, few_row, tables["tuning.prefill_attention"])]
+    assert found.decoding == () and found.kept  # prefill alone moved: all traces decide
+    text = lines(found)
+    assert (
+        "prefill   512 tokens (14 calls, weight 1.87, 4 prompts, longest 128): its attention"
+        in text
+    )
+    assert "90.0 -> 70.0 us, 13 tried (1 wrong or refused): block_m=32, warps=4" in text
