@@ -2,7 +2,8 @@
 # The GPU check, run on the device machine (H200) over a copy of the tree:
 #   bash scripts/gpu_check.sh [STAGE...]   stages: env tests (or tests1 tests2) kernels fewrow tune
 #   tuneprefill profile timeline anatomy hostprofile sweep table compilereuse study grader
-#   realmodels replacement soak cachesizes knobs fewknobs kernelstudy crossknobs move mega
+#   realmodels replacement soak cachesizes knobs fewknobs prefillknobs kernelstudy crossknobs move
+#   mega
 # (default: all). Writes logs and JSON under $OUT (or workspace/gpu_check) and a summary.txt.
 # Optuna is not installed there: wheels in .whl/ (carried) are installed into /tmp/site first.
 # A run longer than one call (the default 20-minute run.sh): scripts/gpu_long.sh.
@@ -179,6 +180,30 @@ render_engine(PRESETS['slab-triton-pdl-allgraphs'], 'workspace/fewknobs/$name.py
             --json "$OUT/fewknob_$name.json"
     done
     "$PY" scripts/trace_table.py "$OUT"/fewknob_*.json | tee -a "$SUMMARY"
+fi
+# The prefill attention's table (tuning/prefill_attention.py) for the fused-pdl slab engine, from
+# the rules (PREFILL_BUDGET seconds of search), and the engine timed with it and without on each
+# of PREFILL_SUITES, the two side by side, each engine in a process of its own.
+if stage prefillknobs; then
+    mkdir -p workspace/prefillknobs
+    timed prefill_search "${PREFILL_LIMIT:-300}" "$PY" -m tuning.prefill_attention \
+        --budget "${PREFILL_BUDGET:-120}" --json "$OUT/prefill_knobs.json"
+    for name in base tuned; do
+        "$PY" -c "
+import json; from variants.presets import PRESETS; from variants.render import render_engine
+from tuning.prefill_attention import table_from_json
+data = json.load(open('$OUT/prefill_knobs.json'))['table'] if '$name' == 'tuned' else {}
+render_engine(PRESETS['slab-triton-pdl-allgraphs'], 'workspace/prefillknobs/$name.py', '', 8.0,
+              prefill_knobs=table_from_json(data))"
+    done
+    for suite in ${PREFILL_SUITES:-public serving}; do
+        for name in base tuned; do
+            timed "prefillknob_${suite}_$name" "${KNOB_LIMIT:-150}" "$PY" \
+                evaluator/benchmark_throughput.py --engine "workspace/prefillknobs/$name.py" \
+                --device cuda --suite "$suite" --json "$OUT/prefill${suite}_$name.json"
+        done
+        "$PY" scripts/trace_table.py "$OUT/prefill${suite}"_*.json | tee -a "$SUMMARY"
+    done
 fi
 # run.sh end to end with its kernel search, on the tests' tiny model (fast trials leave the
 # phase its time in a short budget): results.log's kernel search section
