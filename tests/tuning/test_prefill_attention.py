@@ -5,7 +5,6 @@ wins), the table through the engine, its file and JSON, and the search's loop wi
 
 import json
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -27,12 +26,6 @@ OURS = Variant(cache="slab", attention="triton")  # runs on the CPU (eager prefi
 H200_SHARED, RTX3090_SHARED = 232448, 101376  # bytes a program may take
 # tiles no rule picks, valid at the tiny model's head size
 ODD = {"tiles": (16, 32, 2, 2)}
-
-
-@pytest.fixture
-def course():
-    config = json.loads((Path(__file__).parents[2] / "target" / "model_config.json").read_text())
-    return config, ModelSpec.from_config(config)
 
 
 def test_every_prefill_call_a_graph_runs_falls_in_its_smallest_bucket(course):
@@ -62,18 +55,9 @@ def test_every_prefill_call_a_graph_runs_falls_in_its_smallest_bucket(course):
 
 
 @pytest.fixture
-def recorded(monkeypatch):
+def recorded(monkeypatch, launch_recorder):
     """The prefill kernel's launches (grid and every argument but the tensors), none run."""
-    launches = []
-
-    class Recorder:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                plain = {k: v for k, v in kwargs.items() if not isinstance(v, torch.Tensor)}
-                launches.append((grid, plain))
-
-            return launch
-
+    launches, Recorder = launch_recorder
     monkeypatch.setattr(kernel, "_varlen_prefill_kernel", Recorder())
     return launches
 
@@ -130,23 +114,6 @@ def test_the_table_round_trips_json():
     assert tuner.table_from_json(json.loads(json.dumps(tuner.table_to_json(table)))) == table
 
 
-class FakeBench:
-    """Times from a table of knob values, every launch right unless `wrong`; `refused` raise."""
-
-    def __init__(self, faster: dict, wrong=(), refused=()):
-        self.faster, self.wrong, self.refused = faster, wrong, refused
-        self.timed = []
-
-    def error(self, knobs):
-        if any(knobs[k] == v for k, v in self.refused):
-            raise RuntimeError("out of resource: shared memory")
-        return 1.0 if any(knobs[k] == v for k, v in self.wrong) else 1e-3
-
-    def time_ms(self, knobs):
-        self.timed.append(dict(knobs))
-        return 1.0 - sum(self.faster.get((k, v), 0.0) for k, v in knobs.items())
-
-
 def search(spec, bench, bucket, capability=(9, 0), shared=H200_SHARED):
     prior = tuner.prior_launch(spec, bucket.tokens, capability)
     values = lambda *args: tuner.candidates(shared, *args)  # noqa: E731
@@ -159,26 +126,28 @@ def search(spec, bench, bucket, capability=(9, 0), shared=H200_SHARED):
 BUCKET = tuner.PrefillBucket(1024, (128,) * 8, 3, 1.4)  # decode_8x128's
 
 
-def test_the_search_moves_rows_and_warps_together_and_keeps_the_prior_on_ties(course):
+def test_the_search_moves_rows_and_warps_together_and_keeps_the_prior_on_ties(course, fake_bench):
     _, spec = course
-    prior, found = search(spec, FakeBench({}), BUCKET)  # every launch as fast as the prior
+    prior, found = search(spec, fake_bench({}), BUCKET)  # every launch as fast as the prior
     assert found.best == prior and found.tried > 10
     faster = {("block_m", 128): 0.2, ("block_n", 128): 0.1, ("stages", 4): 0.005}
-    prior, found = search(spec, FakeBench(faster), BUCKET)
+    prior, found = search(spec, fake_bench(faster), BUCKET)
     # 128 rows at the rules' 4 warps would spill: tried at 8; four stages are within the margin
     assert found.moved == {"block_m": 128, "warps": 8, "block_n": 128}
     assert found.best_ms == pytest.approx(0.7) and found.prior_ms == pytest.approx(1.0)
 
 
-def test_a_refused_launch_is_rejected_not_fatal(course):
+def test_a_refused_launch_is_rejected_not_fatal(course, fake_bench):
     _, spec = course
-    bench = FakeBench({("stages", 2): 0.5}, refused=[("stages", 2)])
+    bench = fake_bench({("stages", 2): 0.5}, refused=[("stages", 2)])
     prior, found = search(spec, bench, BUCKET)
     assert found.best == prior
     assert any("shared memory" in str(err) for _, err in found.rejected)
 
 
-def test_a_planted_wrong_launch_is_rejected_by_the_float32_check(tiny_config, monkeypatch):
+def test_a_planted_wrong_launch_is_rejected_by_the_float32_check(
+    tiny_config, monkeypatch, fake_bench
+):
     """Through Triton's interpreter: the real kernel checked against the reference on three
     packed prompts with padding rows after them; its launcher corrupted at 32-key tiles, which
     the fake timer makes the fastest by far. Without the check they would win."""
@@ -193,7 +162,7 @@ def test_a_planted_wrong_launch_is_rejected_by_the_float32_check(tiny_config, mo
     bucket = tuner.PrefillBucket(64, (37, 5, 20), 1, 1.0)
     check = tuner.PrefillCheck(spec, bucket, torch.device("cpu"), torch.float32, most_prompts=4)
 
-    class Timed(FakeBench):
+    class Timed(fake_bench):
         def error(self, knobs):
             return check.error(knobs)
 
@@ -250,47 +219,29 @@ def _scenario(engine, ref, vocab) -> float:
 
 
 def test_an_engine_with_a_table_launches_it_and_matches_the_reference(
-    tiny_config, sharp_weights, monkeypatch
+    tiny_config, sharp_weights, prefill_launches
 ):
     """Eagerly on the CPU: a call of as many tokens as a table's entry launches its tiles, any
     other the rules'."""
-    from variants.attention import triton_attention
-
-    launched = []
-    real = triton_attention.varlen_prefill_attention
-
-    def recorded(q, *args, tiles=None, **kwargs):
-        launched.append((q.shape[0], tiles))
-        return real(q, *args, tiles=tiles, **kwargs)
-
-    monkeypatch.setattr(triton_attention, "varlen_prefill_attention", recorded)
     engine = build_engine(tiny_config, sharp_weights, "cpu", OURS, prefill_knobs={46: ODD})
     assert engine.attention.prefill_knobs == {46: ODD}
-    launched.clear()
+    prefill_launches.clear()
     ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
     assert _scenario(engine, ref, tiny_config["vocab_size"]) < 1e-4
-    assert launched == [(46, ODD["tiles"])] * 2 + [(9, None)] * 2  # two layers a call
+    assert prefill_launches == [(46, ODD["tiles"])] * 2 + [(9, None)] * 2  # two layers a call
 
 
-def test_the_table_is_written_into_the_engine_which_matches_the_library(
-    tiny_config, sharp_weights, tmp_path
-):
+def test_the_table_is_written_into_the_engine_which_matches_the_library(written_engine):
     table = {46: dict(ODD), 512: {"tiles": (32, 64, 4, 3)}}
-    path = render_engine(OURS, tmp_path / "engine.py", prefill_knobs=table)
-    text = path.read_text()
+    text, module, gaps = written_engine(OURS, _scenario, prefill_knobs=table)
     assert text.count("PREFILL_ATTENTION_KNOBS = {") == 1
     assert "    512: dict(tiles=(32, 64, 4, 3)),\n" in text
     assert "functools.partial(TritonAttention, prefill_knobs=PREFILL_ATTENTION_KNOBS)" in text
-    module = load_engine_module(path)
     assert module.PREFILL_ATTENTION_KNOBS == table
-    rendered = module.create_engine(tiny_config, sharp_weights, "cpu")
-    library = build_engine(tiny_config, sharp_weights, "cpu", OURS, prefill_knobs=table)
-    ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
-    gaps = [_scenario(e, ref, tiny_config["vocab_size"]) for e in (rendered, library)]
-    assert gaps[0] == gaps[1] and gaps[0] < 1e-4
+    assert gaps[0] == gaps[1] and gaps[0] < 1e-4  # the same engine, right
 
 
-def test_without_a_table_the_fastest_engine_is_unchanged():
+def test_without_a_table_the_fastest_engine_is_unchanged(kernel_lines):
     fastest = PRESETS["slab-triton-pdl-allgraphs"]
     text = render_source(fastest)
     assert render_source(fastest, prefill_knobs={}) == text
@@ -299,10 +250,7 @@ def test_without_a_table_the_fastest_engine_is_unchanged():
     decode = {(8, 1024): {"num_splits": 4}}
     tuned = render_source(fastest, knobs=decode, prefill_knobs={512: {"tiles": (32, 64, 4, 3)}})
     # every kernel keeps its line (Triton's cache key holds it): the tables go after them
-    kernels = lambda source: [  # noqa: E731
-        (i, line) for i, line in enumerate(source.splitlines()) if line.startswith("@triton.jit")
-    ]
-    assert kernels(tuned) == kernels(text) and len(kernels(text)) > 10
+    assert kernel_lines(tuned) == kernel_lines(text) and len(kernel_lines(text)) > 10
     assert "            knobs=DECODE_ATTENTION_KNOBS,\n" in tuned
     assert "            prefill_knobs=PREFILL_ATTENTION_KNOBS,\n" in tuned
 

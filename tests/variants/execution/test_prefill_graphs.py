@@ -138,23 +138,13 @@ def test_hopper_buckets_build_schedules_for_their_own_tiles(
 
 
 def test_a_table_s_buckets_build_schedules_for_its_tiles_and_launch_them(
-    tiny_config, sharp_weights, monkeypatch
+    tiny_config, sharp_weights, prefill_launches
 ):
     """The attention's prefill table (tokens -> tiles): its buckets build their q-block
     schedules for the table's BLOCK_M and launch its tiles, the others the rules' (64 x 64 on
     the CPU); a call in each bucket matches the reference."""
     import functools
 
-    from variants.attention import triton_attention
-
-    launched = []
-    real = triton_attention.varlen_prefill_attention
-
-    def recorded(q, *args, tiles=None, **kwargs):
-        launched.append((q.shape[0], tiles))
-        return real(q, *args, tiles=tiles, **kwargs)
-
-    monkeypatch.setattr(triton_attention, "varlen_prefill_attention", recorded)
     table = {32: {"tiles": (16, 16, 2, 2)}, 64: {"tiles": (32, 16, 4, 3)}}
     ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
     engine = assemble_engine(
@@ -168,10 +158,10 @@ def test_a_table_s_buckets_build_schedules_for_its_tiles_and_launch_them(
     for call in ({1: 20, 2: 9}, {3: 37, 4: 20}, {5: 70, 6: 30}):  # buckets 32, 64 and 128
         prompts = [torch.randint(0, tiny_config["vocab_size"], (n,), generator=gen)
                    for n in call.values()]  # fmt: skip
-        launched.clear()
+        prefill_launches.clear()
         out = engine.prefill(list(call), prompts)
         bucket = next(t for t in graphs.buckets if t >= sum(call.values()))
-        assert launched == [(bucket, table.get(bucket, {}).get("tiles"))] * 2  # two layers
+        assert prefill_launches == [(bucket, table.get(bucket, {}).get("tiles"))] * 2  # two layers
         for i, prompt in enumerate(prompts):
             want = ref.forward(prompt[None])[0, -1]
             assert (out[i] - want).abs().max().item() < 1e-4
