@@ -13,6 +13,9 @@ each of three ways of making the next engine, medians of many repeats, and each 
 - `busy`: as `assign`, then the device kept busy for 20 ms (a spin kernel) before the timed
   pass: if this matches `kept`, what `assign` loses is the device's idle gap while the host
   frees (its clocks drop), not work the free leaves to the pass.
+- `parked`: as `assign`, but the last engine's graphs are taken out of it before the
+  assignment and destroyed before the next engine is made (outside any timed pass): what an
+  engine would gain by handing its graphs to the next one's construction to free.
 
 If `assign` is slower than the other two, the time goes to freeing the last engine; the
 per-call columns say which call pays it. The cyclic collector is off throughout, as in
@@ -39,7 +42,7 @@ from evaluator.traces import materialize  # noqa: E402
 from variants.presets import PRESETS  # noqa: E402
 from variants.render import render_engine  # noqa: E402
 
-MODES = ("assign", "settled", "kept", "idle", "busy")
+MODES = ("assign", "settled", "kept", "idle", "busy", "parked")
 
 
 def sync(device: torch.device) -> None:
@@ -62,10 +65,14 @@ def measure(create, config, weights, device, calls, mode: str, repeat: int) -> d
     kept, passes, per_call, frees = [], [], [], []
     engine = create(config, weights, str(device))
     run_calls(engine, calls)  # the warm-up pass
+    parked: list = []
     for _ in range(repeat):
         if mode in ("kept", "idle"):
             kept.append(engine)
+        parked.clear()  # the engine before last's graphs, destroyed before the next is made
         new = create(config, weights, str(device))
+        if mode == "parked":
+            parked.extend(take_graphs(engine))
         start = time.perf_counter()
         engine = new  # the last engine is freed here (unless kept)
         frees.append(time.perf_counter() - start)
@@ -86,6 +93,7 @@ def measure(create, config, weights, device, calls, mode: str, repeat: int) -> d
         sync(device)
         passes.append(time.perf_counter() - start)
     kept.clear()
+    parked.clear()
     for _ in range(repeat if mode == "assign" else 0):  # call by call, after an assignment
         engine = create(config, weights, str(device))
         per_call.append(timed_calls(engine, calls, device))
@@ -96,6 +104,17 @@ def measure(create, config, weights, device, calls, mode: str, repeat: int) -> d
         # (assign only) each call of a fresh engine's pass, synchronised after each call
         "call_ms": [round(1e3 * statistics.median(c), 4) for c in zip(*per_call)],
     }
+
+
+def take_graphs(engine) -> list:
+    """The engine's captured graphs, taken out of its runners (which it no longer replays)."""
+    taken = []
+    for name in ("decode_runner", "prefill_runner"):
+        runner = getattr(engine, name, None)
+        for graphs in [getattr(runner, a, {}) for a in ("graphs", "heads")] if runner else []:
+            taken.extend(graphs.values())
+            graphs.clear()
+    return taken
 
 
 def free_anatomy(create, config, weights, device, calls) -> dict:
