@@ -54,9 +54,10 @@ fi
 stage tests && timed gpu_tests "${TESTS_LIMIT:-540}" "$PY" -m pytest -m gpu -p no:cacheprovider \
     --ignore=tests/variants/test_soak.py ${TESTS_PATHS:-tests}  # the soak has a stage of its own
 # The same tests in two calls, when one no longer holds them (173 took over 540 s on 4701ee5):
-# the kernels' tests, then the engines', graphs' and searches'.
+# the kernels' tests (in TESTS_WORKERS processes: they compile on the host's 16 cores, and none
+# reads the device's memory or times itself), then the engines', graphs' and searches'.
 stage tests1 && timed gpu_tests1 "${TESTS_LIMIT:-540}" "$PY" -m pytest -m gpu -p no:cacheprovider \
-    tests/variants/kernels
+    -n "${TESTS_WORKERS:-4}" tests/variants/kernels
 stage tests2 && timed gpu_tests2 "${TESTS_LIMIT:-540}" "$PY" -m pytest -m gpu -p no:cacheprovider \
     --ignore=tests/variants/test_soak.py --ignore=tests/variants/kernels tests
 stage kernels && timed bench_kernels "${KERNELS_LIMIT:-240}" "$PY" scripts/bench_kernels.py \
