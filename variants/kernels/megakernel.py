@@ -89,7 +89,8 @@ __device__ __forceinline__ unsigned smem(const void* p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
 __device__ __forceinline__ void mbar_init(unsigned long long* bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem(bar)), "r"(count));
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem(bar)), "r"(count)
+                 : "memory");
 }
 __device__ __forceinline__ bool mbar_test(unsigned long long* bar, unsigned parity) {
     unsigned ok;
@@ -598,6 +599,9 @@ megakernel(const __grid_constant__ Params p) {
             mbar_init(&sh.full[s], 32);
             mbar_init(&sh.empty[s], CONSUMER_WARPS);
         }
+#if __CUDA_ARCH__ >= 900  // the inits visible to the async proxy too (as CUTLASS does)
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
     }
     __syncthreads();
     int* bank = p.sync + SYNC_HEADER + (sh.epoch & 1) * p.n_counters;
