@@ -48,10 +48,14 @@ render_engine(PRESETS['$PRESET'], '$root/.ab/engine_${tree//[.\/]/}.py')")
         for tree in "${trees[@]}"; do
             name=${tree//[.\/]/}
             case $HARNESS in base) bench=.ab/base ;; head) bench=. ;; *) bench=$tree ;; esac
+            log="$out/ab_${SUITE}_${HARNESS}_${round}_${name:-head}.log"
+            rm -f .ab/last.json
+            # one tree that fails (an old tree on this machine) leaves the others' numbers
             (cd "$bench" && PYTHONPATH=$PWD "$PY" evaluator/benchmark_throughput.py \
                 --engine "$root/.ab/engine_$name.py" --model-config "$root/target/model_config.json" \
                 --weight-dir "$root/target/weights" --device cuda --suite "$SUITE" \
-                --json "$root/.ab/last.json" > "$out/ab_${SUITE}_${HARNESS}_${round}_${name:-head}.log" 2>&1)
+                --json "$root/.ab/last.json" > "$log" 2>&1) \
+                || { echo "error: ${name:-head}'s benchmark failed: $log" >&2; continue; }
             "$PY" -c "
 import json; d = json.load(open('.ab/last.json'))
 for k, t in d['traces'].items():
