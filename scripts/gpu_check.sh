@@ -27,6 +27,17 @@ timed() {  # timed NAME LIMIT_S CMD...: run, log, record status and seconds
     tail -n 25 "$OUT/$name.log" >> "$SUMMARY"
     return $rc
 }
+# bench_engines TAG DIR SUITE NAME...: DIR/NAME.py each timed on SUITE, then side by side (a
+# TAG without "_": the table names each column by what follows the first one)
+bench_engines() {
+    local tag=$1 dir=$2 suite=$3 name jsons=(); shift 3
+    for name in "$@"; do
+        timed "${tag}_$name" "${KNOB_LIMIT:-150}" "$PY" evaluator/benchmark_throughput.py \
+            --engine "$dir/$name.py" --device cuda --suite "$suite" --json "$OUT/${tag}_$name.json"
+        jsons+=("$OUT/${tag}_$name.json")
+    done
+    "$PY" scripts/trace_table.py "${jsons[@]}" | tee -a "$SUMMARY"
+}
 
 if [ -d .whl ] && ! "$PY" -c "import optuna" 2>/dev/null; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -151,11 +162,8 @@ from tuning.decode_attention import table_from_json
 path = '$OUT/knobs_$name.json'
 knobs = table_from_json(json.load(open(path))['table']) if '$name' != 'base' else None
 render_engine(PRESETS['slab-triton-pdl-allgraphs'], 'workspace/knobs/$name.py', '', 8.0, knobs=knobs)"
-        timed "knob_$name" "${KNOB_LIMIT:-150}" "$PY" evaluator/benchmark_throughput.py \
-            --engine "workspace/knobs/$name.py" --device cuda --suite "${KNOB_SUITE:-all}" \
-            --json "$OUT/knob_$name.json"
     done
-    "$PY" scripts/trace_table.py "$OUT"/knob_*.json | tee -a "$SUMMARY"
+    bench_engines knob workspace/knobs "${KNOB_SUITE:-all}" ${KNOB_ENGINES:-base hand neutral neutral0}
 fi
 # The few-row kernels' table (tuning/few_row.py) for the fused-pdl slab engine, from the rules,
 # with and without the decode attention's (hand prior), each engine timed on every suite against
@@ -176,11 +184,8 @@ few = few_row_from_json(json.load(open('$OUT/fewrow.json'))['table']) if '$name'
 att = table_from_json(json.load(open('$OUT/knobs_hand.json'))['table']) if '$name' == 'both' else None
 render_engine(PRESETS['slab-triton-pdl-allgraphs'], 'workspace/fewknobs/$name.py', '', 8.0,
               knobs=att, few_row_knobs=few)"
-        timed "fewknob_$name" "${KNOB_LIMIT:-150}" "$PY" evaluator/benchmark_throughput.py \
-            --engine "workspace/fewknobs/$name.py" --device cuda --suite "${KNOB_SUITE:-all}" \
-            --json "$OUT/fewknob_$name.json"
     done
-    "$PY" scripts/trace_table.py "$OUT"/fewknob_*.json | tee -a "$SUMMARY"
+    bench_engines fewknob workspace/fewknobs "${KNOB_SUITE:-all}" base fewrow both
 fi
 # The prefill attention's table (tuning/prefill_attention.py) for the fused-pdl slab engine, from
 # the rules (PREFILL_BUDGET seconds of search), and the engine timed with it and without on each
@@ -198,12 +203,7 @@ render_engine(PRESETS['slab-triton-pdl-allgraphs'], 'workspace/prefillknobs/$nam
               prefill_knobs=table_from_json(data))"
     done
     for suite in ${PREFILL_SUITES:-public serving}; do
-        for name in base tuned; do
-            timed "prefillknob_${suite}_$name" "${KNOB_LIMIT:-150}" "$PY" \
-                evaluator/benchmark_throughput.py --engine "workspace/prefillknobs/$name.py" \
-                --device cuda --suite "$suite" --json "$OUT/prefill${suite}_$name.json"
-        done
-        "$PY" scripts/trace_table.py "$OUT/prefill${suite}"_*.json | tee -a "$SUMMARY"
+        bench_engines "prefill$suite" workspace/prefillknobs "$suite" base tuned
     done
 fi
 # run.sh end to end with its kernel search, on the tests' tiny model (fast trials leave the

@@ -85,6 +85,12 @@ class Tuned:
     def moved(self) -> dict:
         return {k: v for k, v in self.best.items() if self.prior.get(k) != v}
 
+    def outcome(self) -> str:
+        """The log's account: the time from the prior to the best, and what moved."""
+        moved = ", ".join(f"{k}={v}" for k, v in self.moved.items()) or "prior kept"
+        return (f"{self.prior_ms * 1e3:7.1f} -> {self.best_ms * 1e3:7.1f} us, {self.tried} "
+                f"tried: {moved}")  # fmt: skip
+
 
 def prior_launch(spec: ModelSpec, rows: int, context: int, sm_count: int, capability) -> dict:
     """The launch the rules pick for a bucket, every knob explicit (the launcher's defaults)."""
@@ -459,11 +465,9 @@ def tune(
         engine.remove(bench.ids)
         engine.attention.knobs[key] = table[key] = found.best
         results.append(found)
-        moved = ", ".join(f"{k}={v}" for k, v in found.moved.items()) or "prior kept"
         log(
             f"  {bucket.rows:3d} rows x {bucket.context:5d} (weight {bucket.weight:.2f}, longest "
-            f"{max(bucket.lengths)}): a step {found.prior_ms * 1e3:7.1f} -> "
-            f"{found.best_ms * 1e3:7.1f} us, {found.tried} tried: {moved}"
+            f"{max(bucket.lengths)}): a step {found.outcome()}"
         )
     del engine
     return table, results

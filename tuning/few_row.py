@@ -252,12 +252,8 @@ def tune(config: dict, weight_dir: str, variant, budget_s: float = 120.0, device
         engine.remove(step.ids)
         live[key] = launch_of(found.best)
         results.append((kernel, found))
-        moved = ", ".join(f"{k}={v}" for k, v in found.moved.items()) or "prior kept"
-        log(
-            f"  {kernel:6s} at {bucket.rows:3d} rows (weight {bucket.weight:.2f}): a step "
-            f"{found.prior_ms * 1e3:7.1f} -> {found.best_ms * 1e3:7.1f} us, {found.tried} "
-            f"tried: {moved}"
-        )
+        log(f"  {kernel:6s} at {bucket.rows:3d} rows (weight {bucket.weight:.2f}): a step "
+            f"{found.outcome()}")  # fmt: skip
     del engine
     return {k: v for k, v in live.items() if v != launch_of(priors[k])}, results
 

@@ -256,11 +256,9 @@ def tune(config: dict, budget_s: float = 120.0, device="cuda", log=print, bench=
         if found.best != prior:
             table[bucket.tokens] = launch_of(found.best)
         results.append(found)
-        moved = ", ".join(f"{k}={v}" for k, v in found.moved.items()) or "prior kept"
         log(
             f"  {bucket.tokens:5d} tokens (weight {bucket.weight:.2f}, {len(bucket.lengths)} "
-            f"prompts, longest {max(bucket.lengths)}): the attention {found.prior_ms * 1e3:7.1f}"
-            f" -> {found.best_ms * 1e3:7.1f} us, {found.tried} tried: {moved}"
+            f"prompts, longest {max(bucket.lengths)}): the attention {found.outcome()}"
         )
     return table, results
 
