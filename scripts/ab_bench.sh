@@ -38,7 +38,7 @@ run)
     root=$PWD
     [ -f target/weights/model.pt ] || "$PY" scripts/generate_toy_weights.py \
         --config target/model_config.json --output target/weights/model.pt > /dev/null
-    trees=(.ab/base $(ls -d .ab/rev-* 2>/dev/null) .)
+    trees=(.ab/base $(ls -d .ab/rev-* 2>/dev/null || true) .)
     for tree in "${trees[@]}"; do
         (cd "$tree" && PYTHONPATH=$PWD "$PY" -c "
 from variants.presets import PRESETS; from variants.render import render_engine

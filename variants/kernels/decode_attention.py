@@ -122,10 +122,9 @@ def _store_split(acc, l_i, b, heads, g_mask, out_ptr, stride_ob, stride_oh, acc_
 @triton.jit
 def _token_slots(row_ptr, pos, mask, block_size, OFFSETS: tl.constexpr):
     """The pool slots of a row's positions `pos` through its table of block_size-token blocks:
-    each entry a block's number, or (OFFSETS) its first token's slot (in 32 bits: a pool of
-    fewer than 2**31 tokens a layer; ptxas then takes no more registers than for blocks)."""
+    each entry a block's number, or (OFFSETS) its first token's slot."""
     if OFFSETS:
-        return (tl.load(row_ptr).to(tl.int32) + pos).to(tl.int64)
+        return tl.load(row_ptr).to(tl.int64) + pos
     block = tl.load(row_ptr + pos // block_size, mask=mask, other=0)
     return block.to(tl.int64) * block_size + pos % block_size
 
