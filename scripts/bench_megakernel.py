@@ -3,9 +3,12 @@ GPU. Per shape (rows x context): one decode step of the slab engine (fused-pdl w
 has PDL) is recorded, and both stacks run on its inputs and weights: each one's logits (the
 fused head) against the float32 reference model, and x against each other. Then each stack is
 captured in a CUDA graph and replayed back to back, rounds interleaved (CUDA events, medians):
-the step's and a layer's GPU time. Last, a counter hop's latency between two SMs.
+the step's and a layer's GPU time. Then one step profiled (each task's wait for its counter,
+for its weights, and its work, by op; each layer's span; the blocks' busy share). Last, a
+counter hop's latency between two SMs.
 
-    python scripts/bench_megakernel.py [--shapes 8x150,8x40] [--ring-slots 2,4,8] [--json PATH]
+    python scripts/bench_megakernel.py [--shapes 8x150,8x40] [--ring-slots 2,4,8]
+        [--spin-ns 512,64,0] [--json PATH]
 
 M1's rules (docs/MEGAKERNEL.md section 4): continue at <= 12 us a layer, profile at >= 18,
 drop if a hop costs > 1.5 us. Exits 1 when the megakernel's logits are further from the float32
@@ -32,6 +35,7 @@ from variants.cache.slab import SlabKVCache  # noqa: E402
 from variants.engine import assemble_engine  # noqa: E402
 from variants.kernels.device import device_capability, device_sm_count  # noqa: E402
 from variants.kernels.megakernel import (  # noqa: E402
+    SPIN_NS,
     SPLIT_TOKENS,
     Megakernel,
     StepRecorder,
@@ -103,19 +107,28 @@ def bench_shape(engine, recorder, stack, builds: dict, ref, rows: int, ctx: int,
     graphs = {"fused": capture(lambda: stack(engine, *step, None))}
     megas = {}
     shape = MegaShape.from_spec(spec)
-    for name, (module, ring_slots) in builds.items():
-        schedule = build_schedule(shape, rows, device_sm_count(device), args.attn_splits)
-        validate(schedule)
-        mega = Megakernel(module, schedule, ring_slots, device, args.split_tokens)
-        inputs = step_inputs(engine, *step)
-        x = run_checked(mega, inputs)
-        out[name] = {
-            "logits_err": (engine._logits(x) - want).abs().max().item(),
-            "x_diff_to_fused": (x.float() - fused.float()).abs().max().item(),
-            "ring_slots": ring_slots, "tasks": len(schedule.tasks()),
-        }  # fmt: skip
-        graphs[name] = capture(functools.partial(mega, inputs))
-        megas[name] = (mega, x)
+    spins = [int(v) for v in args.spin_ns.split(",")]
+    schedule = build_schedule(shape, rows, device_sm_count(device), args.attn_splits)
+    validate(schedule)
+    inputs = step_inputs(engine, *step)
+    for built, (module, ring_slots) in builds.items():
+        for spin in spins:
+            name = built if len(spins) == 1 else f"{built}-spin{spin}"
+            mega = Megakernel(module, schedule, ring_slots, device, args.split_tokens, spin)
+            x = run_checked(mega, inputs)
+            out[name] = {
+                "logits_err": (engine._logits(x) - want).abs().max().item(),
+                "x_diff_to_fused": (x.float() - fused.float()).abs().max().item(),
+                "ring_slots": ring_slots, "spin_ns": spin, "tasks": len(schedule.tasks()),
+            }  # fmt: skip
+            graphs[name] = capture(functools.partial(mega, inputs))
+            megas[name] = (mega, x)
+            # one step profiled (the same kernel, each task's stamps written), after a warm one
+            profiled = Megakernel(module, schedule, ring_slots, device, args.split_tokens, spin,
+                                  profile=True)  # fmt: skip
+            run_checked(profiled, inputs)
+            run_checked(profiled, inputs)
+            out[name]["profile"] = profiled.profile()
     times: dict = {name: [] for name in graphs}
     for _ in range(args.rounds):
         for name, graph in graphs.items():
@@ -140,6 +153,11 @@ def main() -> int:
     p.add_argument("--consumer-warps", type=int, default=4)
     p.add_argument("--attn-splits", type=int, default=2)
     p.add_argument("--split-tokens", type=int, default=SPLIT_TOKENS)
+    p.add_argument(
+        "--spin-ns",
+        default=str(SPIN_NS),
+        help="a waiting lane's longest sleep (ns), comma-separated to compare",
+    )
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--replays", type=int, default=100)
     p.add_argument("--hops", type=int, default=20000)
@@ -183,6 +201,7 @@ def main() -> int:
     ref = ReferenceModel(config, args.weight_dir, device, dtype=torch.float32)
     results = {
         "gpu": torch.cuda.get_device_name(device), "torch": torch.__version__,
+        "ring_slots": args.ring_slots, "consumer_warps": args.consumer_warps,
         "fused_stack": "fused-pdl" if pdl else "fused", "build_s": build_s,
         "attn_splits": args.attn_splits, "split_tokens": args.split_tokens, "shapes": [],
     }  # fmt: skip
@@ -194,7 +213,7 @@ def main() -> int:
         log.info("%dx%d: %s %.1f us a step (%.2f a layer), logits error %.2e",
                  rows, ctx, results["fused_stack"], base["step_us"], base["layer_us"],
                  base["logits_err"])  # fmt: skip
-        for name in builds:
+        for name in (k for k in r if k.startswith("mega")):
             m = r[name]
             ok = m["logits_err"] <= args.error_margin * base["logits_err"]
             failed |= not ok or not m["replays_identical"] or m["stuck"] is not None
@@ -204,6 +223,22 @@ def main() -> int:
                      "fused %.2e, replays identical %s", name, m["step_us"], m["layer_us"],
                      verdict, m["logits_err"], "ok" if ok else "WORSE", m["x_diff_to_fused"],
                      m["replays_identical"])  # fmt: skip
+            prof = m["profile"]
+            log.info("    profiled step %.1f us; a layer's span median %.1f us; blocks busy %.2f "
+                     "(median) %.2f (most)", prof["step_us"],
+                     statistics.median(prof["layer_span_us"]), prof["busy_share"]["median"],
+                     prof["busy_share"]["max"])  # fmt: skip
+            for op, phases in prof["ops"].items():
+                log.info(
+                    "    %-6s %5d tasks: wait %.2f, weights %.2f, work %.2f us (medians); "
+                    "work %.1f us in all",
+                    op,
+                    phases["tasks"],
+                    phases["wait_us"],
+                    phases["weights_us"],
+                    phases["work_us"],
+                    phases["work_total_us"],
+                )
     module = next(iter(builds.values()))[0]
     results["hop_us"] = round(hop_us(module, args.hops), 3)
     log.info("a counter hop: %.3f us (drop above %.1f)", results["hop_us"], HOP_DROP_US)

@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import math
 import re
+import statistics
 import struct
 import subprocess
 import tempfile
@@ -43,7 +44,7 @@ PARAMS = (
     ("split_tokens", "long long"), ("block_size", "long long"), ("table_stride", "long long"),
     ("rope_stride", "long long"), ("k_stride_token", "long long"), ("k_stride_head", "long long"),
     ("v_stride_token", "long long"), ("v_stride_head", "long long"), ("eps", "double"),
-    ("qk_scale_log2", "double"),
+    ("qk_scale_log2", "double"), ("prof", "long long*"), ("spin_ns", "long long"),
 )  # fmt: skip
 # Each layer's pointers, a row of `layer_ptrs`.
 LAYER_POINTERS = ("input_norm", "qkv", "o", "post_norm", "gate_up", "down", "k_pool", "v_pool")
@@ -51,6 +52,8 @@ SYNC_HEADER = 4  # sync[0]: the epoch; then two banks of counters
 ERROR_WORDS = 10  # set, block, task index, op, layer, tile, split, counter, target, value seen
 WATCHDOG_CYCLES = 2_000_000_000  # ~1 s at the H200's 1.98 GHz: a spin this long traps
 SPLIT_TOKENS = 64  # an ATTN split's fewest keys (each live split gets at least this many)
+SPIN_NS = 512  # a waiting lane's longest sleep between polls (it doubles from 32 ns up to it)
+STAMPS = ("start", "ready", "weights", "done")  # a profiled task's times (PROFILE_STAMPS)
 # Shared memory a block may take (sm_90: 227 KiB, sm_80: 163, sm_86/89: 99), less the static
 # part's margin (mbarriers, reduction and attention scratch).
 SHARED_BYTES = {"90": 227 * 1024, "80": 163 * 1024, "86": 99 * 1024, "89": 99 * 1024}
@@ -68,7 +71,13 @@ constexpr int GROUP = HEADS / KV_HEADS;
 constexpr int DOWN_SPLITS = INTER / DOWN_CHUNK;
 constexpr int HEAD_SLICE = (HEAD_DIM + CONSUMERS - 1) / CONSUMERS;  // dims a thread accumulates
 constexpr int NORM_PIECES = (HIDDEN / 2 + 31) / 32;  // half2 of a row a lane holds to norm it
+constexpr int STAGE_PIECES = (MAX_KLEN / 2 + 31) / 32;  // half2 of a row a lane stages
+constexpr int KEY_PIECES = (HEAD_DIM / 2 + 31) / 32;  // half2 of a key a lane scores
+constexpr int KEYS_PER_WARP = ATTN_BLOCK / CONSUMER_WARPS;
+constexpr int VALUE_BATCH = 16;  // values a thread has in flight (32 spill with 8 warps)
+constexpr int MAX_SPLITS = HEADS > INTER / DOWN_CHUNK ? HEADS : INTER / DOWN_CHUNK;
 static_assert(ATTN_BLOCK == 32, "an ATTN tile's keys are a warp's lanes");
+static_assert(ATTN_BLOCK % CONSUMER_WARPS == 0, "an ATTN tile's keys split evenly over warps");
 static_assert(GROUP <= 8 && HEAD_DIM % 16 == 0 && MAX_KLEN % 16 == 0, "unsupported shape");
 static_assert(sizeof(Params) == PARAM_WORDS * 8, "Params as packed by megakernel.py");
 
@@ -125,6 +134,11 @@ __device__ __forceinline__ int atom_acq_rel_add(int* p, int v) {
     asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;"
                  : "=r"(old) : "l"(p), "r"(v) : "memory");
     return old;
+}
+__device__ __forceinline__ long long global_ns() {  // comparable across SMs, unlike clock64
+    long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
 }
 __device__ __forceinline__ void consumer_barrier() {  // the consumer warps only (id 1)
     asm volatile("bar.sync 1, %0;" :: "n"(CONSUMERS) : "memory");
@@ -206,11 +220,12 @@ __device__ void wait_slot(unsigned long long* bar, unsigned parity, const Params
 __device__ void wait_counter(const Params& p, const int* counter, int index, const Task& t) {
     if (threadIdx.x == 0) {
         const long long start = clock64();
-        unsigned ns = 32;
+        const unsigned most = (unsigned)p.spin_ns;
+        unsigned ns = most < 32 ? most : 32;
         for (int seen; (seen = ld_acquire(counter)) < t.target;) {
             if (clock64() - start > WATCHDOG_CYCLES) stuck(p, index, t, t.wait, seen);
-            __nanosleep(ns);
-            ns = ns < 512 ? 2 * ns : ns;
+            if (ns) __nanosleep(ns);
+            ns = 2 * ns < most ? 2 * ns : most;
         }
     }
     consumer_barrier();
@@ -311,7 +326,15 @@ __device__ void stage(const Params& p, const Task& t, half* hs, int klen) {
         if (r >= p.rows) {
             for (int k = lane; k < klen / 2; k += 32) dst[k] = __float2half2_rn(0.f);
         } else if (norm == nullptr) {
-            for (int k = lane; k < klen / 2; k += 32) dst[k] = __ldcg(row + k);
+            half2 v[STAGE_PIECES];
+#pragma unroll
+            for (int j = 0; j < STAGE_PIECES; ++j) {
+                const int k = lane + 32 * j;
+                v[j] = k < klen / 2 ? __ldcg(row + k) : __float2half2_rn(0.f);
+            }
+#pragma unroll
+            for (int j = 0; j < STAGE_PIECES; ++j)
+                if (lane + 32 * j < klen / 2) dst[lane + 32 * j] = v[j];
         } else {
             half2 v[NORM_PIECES];
             float squares = 0.f;
@@ -402,18 +425,25 @@ __device__ void residual_epilogue(const Params& p, Shared& sh, const Task& t, in
         part[((size_t)t.split * ROWS + n) * HIDDEN + col] = v;
     }
     if (!arrive_last(sh, bank + t.arrive, splits) || !mine) return;
-    float total = 0.f;
-    for (int s = 0; s < splits; ++s) total += __ldcg(part + ((size_t)s * ROWS + n) * HIDDEN + col);
     const half* res = oproj ? x_in_layer(p, t.layer) : xmid_of(p, t.layer);
+    const half residual = __ldcg(res + n * HIDDEN + col);
+    float parts[MAX_SPLITS];
+#pragma unroll
+    for (int s = 0; s < MAX_SPLITS; ++s)
+        parts[s] = s < splits ? __ldcg(part + ((size_t)s * ROWS + n) * HIDDEN + col) : 0.f;
+    float total = 0.f;
+#pragma unroll
+    for (int s = 0; s < MAX_SPLITS; ++s)
+        if (s < splits) total += parts[s];
     half* out = oproj ? xmid_of(p, t.layer) : x_out_layer(p, t.layer);
     const float y = widen(round_half(total));
-    out[n * HIDDEN + col] = round_half(widen(__ldcg(res + n * HIDDEN + col)) + y);
+    out[n * HIDDEN + col] = round_half(widen(residual) + y);
 }
 
 // QKV, OPROJ, GATEUP, DOWN: h [ROWS, klen] (staged, or still there from the task before) times
 // the slot's 16 weight rows, each warp a share of the K steps, then the op's epilogue.
 __device__ void project(const Params& p, Shared& sh, half* ring, half* hs, int& staged,
-                        const Task& t, int w, int index, int* bank) {
+                        const Task& t, int w, int index, int* bank, long long& weights_at) {
     const int klen = t.op == OP_OPROJ ? HEAD_DIM : (t.op == OP_DOWN ? DOWN_CHUNK : HIDDEN);
     const int key = (t.layer * 8 + t.op) * 64 + t.split;  // what hs holds
     if (key != staged) {
@@ -423,6 +453,7 @@ __device__ void project(const Params& p, Shared& sh, half* ring, half* hs, int& 
     }
     const int slot = w % RING_SLOTS;
     wait_slot(&sh.full[slot], (w / RING_SLOTS) & 1, p, index, t);
+    if (p.prof != nullptr && threadIdx.x == 0) weights_at = global_ns();
     const half* a = ring + slot * SLOT_HALVES;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q2 = 2 * (lane % 4);
     float c[4] = {0.f, 0.f, 0.f, 0.f};
@@ -483,20 +514,32 @@ __device__ void attend(const Params& p, Shared& sh, const Task& t, int* bank) {
     for (int n0 = start; n0 < end; n0 += ATTN_BLOCK) {
         if (tid < ATTN_BLOCK) sh.slot[tid] = n0 + tid < end ? token_slot(p, row, n0 + tid) : -1;
         consumer_barrier();
-        for (int n = warp; n < ATTN_BLOCK; n += CONSUMER_WARPS) {  // scores, a key a warp
-            const long long slot = sh.slot[n];
+        half2 keys[KEYS_PER_WARP][KEY_PIECES];  // this warp's keys n = warp + j * warps
+#pragma unroll
+        for (int j = 0; j < KEYS_PER_WARP; ++j) {
+            const long long slot = sh.slot[warp + j * CONSUMER_WARPS];
+            const half2* k = reinterpret_cast<const half2*>(kp + max(slot, 0LL) * p.k_stride_token);
+#pragma unroll
+            for (int i = 0; i < KEY_PIECES; ++i) {
+                const int d = lane + 32 * i;
+                keys[j][i] = slot >= 0 && d < HEAD_DIM / 2 ? __ldcg(k + d) : __float2half2_rn(0.f);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < KEYS_PER_WARP; ++j) {  // scores, a key a warp
+            const int n = warp + j * CONSUMER_WARPS;
             float s[GROUP] = {};
-            if (slot >= 0) {
-                const half2* k = reinterpret_cast<const half2*>(kp + slot * p.k_stride_token);
-                for (int d = lane; d < HEAD_DIM / 2; d += 32) {
-                    const float2 kf = __half22float2(__ldcg(k + d));
-                    for (int g = 0; g < GROUP; ++g)
-                        s[g] += sh.q[g][2 * d] * kf.x + sh.q[g][2 * d + 1] * kf.y;
-                }
+#pragma unroll
+            for (int i = 0; i < KEY_PIECES; ++i) {
+                const int d = lane + 32 * i;
+                if (d >= HEAD_DIM / 2) break;
+                const float2 kf = __half22float2(keys[j][i]);
+                for (int g = 0; g < GROUP; ++g)
+                    s[g] += sh.q[g][2 * d] * kf.x + sh.q[g][2 * d + 1] * kf.y;
             }
             for (int g = 0; g < GROUP; ++g) {
                 const float total = warp_sum(s[g]);
-                if (lane == 0) sh.score[g][n] = slot >= 0 ? total * scale : -INFINITY;
+                if (lane == 0) sh.score[g][n] = sh.slot[n] >= 0 ? total * scale : -INFINITY;
             }
         }
         consumer_barrier();
@@ -519,9 +562,20 @@ __device__ void attend(const Params& p, Shared& sh, const Task& t, int* bank) {
             const int d = tid + i * CONSUMERS;
             if (d >= HEAD_DIM) break;
             float pv[GROUP] = {};
-            for (int n = 0; n < ATTN_BLOCK && sh.slot[n] >= 0; ++n) {
-                const float v = widen(__ldcg(vp + sh.slot[n] * p.v_stride_token + d));
-                for (int g = 0; g < GROUP; ++g) pv[g] += widen(sh.p[g][n]) * v;
+            for (int n0 = 0; n0 < ATTN_BLOCK && sh.slot[n0] >= 0; n0 += VALUE_BATCH) {
+                half v[VALUE_BATCH];  // a batch of values loaded together, summed in key order
+#pragma unroll
+                for (int j = 0; j < VALUE_BATCH; ++j) {
+                    const long long slot = sh.slot[n0 + j];
+                    v[j] = slot >= 0 ? __ldcg(vp + slot * p.v_stride_token + d)
+                                     : __float2half_rn(0.f);
+                }
+#pragma unroll
+                for (int j = 0; j < VALUE_BATCH; ++j) {
+                    if (sh.slot[n0 + j] < 0) break;
+                    for (int g = 0; g < GROUP; ++g)
+                        pv[g] += widen(sh.p[g][n0 + j]) * widen(v[j]);
+                }
             }
             for (int g = 0; g < GROUP; ++g) acc[g][i] = acc[g][i] * sh.alpha[g] + pv[g];
         }
@@ -569,16 +623,27 @@ __device__ void attend(const Params& p, Shared& sh, const Task& t, int* bank) {
 __device__ void consume(const Params& p, Shared& sh, half* ring, half* hs, int begin, int end,
                         int* bank) {
     int w = 0, staged = -1;
+    const bool profiled = p.prof != nullptr && threadIdx.x == 0;
     for (int i = begin; i < end; ++i) {
         const Task t = load_task(p, i);
+        const long long start = profiled ? global_ns() : 0;
         if (t.wait != NO_COUNTER) wait_counter(p, bank + t.wait, i, t);
+        const long long ready = profiled ? global_ns() : 0;
+        long long weights_at = ready;
         if (t.op == OP_ATTN) {
             attend(p, sh, t, bank);
         } else {
-            project(p, sh, ring, hs, staged, t, w, i, bank);
+            project(p, sh, ring, hs, staged, t, w, i, bank, weights_at);
             ++w;
         }
         signal(bank + t.signal);
+        if (profiled) {  // PROFILE_STAMPS: a task's times in ns, as STAMPS names them
+            long long* at = p.prof + (size_t)i * PROFILE_STAMPS;
+            at[0] = start;
+            at[1] = ready;
+            at[2] = weights_at;
+            at[3] = global_ns();
+        }
     }
     consumer_barrier();
     if (threadIdx.x == 0) {  // the last block done advances the epoch: the next step's bank
@@ -682,6 +747,7 @@ def kernel_source(shape: MegaShape, consumer_warps: int = 4, ring_slots: int = 8
         ATTN_BLOCK=ATTN_BLOCK, CONSUMER_WARPS=consumer_warps, RING_SLOTS=ring_slots,
         SYNC_HEADER=SYNC_HEADER, ERROR_WORDS=ERROR_WORDS, DONE_COUNTER=DONE,
         NO_COUNTER=NONE, PARAM_WORDS=len(PARAMS), LAYER_POINTER_COUNT=len(LAYER_POINTERS),
+        PROFILE_STAMPS=len(STAMPS),
         **{f"OP_{op.name}": int(op) for op in Op},
         **{f"LP_{name.upper()}": i for i, name in enumerate(LAYER_POINTERS)},
     )  # fmt: skip
@@ -810,9 +876,15 @@ class Megakernel:
     overwrites); it allocates nothing, so a CUDA graph can capture it after a first call."""
 
     def __init__(self, module, schedule: Schedule, ring_slots: int, device,
-                 split_tokens: int = SPLIT_TOKENS):  # fmt: skip
+                 split_tokens: int = SPLIT_TOKENS, spin_ns: int = SPIN_NS,
+                 profile: bool = False):  # fmt: skip
         s, rows, dev = schedule.shape, ROWS, torch.device(device)
         self.module, self.schedule, self.split_tokens = module, schedule, split_tokens
+        self.spin_ns = spin_ns
+        # profile: each task's STAMPS (ns, the GPU's global timer), queue after queue
+        n_tasks = sum(len(q) for q in schedule.queues)
+        self.stamps = torch.zeros(n_tasks, len(STAMPS), dtype=torch.int64, device=dev) if (
+            profile) else None  # fmt: skip
         self.shared_bytes = dynamic_shared_bytes(s, ring_slots)
         if module.prepare(self.shared_bytes) < 1:
             raise RuntimeError(f"megakernel: a block of {self.shared_bytes} bytes does not fit")
@@ -869,11 +941,14 @@ class Megakernel:
             rope_stride=inputs.cos.stride(0), k_stride_token=k.stride(0),
             k_stride_head=k.stride(1), v_stride_token=v.stride(0), v_stride_head=v.stride(1),
             eps=inputs.eps, qk_scale_log2=inputs.scale * math.log2(math.e),
+            prof=self.stamps, spin_ns=self.spin_ns,
         )  # fmt: skip
         words = []
         for name, ctype in PARAMS:
             value = values[name]
-            if isinstance(value, torch.Tensor):
+            if value is None:  # a pointer left out: the kernel skips what it would write
+                words.append(0)
+            elif isinstance(value, torch.Tensor):
                 words.append(value.data_ptr())
             elif ctype == "double":
                 words.append(struct.unpack("<q", struct.pack("<d", value))[0])
@@ -896,3 +971,53 @@ class Megakernel:
             "its weight slot")  # fmt: skip
         return (f"block {block} task {index}: {Op(op).name}(layer {layer}, tile {tile}, split "
                 f"{split}) waited for {name} to reach {target}, at {seen}")  # fmt: skip
+
+    def profile(self) -> dict:
+        """The last step's profile (a Megakernel made with profile=True): profile_summary of
+        its tasks' stamps."""
+        assert self.stamps is not None, "made without profile=True"
+        placed = [(block, t) for block, q in enumerate(self.schedule.queues) for t in q]
+        return profile_summary(placed, self.stamps.tolist())
+
+
+def profile_summary(placed: list, stamps: list) -> dict:
+    """Where a step's time goes, from each task's STAMPS (ns): `placed` is (block, Task) in the
+    kernel's order (queue after queue). Per op the medians and totals of its tasks' phases:
+    `wait` (for its counter), `weights` (for its ring slot once ready), `work` (compute, store,
+    signal); per layer its span (its first task's start to its last one's end); per block its
+    busy share (work over the step); the step's span."""
+    t0 = min(row[0] for row in stamps)
+    end = max(row[3] for row in stamps)
+    ops: dict = {}
+    layers: dict = {}
+    busy: dict = {}
+    for (block, task), (start, ready, weights, done) in zip(placed, stamps):
+        phases = {"wait": ready - start, "weights": weights - ready, "work": done - weights}
+        entry = ops.setdefault(task.op.name, {k: [] for k in phases})
+        for k, v in phases.items():
+            entry[k].append(v)
+        span = layers.setdefault(task.layer, [start, done])
+        span[0], span[1] = min(span[0], start), max(span[1], done)
+        busy[block] = busy.get(block, 0) + phases["work"]
+
+    def us(values: list) -> float:
+        return round(statistics.median(values) / 1e3, 3)
+
+    step_ns = max(end - t0, 1)
+    return {
+        "step_us": round(step_ns / 1e3, 2),
+        "ops": {
+            name: {
+                "tasks": len(p["work"]),
+                **{f"{k}_us": us(v) for k, v in p.items()},
+                "work_total_us": round(sum(p["work"]) / 1e3, 1),
+            }
+            for name, p in ops.items()
+        },  # fmt: skip
+        "layer_span_us": [round((s[1] - s[0]) / 1e3, 2) for _, s in sorted(layers.items())],
+        "layer_start_us": [round((s[0] - t0) / 1e3, 2) for _, s in sorted(layers.items())],
+        "busy_share": {
+            "median": round(statistics.median(busy.values()) / step_ns, 3),
+            "max": round(max(busy.values()) / step_ns, 3),
+        },
+    }

@@ -36,9 +36,9 @@ def test_source_declares_every_param():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-@pytest.mark.parametrize("arch", ["90", "80", "86"])
-def test_compiles_without_spills(arch):
-    report = ptxas_report(COURSE, arch)
+@pytest.mark.parametrize("arch, warps", [("90", 4), ("80", 4), ("86", 4), ("90", 8)])
+def test_compiles_without_spills(arch, warps):
+    report = ptxas_report(COURSE, arch, consumer_warps=warps)
     assert report["spill_bytes"] == 0, report
     assert report["registers"] <= 255, report
     assert report["static_shared_bytes"] + report["dynamic_shared_bytes"] <= SHARED_BYTES[arch]
@@ -71,3 +71,39 @@ def test_gpu_step_matches_the_fused_stack(mega_step):
         out = mega(inputs)
     torch.cuda.synchronize()
     assert torch.equal(out, first) and mega.stuck_task() is None
+    # profiled, and polling without sleeping: the same x, every task stamped in phase order
+    profiled = Megakernel(module, schedule, ring_slots, engine.device, split_tokens=16,
+                          spin_ns=0, profile=True)  # fmt: skip
+    assert torch.equal(profiled(inputs), first)
+    stamps = profiled.stamps.cpu()
+    assert (stamps[:, 0] > 0).all() and (stamps.diff(dim=1) >= 0).all()
+    summary = profiled.profile()
+    assert set(summary["ops"]) == {"QKV", "ATTN", "OPROJ", "GATEUP", "DOWN"}
+    assert len(summary["layer_span_us"]) == shape.layers and summary["step_us"] > 0
+
+
+def test_profile_summary_splits_each_task_into_its_phases():
+    """Stamps planted at known gaps: each op's medians, each layer's span, the blocks' busy
+    share and the step come back as planted (ns in, us out)."""
+    from variants.kernels.megakernel import profile_summary
+    from variants.kernels.megakernel_schedule import build_schedule
+
+    tiny = MegaShape(layers=2, hidden=64, heads=4, kv_heads=2, head_dim=32, inter=128)
+    schedule = build_schedule(tiny, rows=8, blocks=4)
+    placed = [(block, t) for block, q in enumerate(schedule.queues) for t in q]
+    stamps, clock = [], {}
+    for block, task in placed:  # on each block: wait 100 ns, weights 200 (none for ATTN), work 300
+        start = clock.get(block, 1_000)
+        weights = 0 if task.op.name == "ATTN" else 200
+        stamps.append([start, start + 100, start + 100 + weights, start + 400 + weights])
+        clock[block] = stamps[-1][3]
+    summary = profile_summary(placed, stamps)
+    ops = summary["ops"]
+    assert ops["ATTN"]["weights_us"] == 0 and ops["QKV"]["weights_us"] == 0.2
+    assert all(o["wait_us"] == 0.1 and o["work_us"] == 0.3 for o in ops.values())
+    assert sum(o["tasks"] for o in ops.values()) == len(placed)
+    ends = [row[3] for row in stamps]
+    assert summary["step_us"] == round((max(ends) - 1_000) / 1e3, 2)
+    assert summary["layer_start_us"][0] == 0 and len(summary["layer_span_us"]) == 2
+    busiest = max(sum(1 for b, _ in placed if b == block) for block in clock)
+    assert summary["busy_share"]["max"] == round(busiest * 300 / (max(ends) - 1_000), 3)
