@@ -8,7 +8,7 @@ for its weights, and its work, by op; each layer's span; the blocks' busy share)
 counter hop's latency between two SMs.
 
     python scripts/bench_megakernel.py [--shapes 8x150,8x40] [--ring-slots 2,4,8]
-        [--spin-ns 512,64,0] [--json PATH]
+        [--attn-splits 2,4] [--spin-ns 512,64,0] [--json PATH]
 
 M1's rules (docs/MEGAKERNEL.md section 4): continue at <= 12 us a layer, profile at >= 18,
 drop if a hop costs > 1.5 us. Exits 1 when the megakernel's logits are further from the float32
@@ -17,6 +17,7 @@ task is printed); 2 on a machine it cannot run on."""
 
 import argparse
 import functools
+import itertools
 import json
 import logging
 import statistics
@@ -108,24 +109,27 @@ def bench_shape(engine, recorder, stack, builds: dict, ref, rows: int, ctx: int,
     megas = {}
     shape = MegaShape.from_spec(spec)
     spins = [int(v) for v in args.spin_ns.split(",")]
-    schedule = build_schedule(shape, rows, device_sm_count(device), args.attn_splits)
-    validate(schedule)
+    splits = [int(v) for v in args.attn_splits.split(",")]
     inputs = step_inputs(engine, *step)
-    for built, (module, ring_slots) in builds.items():
-        for spin in spins:
-            name = built if len(spins) == 1 else f"{built}-spin{spin}"
-            mega = Megakernel(module, schedule, ring_slots, device, args.split_tokens, spin)
+    for split_count in splits:
+        schedule = build_schedule(shape, rows, device_sm_count(device), split_count)
+        validate(schedule)
+        for (built, (module, ring_slots)), spin in itertools.product(builds.items(), spins):
+            name = built + (f"-splits{split_count}" if len(splits) > 1 else "") + (
+                f"-spin{spin}" if len(spins) > 1 else "")  # fmt: skip
+            knobs = (module, schedule, ring_slots, device, args.split_tokens, spin)
+            mega = Megakernel(*knobs)
             x = run_checked(mega, inputs)
             out[name] = {
                 "logits_err": (engine._logits(x) - want).abs().max().item(),
                 "x_diff_to_fused": (x.float() - fused.float()).abs().max().item(),
-                "ring_slots": ring_slots, "spin_ns": spin, "tasks": len(schedule.tasks()),
+                "ring_slots": ring_slots, "attn_splits": split_count, "spin_ns": spin,
+                "tasks": len(schedule.tasks()),
             }  # fmt: skip
             graphs[name] = capture(functools.partial(mega, inputs))
             megas[name] = (mega, x)
             # one step profiled (the same kernel, each task's stamps written), after a warm one
-            profiled = Megakernel(module, schedule, ring_slots, device, args.split_tokens, spin,
-                                  profile=True)  # fmt: skip
+            profiled = Megakernel(*knobs, profile=True)
             run_checked(profiled, inputs)
             run_checked(profiled, inputs)
             out[name]["profile"] = profiled.profile()
@@ -151,7 +155,7 @@ def main() -> int:
     p.add_argument("--ring-slots", default="", help="ring depths to build, e.g. 2,4,8 "
                    "(default: the GPU's deepest, up to 8)")  # fmt: skip
     p.add_argument("--consumer-warps", type=int, default=4)
-    p.add_argument("--attn-splits", type=int, default=2)
+    p.add_argument("--attn-splits", default="2", help="key splits, comma-separated to compare")
     p.add_argument("--split-tokens", type=int, default=SPLIT_TOKENS)
     p.add_argument(
         "--spin-ns",

@@ -299,7 +299,7 @@ fi
 # what freeing the last engine (the grader's `engine = create_engine(...)`) costs the next
 # timed pass: assigned, settled, or every engine kept (issue #38's prefill gap)
 stage replacement && timed replacement "${REPLACE_LIMIT:-300}" "$PY" scripts/replacement_cost.py \
-    --repeat "${REPLACE_REPEAT:-15}" --json "$OUT/replacement.json"
+    --repeat "${REPLACE_REPEAT:-15}" --json "$OUT/replacement.json" ${REPLACE_ARGS:-}
 # a trace whose pool moves inside the course's budget: where its time goes, and the prefill
 # graphs' eager first call after the move against a capture on that call
 if stage move; then
@@ -315,7 +315,7 @@ if stage mega; then
     timed mega_tests "${MEGA_TESTS_LIMIT:-300}" "$PY" -m pytest -m gpu -p no:cacheprovider \
         tests/variants/kernels/test_megakernel.py
     timed bench_megakernel "${MEGA_LIMIT:-420}" "$PY" scripts/bench_megakernel.py \
-        --json "$OUT/megakernel.json" ${MEGA_ARGS:---spin-ns 512,64,0}
+        --json "$OUT/megakernel.json" ${MEGA_ARGS:---spin-ns 512,0 --attn-splits 2,4}
 fi
 stage soak && timed soak 300 "$PY" -m pytest -s -m gpu -p no:cacheprovider \
     tests/variants/test_soak.py

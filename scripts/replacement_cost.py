@@ -144,9 +144,13 @@ def main() -> int:
     p.add_argument("--preset", default="slab-triton-pdl-allgraphs", choices=sorted(PRESETS))
     p.add_argument("--traces", default="prefill,mixed")
     p.add_argument("--repeat", type=int, default=9)
+    p.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(MODES)}")
     p.add_argument("--device", default="cuda")
     p.add_argument("--json", help="write the results here too")
     args = p.parse_args()
+    modes = args.modes.split(",")
+    if not set(modes) <= set(MODES):
+        p.error(f"--modes: {', '.join(sorted(set(modes) - set(MODES)))} not of {', '.join(MODES)}")
     config = json.loads(Path(args.model_config).read_text())
     device = torch.device(args.device)
     path = render_engine(PRESETS[args.preset], Path(tempfile.mkdtemp()) / "engine.py")
@@ -160,7 +164,7 @@ def main() -> int:
                 create, config, args.weight_dir, device, calls
             )
             print(f"{name:8s} free ms {parts}", flush=True)
-            for mode in MODES:
+            for mode in modes:
                 row = measure(create, config, args.weight_dir, device, calls, mode, args.repeat)
                 results[f"{name}/{mode}"] = row
                 print(f"{name:8s} {mode:8s} pass {row['pass_ms']:.4f} ms  free "

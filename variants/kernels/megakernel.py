@@ -90,6 +90,9 @@ struct Shared {
     half p[GROUP][ATTN_BLOCK];
     float alpha[GROUP], m[GROUP], l[GROUP];
     long long slot[ATTN_BLOCK];
+    // each row's step inputs, read once a launch (no load chain in the tasks that use them)
+    long long position[ROWS], write_index[ROWS], first_slot[ROWS];
+    int kv_len[ROWS];
     int flag, epoch;
 };
 
@@ -384,18 +387,18 @@ __device__ void qkv_epilogue(const Params& p, const Shared& sh, const Task& t) {
     const int col = 2 * (t.tile * PAIRS + pair), dim = col % HEAD_DIM;
     if (col >= Q_DIM + KV_DIM) {  // v: stored as projected
         const int head = (col - Q_DIM - KV_DIM) / HEAD_DIM;
-        half* v = layer_pool(p, t.layer, LP_V_POOL) + p.write_index[n] * p.v_stride_token;
+        half* v = layer_pool(p, t.layer, LP_V_POOL) + sh.write_index[n] * p.v_stride_token;
         *reinterpret_cast<half2*>(v + head * p.v_stride_head + dim) = __halves2half2(x0, x1);
         return;
     }
-    const long long at = p.positions[n] * p.rope_stride + dim / 2;
+    const long long at = sh.position[n] * p.rope_stride + dim / 2;
     half r0, r1;
     rotate(x0, x1, widen(p.cos[at]), widen(p.sin[at]), r0, r1);
     if (col < Q_DIM) {
         *reinterpret_cast<half2*>(q_of(p, t.layer) + n * Q_DIM + col) = __halves2half2(r0, r1);
     } else {
         const int head = (col - Q_DIM) / HEAD_DIM;
-        half* k = layer_pool(p, t.layer, LP_K_POOL) + p.write_index[n] * p.k_stride_token;
+        half* k = layer_pool(p, t.layer, LP_K_POOL) + sh.write_index[n] * p.k_stride_token;
         *reinterpret_cast<half2*>(k + head * p.k_stride_head + dim) = __halves2half2(r0, r1);
     }
 }
@@ -482,9 +485,10 @@ __device__ void project(const Params& p, Shared& sh, half* ring, half* hs, int& 
     }
 }
 
-__device__ __forceinline__ long long token_slot(const Params& p, int row, int pos) {
+__device__ __forceinline__ long long token_slot(const Params& p, const Shared& sh, int row,
+                                                int pos) {
+    if (p.block_size == 0) return sh.first_slot[row] + pos;  // the slab: the row's first slot
     const int* table = p.table + row * p.table_stride;
-    if (p.block_size == 0) return (long long)table[0] + pos;  // the row's first token slot
     return (long long)table[pos / p.block_size] * p.block_size + pos % p.block_size;
 }
 
@@ -493,7 +497,7 @@ __device__ __forceinline__ long long token_slot(const Params& p, int row, int po
 __device__ void attend(const Params& p, Shared& sh, const Task& t, int* bank) {
     const int row = t.tile / KV_HEADS, kvh = t.tile % KV_HEADS, tid = threadIdx.x;
     const int warp = tid / 32, lane = tid % 32;
-    const int kv_len = (int)p.kv_lens[row], splits = (int)p.attn_splits;
+    const int kv_len = sh.kv_len[row], splits = (int)p.attn_splits;
     const int live = min(max((kv_len + (int)p.split_tokens - 1) / (int)p.split_tokens, 1), splits);
     if (t.split >= live) return;
     const int per = (kv_len + live - 1) / live;
@@ -512,7 +516,7 @@ __device__ void attend(const Params& p, Shared& sh, const Task& t, int* bank) {
     consumer_barrier();
     const float scale = (float)p.qk_scale_log2;
     for (int n0 = start; n0 < end; n0 += ATTN_BLOCK) {
-        if (tid < ATTN_BLOCK) sh.slot[tid] = n0 + tid < end ? token_slot(p, row, n0 + tid) : -1;
+        if (tid < ATTN_BLOCK) sh.slot[tid] = n0 + tid < end ? token_slot(p, sh, row, n0 + tid) : -1;
         consumer_barrier();
         half2 keys[KEYS_PER_WARP][KEY_PIECES];  // this warp's keys n = warp + j * warps
 #pragma unroll
@@ -667,6 +671,13 @@ megakernel(const __grid_constant__ Params p) {
 #if __CUDA_ARCH__ >= 900  // the inits visible to the async proxy too (as CUTLASS does)
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 #endif
+    }
+    if (threadIdx.x < ROWS) {  // rows past p.rows: never read
+        const int n = threadIdx.x < p.rows ? threadIdx.x : 0;
+        sh.position[threadIdx.x] = p.positions[n];
+        sh.write_index[threadIdx.x] = p.write_index[n];
+        sh.kv_len[threadIdx.x] = (int)p.kv_lens[n];
+        sh.first_slot[threadIdx.x] = p.block_size == 0 ? (long long)p.table[n * p.table_stride] : 0;
     }
     __syncthreads();
     int* bank = p.sync + SYNC_HEADER + (sh.epoch & 1) * p.n_counters;
