@@ -284,8 +284,10 @@ __device__ void produce(const Params& p, Shared& sh, half* ring, int begin, int 
     // The other bank, for the next step: its last user, the step before, has ended.
     for (int i = blockIdx.x * 32 + lane; i < p.n_counters; i += gridDim.x * 32) other[i] = 0;
     int w = 0;
+    Task next = begin < end ? load_task(p, begin) : Task{};
     for (int i = begin; i < end; ++i) {
-        const Task t = load_task(p, i);
+        const Task t = next;
+        if (i + 1 < end) next = load_task(p, i + 1);  // in flight while this one's loads issue
         if (t.op == OP_ATTN) continue;
         const int slot = w % RING_SLOTS;
         wait_slot(&sh.empty[slot], ((w / RING_SLOTS) & 1) ^ 1, p, i, t);
@@ -339,22 +341,29 @@ __device__ void stage(const Params& p, const Task& t, half* hs, int klen) {
             for (int j = 0; j < STAGE_PIECES; ++j)
                 if (lane + 32 * j < klen / 2) dst[lane + 32 * j] = v[j];
         } else {
-            half2 v[NORM_PIECES];
-            float squares = 0.f;
+            // the row and the norm's weights loaded together, then used
+            const half2* g = reinterpret_cast<const half2*>(norm);
+            half2 v[NORM_PIECES], gw[NORM_PIECES];
+#pragma unroll
             for (int j = 0; j < NORM_PIECES; ++j) {
                 const int k = lane + 32 * j;
                 v[j] = k < HIDDEN / 2 ? __ldcg(row + k) : __float2half2_rn(0.f);
+                gw[j] = k < HIDDEN / 2 ? __ldg(g + k) : __float2half2_rn(0.f);
+            }
+            float squares = 0.f;
+#pragma unroll
+            for (int j = 0; j < NORM_PIECES; ++j) {
                 const float2 f = __half22float2(v[j]);
                 squares += f.x * f.x + f.y * f.y;
             }
             const float inv = rsqrtf(warp_sum(squares) / HIDDEN + (float)p.eps);
-            const half2* g = reinterpret_cast<const half2*>(norm);
+#pragma unroll
             for (int j = 0; j < NORM_PIECES; ++j) {
                 const int k = lane + 32 * j;
                 if (k >= HIDDEN / 2) break;
                 const float2 f = __half22float2(v[j]);
                 const float2 n = __half22float2(__floats2half2_rn(f.x * inv, f.y * inv));
-                const float2 w = __half22float2(__ldg(g + k));
+                const float2 w = __half22float2(gw[j]);
                 dst[k] = __floats2half2_rn(n.x * w.x, n.y * w.y);
             }
         }
@@ -628,8 +637,10 @@ __device__ void consume(const Params& p, Shared& sh, half* ring, half* hs, int b
                         int* bank) {
     int w = 0, staged = -1;
     const bool profiled = p.prof != nullptr && threadIdx.x == 0;
+    Task next = begin < end ? load_task(p, begin) : Task{};
     for (int i = begin; i < end; ++i) {
-        const Task t = load_task(p, i);
+        const Task t = next;
+        if (i + 1 < end) next = load_task(p, i + 1);  // in flight while this task runs
         const long long start = profiled ? global_ns() : 0;
         if (t.wait != NO_COUNTER) wait_counter(p, bank + t.wait, i, t);
         const long long ready = profiled ? global_ns() : 0;
