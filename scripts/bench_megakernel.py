@@ -8,7 +8,7 @@ for its weights, and its work, by op; each layer's span; the blocks' busy share)
 counter hop's latency between two SMs.
 
     python scripts/bench_megakernel.py [--shapes 8x150,8x40] [--ring-slots 2,4,8]
-        [--attn-splits 2,4] [--spin-ns 512,64,0] [--json PATH]
+        [--attn-splits 2,4] [--spin-ns 512,64,0] [--dtype bfloat16] [--json PATH]
 
 M1's rules (docs/MEGAKERNEL.md section 4): continue at <= 12 us a layer, profile at >= 18,
 drop if a hop costs > 1.5 us. Exits 1 when the megakernel's logits are further from the float32
@@ -36,6 +36,7 @@ from variants.cache.slab import SlabKVCache  # noqa: E402
 from variants.engine import assemble_engine  # noqa: E402
 from variants.kernels.device import device_capability, device_sm_count  # noqa: E402
 from variants.kernels.megakernel import (  # noqa: E402
+    ELEMENT_TYPES,
     SPIN_NS,
     SPLIT_TOKENS,
     Megakernel,
@@ -118,7 +119,7 @@ def bench_shape(engine, recorder, stack, builds: dict, ref, rows: int, ctx: int,
             name = built + (f"-splits{split_count}" if len(splits) > 1 else "") + (
                 f"-spin{spin}" if len(spins) > 1 else "")  # fmt: skip
             knobs = (module, schedule, ring_slots, device, args.split_tokens, spin)
-            mega = Megakernel(*knobs)
+            mega = Megakernel(*knobs, dtype=engine.dtype)
             x = run_checked(mega, inputs)
             out[name] = {
                 "logits_err": (engine._logits(x) - want).abs().max().item(),
@@ -129,7 +130,7 @@ def bench_shape(engine, recorder, stack, builds: dict, ref, rows: int, ctx: int,
             graphs[name] = capture(functools.partial(mega, inputs))
             megas[name] = (mega, x)
             # one step profiled (the same kernel, each task's stamps written), after a warm one
-            profiled = Megakernel(*knobs, profile=True)
+            profiled = Megakernel(*knobs, profile=True, dtype=engine.dtype)
             run_checked(profiled, inputs)
             run_checked(profiled, inputs)
             out[name]["profile"] = profiled.profile()
@@ -155,6 +156,12 @@ def main() -> int:
     p.add_argument("--ring-slots", default="", help="ring depths to build, e.g. 2,4,8 "
                    "(default: the GPU's deepest, up to 8)")  # fmt: skip
     p.add_argument("--consumer-warps", type=int, default=4)
+    p.add_argument(
+        "--dtype",
+        default="config",
+        choices=("config", "float16", "bfloat16"),
+        help="the engine's and the build's element type (config: the model's)",
+    )
     p.add_argument("--attn-splits", default="2", help="key splits, comma-separated to compare")
     p.add_argument("--split-tokens", type=int, default=SPLIT_TOKENS)
     p.add_argument(
@@ -189,22 +196,24 @@ def main() -> int:
     recorder = StepRecorder(stack)
     engine = assemble_engine(config, args.weight_dir, device, cache_cls=SlabKVCache,
                              attention_cls=TritonAttention, stack=recorder,
-                             head=functools.partial(fused_head, pdl=pdl))  # fmt: skip
-    if engine.dtype != torch.float16:
-        print(f"bench_megakernel: M1 builds float16 only, not {engine.dtype}", file=sys.stderr)
+                             head=functools.partial(fused_head, pdl=pdl),
+                             dtype=args.dtype)  # fmt: skip
+    if engine.dtype not in ELEMENT_TYPES:
+        print(f"bench_megakernel: no build for {engine.dtype}", file=sys.stderr)
         return 2
     shape = MegaShape.from_spec(engine.spec)
     builds, build_s = {}, {}
     for slots in [int(s) for s in args.ring_slots.split(",") if s] or [None]:
         t0 = time.perf_counter()
         module, ring_slots = build(shape, f"{major}{minor}", args.consumer_warps, slots,
-                                   args.build_dir)  # fmt: skip
+                                   args.build_dir, dtype=engine.dtype)  # fmt: skip
         name = f"mega-ring{ring_slots}"
         builds[name], build_s[name] = (module, ring_slots), round(time.perf_counter() - t0, 1)
         log.info("built %s for sm_%d%d in %.1f s", name, major, minor, build_s[name])
     ref = ReferenceModel(config, args.weight_dir, device, dtype=torch.float32)
     results = {
         "gpu": torch.cuda.get_device_name(device), "torch": torch.__version__,
+        "dtype": str(engine.dtype).removeprefix("torch."),
         "ring_slots": args.ring_slots, "consumer_warps": args.consumer_warps,
         "fused_stack": "fused-pdl" if pdl else "fused", "build_s": build_s,
         "attn_splits": args.attn_splits, "split_tokens": args.split_tokens, "shapes": [],

@@ -3,8 +3,8 @@ a block an SM walks its queue of tasks (megakernel_schedule.py); its producer wa
 task's 16-row weight tile into a shared-memory ring (cp.async onto mbarriers) while its consumer
 warps wait on counters, compute with mma.sync, store and signal. Rounds like the fused kernels.
 Not wired into the engine: scripts/bench_megakernel.py checks and times it on the GPU.
-Needs nvcc and ninja (torch.utils.cpp_extension), compute capability >= 8.0, float16, up to 8
-rows, head_dim a multiple of 16."""
+Needs nvcc and ninja (torch.utils.cpp_extension), compute capability >= 8.0, float16 or
+bfloat16 (one a build), up to 8 rows, head_dim a multiple of 16."""
 
 import dataclasses
 import hashlib
@@ -35,10 +35,10 @@ from variants.kernels.megakernel_schedule import (
 # its `Params` struct, which `kernel_source` writes from this table.
 PARAMS = (
     ("queue", "const int*"), ("tasks", "const int4*"), ("sync", "int*"), ("error", "int*"),
-    ("layer_ptrs", "const long long*"), ("x_in", "const half*"), ("xs", "half*"),
-    ("xmid", "half*"), ("q", "half*"), ("o", "half*"), ("act", "half*"), ("part_o", "float*"),
+    ("layer_ptrs", "const long long*"), ("x_in", "const elem*"), ("xs", "elem*"),
+    ("xmid", "elem*"), ("q", "elem*"), ("o", "elem*"), ("act", "elem*"), ("part_o", "float*"),
     ("part_down", "float*"), ("attn_m", "float*"), ("attn_l", "float*"), ("attn_acc", "float*"),
-    ("cos", "const half*"), ("sin", "const half*"), ("positions", "const long long*"),
+    ("cos", "const elem*"), ("sin", "const elem*"), ("positions", "const long long*"),
     ("write_index", "const long long*"), ("kv_lens", "const long long*"), ("table", "const int*"),
     ("n_counters", "long long"), ("rows", "long long"), ("attn_splits", "long long"),
     ("split_tokens", "long long"), ("block_size", "long long"), ("table_stride", "long long"),
@@ -52,12 +52,37 @@ SYNC_HEADER = 4  # sync[0]: the epoch; then two banks of counters
 ERROR_WORDS = 10  # set, block, task index, op, layer, tile, split, counter, target, value seen
 WATCHDOG_CYCLES = 2_000_000_000  # ~1 s at the H200's 1.98 GHz: a spin this long traps
 SPLIT_TOKENS = 64  # an ATTN split's fewest keys (each live split gets at least this many)
+ELEMENT_TYPES = (torch.float16, torch.bfloat16)  # what the kernel computes in (one a build)
 SPIN_NS = 512  # a waiting lane's longest sleep between polls (it doubles from 32 ns up to it)
 STAMPS = ("start", "ready", "weights", "done")  # a profiled task's times (PROFILE_STAMPS)
 # Shared memory a block may take (sm_90: 227 KiB, sm_80: 163, sm_86/89: 99), less the static
 # part's margin (mbarriers, reduction and attention scratch).
 SHARED_BYTES = {"90": 227 * 1024, "80": 163 * 1024, "86": 99 * 1024, "89": 99 * 1024}
 STATIC_MARGIN = 6 * 1024
+
+ELEMENT_SOURCE = r"""
+// ---- the element type (float16 or bfloat16, ELEM_BF16): its conversions, rounding to nearest
+#if ELEM_BF16
+typedef __nv_bfloat16 elem;
+typedef __nv_bfloat162 elem2;
+#define MMA_AB "bf16"
+__device__ __forceinline__ elem to_elem(float v) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ float widen(elem v) { return __bfloat162float(v); }
+__device__ __forceinline__ float2 widen2(elem2 v) { return __bfloat1622float2(v); }
+__device__ __forceinline__ elem2 pack2(float a, float b) { return __floats2bfloat162_rn(a, b); }
+__device__ __forceinline__ elem2 pair2(elem a, elem b) { return __halves2bfloat162(a, b); }
+#else
+typedef __half elem;
+typedef __half2 elem2;
+#define MMA_AB "f16"
+__device__ __forceinline__ elem to_elem(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ float widen(elem v) { return __half2float(v); }
+__device__ __forceinline__ float2 widen2(elem2 v) { return __half22float2(v); }
+__device__ __forceinline__ elem2 pack2(float a, float b) { return __floats2half2_rn(a, b); }
+__device__ __forceinline__ elem2 pair2(elem a, elem b) { return __halves2half2(a, b); }
+#endif
+__device__ __forceinline__ elem2 zero2() { return pack2(0.f, 0.f); }
+"""
 
 CUDA_SOURCE = r"""
 constexpr int SLOT_STRIDE = MAX_KLEN + 8;  // halves a weight row takes in a slot: 16 more bytes
@@ -70,9 +95,9 @@ constexpr int KV_DIM = KV_HEADS * HEAD_DIM;
 constexpr int GROUP = HEADS / KV_HEADS;
 constexpr int DOWN_SPLITS = INTER / DOWN_CHUNK;
 constexpr int HEAD_SLICE = (HEAD_DIM + CONSUMERS - 1) / CONSUMERS;  // dims a thread accumulates
-constexpr int NORM_PIECES = (HIDDEN / 2 + 31) / 32;  // half2 of a row a lane holds to norm it
-constexpr int STAGE_PIECES = (MAX_KLEN / 2 + 31) / 32;  // half2 of a row a lane stages
-constexpr int KEY_PIECES = (HEAD_DIM / 2 + 31) / 32;  // half2 of a key a lane scores
+constexpr int NORM_PIECES = (HIDDEN / 2 + 31) / 32;  // elem2 of a row a lane holds to norm it
+constexpr int STAGE_PIECES = (MAX_KLEN / 2 + 31) / 32;  // elem2 of a row a lane stages
+constexpr int KEY_PIECES = (HEAD_DIM / 2 + 31) / 32;  // elem2 of a key a lane scores
 constexpr int KEYS_PER_WARP = ATTN_BLOCK / CONSUMER_WARPS;
 constexpr int VALUE_BATCH = 16;  // values a thread has in flight (32 spill with 8 warps)
 constexpr int MAX_SPLITS = HEADS > INTER / DOWN_CHUNK ? HEADS : INTER / DOWN_CHUNK;
@@ -87,7 +112,7 @@ struct Shared {
     float red[CONSUMER_WARPS][TILE_ROWS][ROWS];  // each warp's share of the K reduction
     float q[GROUP][HEAD_DIM];
     float score[GROUP][ATTN_BLOCK];
-    half p[GROUP][ATTN_BLOCK];
+    elem p[GROUP][ATTN_BLOCK];
     float alpha[GROUP], m[GROUP], l[GROUP];
     long long slot[ATTN_BLOCK];
     // each row's step inputs, read once a launch (no load chain in the tasks that use them)
@@ -114,7 +139,7 @@ __device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
     asm volatile("{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [%0]; }"
                  :: "r"(smem(bar)) : "memory");
 }
-__device__ __forceinline__ void cp_async16(half* dst, const half* src) {
+__device__ __forceinline__ void cp_async16(elem* dst, const elem* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
                  :: "r"(smem(dst)), "l"(src) : "memory");
 }
@@ -147,12 +172,12 @@ __device__ __forceinline__ void consumer_barrier() {  // the consumer warps only
     asm volatile("bar.sync 1, %0;" :: "n"(CONSUMERS) : "memory");
 }
 __device__ __forceinline__ void mma16816(float* c, const unsigned* a, const unsigned* b) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." MMA_AB "." MMA_AB ".f32 {%0,%1,%2,%3}, "
                  "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
-__device__ __forceinline__ unsigned ld32(const half* p) {
+__device__ __forceinline__ unsigned ld32(const elem* p) {
     return *reinterpret_cast<const unsigned*>(p);
 }
 __device__ __forceinline__ float warp_sum(float v) {
@@ -163,32 +188,30 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
-__device__ __forceinline__ half round_half(float v) { return __float2half_rn(v); }
-__device__ __forceinline__ float widen(half v) { return __half2float(v); }
 
 // ---- the step's buffers ----
-__device__ __forceinline__ const half* layer_weight(const Params& p, int layer, int which) {
-    return reinterpret_cast<const half*>(p.layer_ptrs[layer * LAYER_POINTER_COUNT + which]);
+__device__ __forceinline__ const elem* layer_weight(const Params& p, int layer, int which) {
+    return reinterpret_cast<const elem*>(p.layer_ptrs[layer * LAYER_POINTER_COUNT + which]);
 }
-__device__ __forceinline__ half* layer_pool(const Params& p, int layer, int which) {
-    return reinterpret_cast<half*>(p.layer_ptrs[layer * LAYER_POINTER_COUNT + which]);
+__device__ __forceinline__ elem* layer_pool(const Params& p, int layer, int which) {
+    return reinterpret_cast<elem*>(p.layer_ptrs[layer * LAYER_POINTER_COUNT + which]);
 }
-__device__ __forceinline__ const half* x_in_layer(const Params& p, int l) {  // x_l
+__device__ __forceinline__ const elem* x_in_layer(const Params& p, int l) {  // x_l
     return l == 0 ? p.x_in : p.xs + (size_t)(l - 1) * ROWS * HIDDEN;
 }
-__device__ __forceinline__ half* x_out_layer(const Params& p, int l) {  // x_(l+1)
+__device__ __forceinline__ elem* x_out_layer(const Params& p, int l) {  // x_(l+1)
     return p.xs + (size_t)l * ROWS * HIDDEN;
 }
-__device__ __forceinline__ half* xmid_of(const Params& p, int l) {
+__device__ __forceinline__ elem* xmid_of(const Params& p, int l) {
     return p.xmid + (size_t)l * ROWS * HIDDEN;
 }
-__device__ __forceinline__ half* q_of(const Params& p, int l) {
+__device__ __forceinline__ elem* q_of(const Params& p, int l) {
     return p.q + (size_t)l * ROWS * Q_DIM;
 }
-__device__ __forceinline__ half* o_of(const Params& p, int l) {  // the attention's output
+__device__ __forceinline__ elem* o_of(const Params& p, int l) {  // the attention's output
     return p.o + (size_t)l * ROWS * Q_DIM;
 }
-__device__ __forceinline__ half* act_of(const Params& p, int l) {
+__device__ __forceinline__ elem* act_of(const Params& p, int l) {
     return p.act + (size_t)l * ROWS * INTER;
 }
 
@@ -256,7 +279,7 @@ __device__ bool arrive_last(Shared& sh, int* counter, int count) {
 }
 
 // ---- producer: the weight tiles, in queue order, into the ring ----
-struct TileSpan { const half* base; int stride, k0, klen; };
+struct TileSpan { const elem* base; int stride, k0, klen; };
 
 __device__ __forceinline__ TileSpan tile_span(const Params& p, const Task& t) {
     switch (t.op) {
@@ -279,7 +302,7 @@ __device__ __forceinline__ int weight_row(const Task& t, int r) {
     }
 }
 
-__device__ void produce(const Params& p, Shared& sh, half* ring, int begin, int end, int* other) {
+__device__ void produce(const Params& p, Shared& sh, elem* ring, int begin, int end, int* other) {
     const int lane = threadIdx.x & 31;
     // The other bank, for the next step: its last user, the step before, has ended.
     for (int i = blockIdx.x * 32 + lane; i < p.n_counters; i += gridDim.x * 32) other[i] = 0;
@@ -292,11 +315,11 @@ __device__ void produce(const Params& p, Shared& sh, half* ring, int begin, int 
         const int slot = w % RING_SLOTS;
         wait_slot(&sh.empty[slot], ((w / RING_SLOTS) & 1) ^ 1, p, i, t);
         const TileSpan s = tile_span(p, t);
-        half* dst = ring + slot * SLOT_HALVES;
+        elem* dst = ring + slot * SLOT_HALVES;
         const int pieces = s.klen / 8;  // 16 bytes each
         for (int c = lane; c < TILE_ROWS * pieces; c += 32) {
             const int r = c / pieces, k = (c % pieces) * 8;
-            const half* src = s.base + (size_t)weight_row(t, r) * s.stride + s.k0 + k;
+            const elem* src = s.base + (size_t)weight_row(t, r) * s.stride + s.k0 + k;
             cp_async16(dst + r * SLOT_STRIDE + k, src);
         }
         cp_async_arrive(&sh.full[slot]);
@@ -308,9 +331,9 @@ __device__ void produce(const Params& p, Shared& sh, half* ring, int begin, int 
 // ---- consumers ----
 // The task's activation rows [ROWS, klen] into hs (rows past p.rows zero): QKV and GATEUP
 // RMS-norm theirs as the reference rounds (normed x cast, times the weight, cast).
-__device__ void stage(const Params& p, const Task& t, half* hs, int klen) {
-    const half* src;
-    const half* norm = nullptr;
+__device__ void stage(const Params& p, const Task& t, elem* hs, int klen) {
+    const elem* src;
+    const elem* norm = nullptr;
     int stride = HIDDEN, k0 = 0;
     switch (t.op) {
         case OP_QKV:
@@ -326,34 +349,34 @@ __device__ void stage(const Params& p, const Task& t, half* hs, int klen) {
     }
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     for (int r = warp; r < ROWS; r += CONSUMER_WARPS) {
-        half2* dst = reinterpret_cast<half2*>(hs + r * SLOT_STRIDE);
-        const half2* row = reinterpret_cast<const half2*>(src + (size_t)r * stride + k0);
+        elem2* dst = reinterpret_cast<elem2*>(hs + r * SLOT_STRIDE);
+        const elem2* row = reinterpret_cast<const elem2*>(src + (size_t)r * stride + k0);
         if (r >= p.rows) {
-            for (int k = lane; k < klen / 2; k += 32) dst[k] = __float2half2_rn(0.f);
+            for (int k = lane; k < klen / 2; k += 32) dst[k] = zero2();
         } else if (norm == nullptr) {
-            half2 v[STAGE_PIECES];
+            elem2 v[STAGE_PIECES];
 #pragma unroll
             for (int j = 0; j < STAGE_PIECES; ++j) {
                 const int k = lane + 32 * j;
-                v[j] = k < klen / 2 ? __ldcg(row + k) : __float2half2_rn(0.f);
+                v[j] = k < klen / 2 ? __ldcg(row + k) : zero2();
             }
 #pragma unroll
             for (int j = 0; j < STAGE_PIECES; ++j)
                 if (lane + 32 * j < klen / 2) dst[lane + 32 * j] = v[j];
         } else {
             // the row and the norm's weights loaded together, then used
-            const half2* g = reinterpret_cast<const half2*>(norm);
-            half2 v[NORM_PIECES], gw[NORM_PIECES];
+            const elem2* g = reinterpret_cast<const elem2*>(norm);
+            elem2 v[NORM_PIECES], gw[NORM_PIECES];
 #pragma unroll
             for (int j = 0; j < NORM_PIECES; ++j) {
                 const int k = lane + 32 * j;
-                v[j] = k < HIDDEN / 2 ? __ldcg(row + k) : __float2half2_rn(0.f);
-                gw[j] = k < HIDDEN / 2 ? __ldg(g + k) : __float2half2_rn(0.f);
+                v[j] = k < HIDDEN / 2 ? __ldcg(row + k) : zero2();
+                gw[j] = k < HIDDEN / 2 ? __ldg(g + k) : zero2();
             }
             float squares = 0.f;
 #pragma unroll
             for (int j = 0; j < NORM_PIECES; ++j) {
-                const float2 f = __half22float2(v[j]);
+                const float2 f = widen2(v[j]);
                 squares += f.x * f.x + f.y * f.y;
             }
             const float inv = rsqrtf(warp_sum(squares) / HIDDEN + (float)p.eps);
@@ -361,21 +384,21 @@ __device__ void stage(const Params& p, const Task& t, half* hs, int klen) {
             for (int j = 0; j < NORM_PIECES; ++j) {
                 const int k = lane + 32 * j;
                 if (k >= HIDDEN / 2) break;
-                const float2 f = __half22float2(v[j]);
-                const float2 n = __half22float2(__floats2half2_rn(f.x * inv, f.y * inv));
-                const float2 w = __half22float2(gw[j]);
-                dst[k] = __floats2half2_rn(n.x * w.x, n.y * w.y);
+                const float2 f = widen2(v[j]);
+                const float2 n = widen2(pack2(f.x * inv, f.y * inv));
+                const float2 w = widen2(gw[j]);
+                dst[k] = pack2(n.x * w.x, n.y * w.y);
             }
         }
     }
 }
 
 // RoPE on one pair as eager torch rounds it: every product and sum cast to the compute dtype.
-__device__ __forceinline__ void rotate(half x0, half x1, float c, float s, half& r0, half& r1) {
-    const float a = widen(round_half(widen(x0) * c)), b = widen(round_half(widen(x1) * s));
-    const float e = widen(round_half(widen(x0) * s)), f = widen(round_half(widen(x1) * c));
-    r0 = round_half(a - b);
-    r1 = round_half(e + f);
+__device__ __forceinline__ void rotate(elem x0, elem x1, float c, float s, elem& r0, elem& r1) {
+    const float a = widen(to_elem(widen(x0) * c)), b = widen(to_elem(widen(x1) * s));
+    const float e = widen(to_elem(widen(x0) * s)), f = widen(to_elem(widen(x1) * c));
+    r0 = to_elem(a - b);
+    r1 = to_elem(e + f);
 }
 
 // Rows r and r + 8 of activation row n, summed over the warps in warp order.
@@ -392,23 +415,23 @@ __device__ void qkv_epilogue(const Params& p, const Shared& sh, const Task& t) {
     const int pair = threadIdx.x % PAIRS, n = threadIdx.x / PAIRS;
     if (n >= p.rows) return;
     const float2 sums = paired_sums(sh, pair, n);  // the pair's even and odd columns
-    const half x0 = round_half(sums.x), x1 = round_half(sums.y);
+    const elem x0 = to_elem(sums.x), x1 = to_elem(sums.y);
     const int col = 2 * (t.tile * PAIRS + pair), dim = col % HEAD_DIM;
     if (col >= Q_DIM + KV_DIM) {  // v: stored as projected
         const int head = (col - Q_DIM - KV_DIM) / HEAD_DIM;
-        half* v = layer_pool(p, t.layer, LP_V_POOL) + sh.write_index[n] * p.v_stride_token;
-        *reinterpret_cast<half2*>(v + head * p.v_stride_head + dim) = __halves2half2(x0, x1);
+        elem* v = layer_pool(p, t.layer, LP_V_POOL) + sh.write_index[n] * p.v_stride_token;
+        *reinterpret_cast<elem2*>(v + head * p.v_stride_head + dim) = pair2(x0, x1);
         return;
     }
     const long long at = sh.position[n] * p.rope_stride + dim / 2;
-    half r0, r1;
+    elem r0, r1;
     rotate(x0, x1, widen(p.cos[at]), widen(p.sin[at]), r0, r1);
     if (col < Q_DIM) {
-        *reinterpret_cast<half2*>(q_of(p, t.layer) + n * Q_DIM + col) = __halves2half2(r0, r1);
+        *reinterpret_cast<elem2*>(q_of(p, t.layer) + n * Q_DIM + col) = pair2(r0, r1);
     } else {
         const int head = (col - Q_DIM) / HEAD_DIM;
-        half* k = layer_pool(p, t.layer, LP_K_POOL) + sh.write_index[n] * p.k_stride_token;
-        *reinterpret_cast<half2*>(k + head * p.k_stride_head + dim) = __halves2half2(r0, r1);
+        elem* k = layer_pool(p, t.layer, LP_K_POOL) + sh.write_index[n] * p.k_stride_token;
+        *reinterpret_cast<elem2*>(k + head * p.k_stride_head + dim) = pair2(r0, r1);
     }
 }
 
@@ -417,9 +440,9 @@ __device__ void gateup_epilogue(const Params& p, const Shared& sh, const Task& t
     const int j = threadIdx.x % PAIRS, n = threadIdx.x / PAIRS;
     if (n >= p.rows) return;
     const float2 sums = paired_sums(sh, j, n);  // gate, up
-    const float g = widen(round_half(sums.x));
-    const float act = widen(round_half(g / (1.f + expf(-g)))), up = widen(round_half(sums.y));
-    act_of(p, t.layer)[n * INTER + t.tile * PAIRS + j] = round_half(act * up);
+    const float g = widen(to_elem(sums.x));
+    const float act = widen(to_elem(g / (1.f + expf(-g)))), up = widen(to_elem(sums.y));
+    act_of(p, t.layer)[n * INTER + t.tile * PAIRS + j] = to_elem(act * up);
 }
 
 // The split's partial, then in the last split to arrive: the partials summed in split order,
@@ -437,8 +460,8 @@ __device__ void residual_epilogue(const Params& p, Shared& sh, const Task& t, in
         part[((size_t)t.split * ROWS + n) * HIDDEN + col] = v;
     }
     if (!arrive_last(sh, bank + t.arrive, splits) || !mine) return;
-    const half* res = oproj ? x_in_layer(p, t.layer) : xmid_of(p, t.layer);
-    const half residual = __ldcg(res + n * HIDDEN + col);
+    const elem* res = oproj ? x_in_layer(p, t.layer) : xmid_of(p, t.layer);
+    const elem residual = __ldcg(res + n * HIDDEN + col);
     float parts[MAX_SPLITS];
 #pragma unroll
     for (int s = 0; s < MAX_SPLITS; ++s)
@@ -447,14 +470,14 @@ __device__ void residual_epilogue(const Params& p, Shared& sh, const Task& t, in
 #pragma unroll
     for (int s = 0; s < MAX_SPLITS; ++s)
         if (s < splits) total += parts[s];
-    half* out = oproj ? xmid_of(p, t.layer) : x_out_layer(p, t.layer);
-    const float y = widen(round_half(total));
-    out[n * HIDDEN + col] = round_half(widen(residual) + y);
+    elem* out = oproj ? xmid_of(p, t.layer) : x_out_layer(p, t.layer);
+    const float y = widen(to_elem(total));
+    out[n * HIDDEN + col] = to_elem(widen(residual) + y);
 }
 
 // QKV, OPROJ, GATEUP, DOWN: h [ROWS, klen] (staged, or still there from the task before) times
 // the slot's 16 weight rows, each warp a share of the K steps, then the op's epilogue.
-__device__ void project(const Params& p, Shared& sh, half* ring, half* hs, int& staged,
+__device__ void project(const Params& p, Shared& sh, elem* ring, elem* hs, int& staged,
                         const Task& t, int w, int index, int* bank, long long& weights_at) {
     const int klen = t.op == OP_OPROJ ? HEAD_DIM : (t.op == OP_DOWN ? DOWN_CHUNK : HIDDEN);
     const int key = (t.layer * 8 + t.op) * 64 + t.split;  // what hs holds
@@ -466,14 +489,14 @@ __device__ void project(const Params& p, Shared& sh, half* ring, half* hs, int& 
     const int slot = w % RING_SLOTS;
     wait_slot(&sh.full[slot], (w / RING_SLOTS) & 1, p, index, t);
     if (p.prof != nullptr && threadIdx.x == 0) weights_at = global_ns();
-    const half* a = ring + slot * SLOT_HALVES;
+    const elem* a = ring + slot * SLOT_HALVES;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q2 = 2 * (lane % 4);
     float c[4] = {0.f, 0.f, 0.f, 0.f};
     for (int ks = warp; ks < klen / 16; ks += CONSUMER_WARPS) {
         const int k = ks * 16 + q2;
-        const half* lo = a + g * SLOT_STRIDE + k;  // weight rows g and g + 8
-        const half* hi = lo + 8 * SLOT_STRIDE;
-        const half* h = hs + g * SLOT_STRIDE + k;  // activation row g
+        const elem* lo = a + g * SLOT_STRIDE + k;  // weight rows g and g + 8
+        const elem* hi = lo + 8 * SLOT_STRIDE;
+        const elem* h = hs + g * SLOT_STRIDE + k;  // activation row g
         const unsigned af[4] = {ld32(lo), ld32(hi), ld32(lo + 8), ld32(hi + 8)};
         const unsigned bf[2] = {ld32(h), ld32(h + 8)};
         mma16816(c, af, bf);
@@ -512,9 +535,9 @@ __device__ void attend(const Params& p, Shared& sh, const Task& t, int* bank) {
     const int per = (kv_len + live - 1) / live;
     const int split_len = (per + ATTN_BLOCK - 1) / ATTN_BLOCK * ATTN_BLOCK;
     const int start = t.split * split_len, end = min(start + split_len, kv_len);
-    const half* kp = layer_weight(p, t.layer, LP_K_POOL) + kvh * p.k_stride_head;
-    const half* vp = layer_weight(p, t.layer, LP_V_POOL) + kvh * p.v_stride_head;
-    const half* q = q_of(p, t.layer) + row * Q_DIM + kvh * GROUP * HEAD_DIM;
+    const elem* kp = layer_weight(p, t.layer, LP_K_POOL) + kvh * p.k_stride_head;
+    const elem* vp = layer_weight(p, t.layer, LP_V_POOL) + kvh * p.v_stride_head;
+    const elem* q = q_of(p, t.layer) + row * Q_DIM + kvh * GROUP * HEAD_DIM;
     for (int i = tid; i < GROUP * HEAD_DIM; i += CONSUMERS)
         sh.q[i / HEAD_DIM][i % HEAD_DIM] = widen(__ldcg(q + i));
     if (tid < GROUP) {
@@ -527,15 +550,15 @@ __device__ void attend(const Params& p, Shared& sh, const Task& t, int* bank) {
     for (int n0 = start; n0 < end; n0 += ATTN_BLOCK) {
         if (tid < ATTN_BLOCK) sh.slot[tid] = n0 + tid < end ? token_slot(p, sh, row, n0 + tid) : -1;
         consumer_barrier();
-        half2 keys[KEYS_PER_WARP][KEY_PIECES];  // this warp's keys n = warp + j * warps
+        elem2 keys[KEYS_PER_WARP][KEY_PIECES];  // this warp's keys n = warp + j * warps
 #pragma unroll
         for (int j = 0; j < KEYS_PER_WARP; ++j) {
             const long long slot = sh.slot[warp + j * CONSUMER_WARPS];
-            const half2* k = reinterpret_cast<const half2*>(kp + max(slot, 0LL) * p.k_stride_token);
+            const elem2* k = reinterpret_cast<const elem2*>(kp + max(slot, 0LL) * p.k_stride_token);
 #pragma unroll
             for (int i = 0; i < KEY_PIECES; ++i) {
                 const int d = lane + 32 * i;
-                keys[j][i] = slot >= 0 && d < HEAD_DIM / 2 ? __ldcg(k + d) : __float2half2_rn(0.f);
+                keys[j][i] = slot >= 0 && d < HEAD_DIM / 2 ? __ldcg(k + d) : zero2();
             }
         }
 #pragma unroll
@@ -546,7 +569,7 @@ __device__ void attend(const Params& p, Shared& sh, const Task& t, int* bank) {
             for (int i = 0; i < KEY_PIECES; ++i) {
                 const int d = lane + 32 * i;
                 if (d >= HEAD_DIM / 2) break;
-                const float2 kf = __half22float2(keys[j][i]);
+                const float2 kf = widen2(keys[j][i]);
                 for (int g = 0; g < GROUP; ++g)
                     s[g] += sh.q[g][2 * d] * kf.x + sh.q[g][2 * d + 1] * kf.y;
             }
@@ -561,7 +584,7 @@ __device__ void attend(const Params& p, Shared& sh, const Task& t, int* bank) {
             const float m_new = fmaxf(m_old, warp_max(s));  // finite: the tile holds a key
             const float e = exp2f(s - m_new);
             const float total = warp_sum(e);
-            sh.p[g][lane] = round_half(e);
+            sh.p[g][lane] = to_elem(e);
             __syncwarp();
             if (lane == 0) {
                 const float alpha = exp2f(m_old - m_new);
@@ -576,12 +599,12 @@ __device__ void attend(const Params& p, Shared& sh, const Task& t, int* bank) {
             if (d >= HEAD_DIM) break;
             float pv[GROUP] = {};
             for (int n0 = 0; n0 < ATTN_BLOCK && sh.slot[n0] >= 0; n0 += VALUE_BATCH) {
-                half v[VALUE_BATCH];  // a batch of values loaded together, summed in key order
+                elem v[VALUE_BATCH];  // a batch of values loaded together, summed in key order
 #pragma unroll
                 for (int j = 0; j < VALUE_BATCH; ++j) {
                     const long long slot = sh.slot[n0 + j];
                     v[j] = slot >= 0 ? __ldcg(vp + slot * p.v_stride_token + d)
-                                     : __float2half_rn(0.f);
+                                     : to_elem(0.f);
                 }
 #pragma unroll
                 for (int j = 0; j < VALUE_BATCH; ++j) {
@@ -594,12 +617,12 @@ __device__ void attend(const Params& p, Shared& sh, const Task& t, int* bank) {
         }
         consumer_barrier();
     }
-    half* out = o_of(p, t.layer) + row * Q_DIM + kvh * GROUP * HEAD_DIM;
+    elem* out = o_of(p, t.layer) + row * Q_DIM + kvh * GROUP * HEAD_DIM;
     if (live == 1) {  // the output itself (no keys: zeros)
         for (int g = 0; g < GROUP; ++g) {
             const float l = sh.l[g] > 0.f ? sh.l[g] : 1.f;
             for (int i = 0; i < HEAD_SLICE && tid + i * CONSUMERS < HEAD_DIM; ++i)
-                out[g * HEAD_DIM + tid + i * CONSUMERS] = round_half(acc[g][i] / l);
+                out[g * HEAD_DIM + tid + i * CONSUMERS] = to_elem(acc[g][i] / l);
         }
         return;
     }
@@ -628,12 +651,12 @@ __device__ void attend(const Params& p, Shared& sh, const Task& t, int* bank) {
                 const float weight = exp2f(__ldcg(p.attn_m + at + s) - m_max);
                 o += __ldcg(p.attn_acc + (size_t)(at + s) * HEAD_DIM + d) * weight;
             }
-            out[g * HEAD_DIM + d] = round_half(o / (total > 0.f ? total : 1.f));
+            out[g * HEAD_DIM + d] = to_elem(o / (total > 0.f ? total : 1.f));
         }
     }
 }
 
-__device__ void consume(const Params& p, Shared& sh, half* ring, half* hs, int begin, int end,
+__device__ void consume(const Params& p, Shared& sh, elem* ring, elem* hs, int begin, int end,
                         int* bank) {
     int w = 0, staged = -1;
     const bool profiled = p.prof != nullptr && threadIdx.x == 0;
@@ -671,8 +694,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 megakernel(const __grid_constant__ Params p) {
     extern __shared__ __align__(16) unsigned char dynamic_smem[];
     __shared__ Shared sh;
-    half* ring = reinterpret_cast<half*>(dynamic_smem);
-    half* hs = ring + RING_SLOTS * SLOT_HALVES;
+    elem* ring = reinterpret_cast<elem*>(dynamic_smem);
+    elem* hs = ring + RING_SLOTS * SLOT_HALVES;
     if (threadIdx.x == 0) {
         sh.epoch = *reinterpret_cast<volatile int*>(p.sync);
         for (int s = 0; s < RING_SLOTS; ++s) {
@@ -758,9 +781,13 @@ def dynamic_shared_bytes(shape: MegaShape, ring_slots: int) -> int:
     return (ring_slots * TILE_ROWS + ROWS) * (shape.max_klen + 8) * 2
 
 
-def kernel_source(shape: MegaShape, consumer_warps: int = 4, ring_slots: int = 8) -> str:
-    """The CUDA source for a shape and the compiled knobs: constants, `Params` (from PARAMS),
-    then CUDA_SOURCE. Plain CUDA (no torch headers), so nvcc alone compiles it."""
+def kernel_source(shape: MegaShape, consumer_warps: int = 4, ring_slots: int = 8,
+                  dtype: torch.dtype = torch.float16) -> str:  # fmt: skip
+    """The CUDA source for a shape, the compiled knobs and the element type (float16 or
+    bfloat16): constants, `Params` (from PARAMS), then CUDA_SOURCE. Plain CUDA (no torch
+    headers), so nvcc alone compiles it."""
+    if dtype not in ELEMENT_TYPES:
+        raise ValueError(f"megakernel: {dtype} is not one of {', '.join(map(str, ELEMENT_TYPES))}")
     assert TILE_ROWS * ROWS <= 32 * consumer_warps, "the epilogues take a thread an output"
     consts = dict(
         HIDDEN=shape.hidden, HEADS=shape.heads, KV_HEADS=shape.kv_heads,
@@ -773,8 +800,10 @@ def kernel_source(shape: MegaShape, consumer_warps: int = 4, ring_slots: int = 8
         **{f"OP_{op.name}": int(op) for op in Op},
         **{f"LP_{name.upper()}": i for i, name in enumerate(LAYER_POINTERS)},
     )  # fmt: skip
-    lines = ["#include <cuda_fp16.h>", "#include <cstdio>"]
+    lines = ["#include <cuda_fp16.h>", "#include <cuda_bf16.h>", "#include <cstdio>"]
     lines += [f"#define {k} {v}" for k, v in consts.items()]
+    lines.append(f"#define ELEM_BF16 {int(dtype == torch.bfloat16)}")
+    lines.append(ELEMENT_SOURCE)
     lines.append(f"#define WATCHDOG_CYCLES {WATCHDOG_CYCLES}LL")
     lines.append(f"struct Task {{ int {', '.join(FIELDS)}; }};  // a descriptor: two int4")
     lines.append("struct Params {")
@@ -788,8 +817,13 @@ def nvcc_flags(arch: str) -> list:
     return ["-O3", f"-gencode=arch=compute_{arch},code=sm_{arch}"]
 
 
-def ptxas_report(shape: MegaShape, arch: str, consumer_warps: int = 4,
-                 ring_slots: int | None = None) -> dict:  # fmt: skip
+def ptxas_report(
+    shape: MegaShape,
+    arch: str,
+    consumer_warps: int = 4,
+    ring_slots: int | None = None,
+    dtype: torch.dtype = torch.float16,
+) -> dict:
     """What ptxas says of the kernel for `arch` (nvcc on PATH, no GPU needed), compiled as
     `build` compiles it: registers a thread, spill bytes, stack bytes (the watchdog's printf
     arguments), static and dynamic shared memory. Raises with nvcc's output if it fails."""
@@ -798,7 +832,7 @@ def ptxas_report(shape: MegaShape, arch: str, consumer_warps: int = 4,
     ring_slots = ring_slots or ring_slots_for(shape, arch)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "megakernel.cu"
-        path.write_text(kernel_source(shape, consumer_warps, ring_slots))
+        path.write_text(kernel_source(shape, consumer_warps, ring_slots, dtype))
         out = subprocess.run(
             ["nvcc", *nvcc_flags(arch), *COMMON_NVCC_FLAGS, "-Xptxas", "-v", "-c", str(path),
              "-o", str(Path(tmp) / "megakernel.o")], capture_output=True, text=True,
@@ -829,13 +863,14 @@ def build(
     ring_slots: int | None = None,
     build_dir: str | None = None,
     verbose: bool = False,
+    dtype: torch.dtype = torch.float16,
 ):
     """The compiled extension (`launch`, `prepare`, `hop`), cached under a name hashed from
     its source and flags (the shape, knobs and arch are in them)."""
     from torch.utils.cpp_extension import load_inline
 
     ring_slots = ring_slots or ring_slots_for(shape, arch)
-    source = kernel_source(shape, consumer_warps, ring_slots) + BINDING_SOURCE
+    source = kernel_source(shape, consumer_warps, ring_slots, dtype) + BINDING_SOURCE
     flags = nvcc_flags(arch)
     name = "mega_" + hashlib.sha256((source + " ".join(flags)).encode()).hexdigest()[:16]
     module = load_inline(
@@ -899,9 +934,11 @@ class Megakernel:
 
     def __init__(self, module, schedule: Schedule, ring_slots: int, device,
                  split_tokens: int = SPLIT_TOKENS, spin_ns: int = SPIN_NS,
-                 profile: bool = False):  # fmt: skip
+                 profile: bool = False, dtype: torch.dtype = torch.float16):  # fmt: skip
+        """`dtype`: the element type `module` was built for (`build`'s)."""
         s, rows, dev = schedule.shape, ROWS, torch.device(device)
         self.module, self.schedule, self.split_tokens = module, schedule, split_tokens
+        self.dtype = dtype
         self.spin_ns = spin_ns
         # profile: each task's STAMPS (ns, the GPU's global timer), queue after queue
         n_tasks = sum(len(q) for q in schedule.queues)
@@ -915,7 +952,7 @@ class Megakernel:
         self.sync = torch.zeros(SYNC_HEADER + 2 * len(schedule.counters), dtype=torch.int32,
                                 device=dev)  # fmt: skip
         self.error = torch.zeros(ERROR_WORDS, dtype=torch.int32, pin_memory=True)
-        half, fp32 = dict(dtype=torch.float16, device=dev), dict(dtype=torch.float32, device=dev)
+        half, fp32 = dict(dtype=dtype, device=dev), dict(dtype=torch.float32, device=dev)
         L, splits = s.layers, schedule.attn_splits
         self.buffers = dict(
             xs=torch.empty(L, rows, s.hidden, **half), xmid=torch.empty(L, rows, s.hidden, **half),
@@ -938,7 +975,7 @@ class Megakernel:
         key = tuple(t.data_ptr() for row in rows for t in row)
         if key != self._pointers[0]:
             for t in (t for row in rows for t in row[:6]):  # cp.async moves 16-byte pieces
-                assert t.dtype == torch.float16 and t.is_contiguous() and t.data_ptr() % 16 == 0
+                assert t.dtype == self.dtype and t.is_contiguous() and t.data_ptr() % 16 == 0
             table = torch.tensor(key, dtype=torch.int64).view(len(rows), len(LAYER_POINTERS))
             self._pointers = (key, table.to(self.tasks.device))
         return self._pointers[1]
@@ -948,6 +985,7 @@ class Megakernel:
         s, x, k, v = self.schedule.shape, inputs.x, inputs.k_pools[0], inputs.v_pools[0]
         rows = x.shape[0]
         assert rows == self.schedule.rows and x.shape[1] == s.hidden and x.is_contiguous()
+        assert x.dtype == self.dtype and k.dtype == self.dtype and inputs.cos.dtype == self.dtype
         for t in (inputs.positions, inputs.write_index, inputs.kv_lens):
             assert t.dtype == torch.int64 and t.shape == (rows,) and t.is_contiguous()
         assert inputs.table.dtype == torch.int32 and inputs.table.stride(-1) == 1

@@ -36,9 +36,13 @@ def test_source_declares_every_param():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-@pytest.mark.parametrize("arch, warps", [("90", 4), ("80", 4), ("86", 4), ("90", 8)])
-def test_compiles_without_spills(arch, warps):
-    report = ptxas_report(COURSE, arch, consumer_warps=warps)
+@pytest.mark.parametrize(
+    "arch, warps, dtype",
+    [("90", 4, "float16"), ("80", 4, "float16"), ("86", 4, "float16"), ("90", 8, "float16"),
+     ("90", 4, "bfloat16"), ("86", 4, "bfloat16")],
+)  # fmt: skip
+def test_compiles_without_spills(arch, warps, dtype):
+    report = ptxas_report(COURSE, arch, consumer_warps=warps, dtype=getattr(torch, dtype))
     assert report["spill_bytes"] == 0, report
     assert report["registers"] <= 255, report
     assert report["static_shared_bytes"] + report["dynamic_shared_bytes"] <= SHARED_BYTES[arch]
@@ -46,10 +50,12 @@ def test_compiles_without_spills(arch, warps):
 
 
 @pytest.mark.gpu
-def test_gpu_step_matches_the_fused_stack(mega_step):
-    """The tiny model (GQA, head_dim 32) in float16: the megakernel's x after a decode step of
-    8 ragged rows is run_fused_stack's within a few float16 steps, and 200 more launches (the
-    epoch word alternating the counter banks) give the same x bit for bit."""
+@pytest.mark.parametrize("dtype, tolerance", [("float16", 1e-3), ("bfloat16", 8e-3)])
+def test_gpu_step_matches_the_fused_stack(mega_step, dtype, tolerance):
+    """The tiny model (GQA, head_dim 32) in each element type: the megakernel's x after a decode
+    step of 8 ragged rows is run_fused_stack's within about 8 steps of the type (bfloat16's are
+    8x float16's), and 200 more launches (the epoch word alternating the counter banks) give the
+    same x bit for bit."""
     from variants.cache.slab import SlabKVCache
     from variants.kernels.device import device_capability, device_sm_count
     from variants.kernels.megakernel import Megakernel, build, step_inputs
@@ -57,23 +63,25 @@ def test_gpu_step_matches_the_fused_stack(mega_step):
 
     if not torch.cuda.is_available() or device_capability(torch.device("cuda"))[0] < 8:
         pytest.skip("needs a CUDA GPU of compute capability >= 8.0")
-    engine, step, fused, *_ = mega_step("cuda", "float16", SlabKVCache)
+    engine, step, fused, *_ = mega_step("cuda", dtype, SlabKVCache)
+    assert engine.dtype == getattr(torch, dtype)
     major, minor = device_capability(engine.device)
     shape = MegaShape.from_spec(engine.spec)
-    module, ring_slots = build(shape, arch=f"{major}{minor}")
+    module, ring_slots = build(shape, arch=f"{major}{minor}", dtype=engine.dtype)
     schedule = build_schedule(shape, step[0].shape[0], device_sm_count(engine.device), 4)
     validate(schedule)
-    mega = Megakernel(module, schedule, ring_slots, engine.device, split_tokens=16)
+    mega = Megakernel(module, schedule, ring_slots, engine.device, split_tokens=16,
+                      dtype=engine.dtype)  # fmt: skip
     inputs = step_inputs(engine, *step)
     first = mega(inputs).clone()
-    assert (first.float() - fused.float()).abs().max().item() < 1e-3  # ~8 float16 steps of x
+    assert (first.float() - fused.float()).abs().max().item() < tolerance
     for _ in range(200):
         out = mega(inputs)
     torch.cuda.synchronize()
     assert torch.equal(out, first) and mega.stuck_task() is None
     # profiled, and polling without sleeping: the same x, every task stamped in phase order
     profiled = Megakernel(module, schedule, ring_slots, engine.device, split_tokens=16,
-                          spin_ns=0, profile=True)  # fmt: skip
+                          spin_ns=0, profile=True, dtype=engine.dtype)  # fmt: skip
     assert torch.equal(profiled(inputs), first)
     stamps = profiled.stamps.cpu()
     assert (stamps[:, 0] > 0).all() and (stamps.diff(dim=1) >= 0).all()
