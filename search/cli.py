@@ -35,6 +35,7 @@ from search.trial import (
     Record,
     TrialRunner,
     load_renderer,
+    neutral_tables,
     write_atomic,
 )
 from search.write import (
@@ -298,6 +299,8 @@ class RunJob:
 
         def render(variant, path, text):
             knobs = tuned if tuned and variant.to_dict() == ranked[0].variant else {}
+            if self.runner.kernel_prior == "neutral":  # no hand rule: neutral where no table
+                knobs = {**neutral_tables(self.device, self.target.config, variant), **knobs}
             return renderer(variant, path, text, budget, weights=weights, **knobs)
 
         verify = partial(

@@ -552,24 +552,49 @@ def kernel_knobs(job: dict, variant) -> dict | None:
     return None
 
 
-def searched_table(job: dict, name: str, module: str, runs: bool) -> dict | None:
+def searched_table(job: dict, name: str, module: str, runs: bool, neutral) -> dict | None:
     """A kernel search's table for a trial's engine: the job's `name` (as JSON, read by the
-    search's `module`) where the variant `runs` the kernels it tunes; None: the rules."""
-    if not job.get(name) or not runs:
+    search's `module`) where the variant `runs` the kernels it tunes, or with the neutral prior
+    `neutral()` (the search's neutral launches at every bucket); None: the rules."""
+    if not runs or not str(job["device"]).startswith("cuda"):
         return None
-    return importlib.import_module(module).table_from_json(job[name])
+    if job.get(name):
+        return importlib.import_module(module).table_from_json(job[name])
+    return neutral() if job.get("kernel_prior") == "neutral" else None
 
 
 def few_row_knobs(job: dict, variant) -> dict | None:
     """The few-row kernels' table where the variant runs the fused layers (`searched_table`)."""
+    from tuning.few_row import prior_table
+    from variants.spec import ModelSpec
+
     fused = variant.layers in ("fused", "fused-pdl")
-    return searched_table(job, "few_row_knobs", "tuning.few_row", fused)
+    neutral = lambda: prior_table(  # noqa: E731
+        ModelSpec.from_config(job["config"]), variant, "neutral", job["device"]
+    )
+    return searched_table(job, "few_row_knobs", "tuning.few_row", fused, neutral)
 
 
 def prefill_knobs(job: dict, variant) -> dict | None:
     """The prefill attention's table where the variant runs ours (`searched_table`)."""
+    from tuning.prefill_attention import prior_table
+    from variants.spec import ModelSpec
+
     ours = variant.attention == "triton"
-    return searched_table(job, "prefill_knobs", "tuning.prefill_attention", ours)
+    neutral = lambda: prior_table(ModelSpec.from_config(job["config"]), "neutral")  # noqa: E731
+    return searched_table(job, "prefill_knobs", "tuning.prefill_attention", ours, neutral)
+
+
+def neutral_tables(device, config: dict, variant) -> dict:
+    """The kernel tables an engine of `variant` carries with the neutral prior and no search's
+    table: every kernel it runs at its neutral launch (render's keyword arguments)."""
+    job = {"device": str(device), "config": config, "kernel_prior": "neutral"}
+    tables = {
+        "knobs": kernel_knobs(job, variant),
+        "few_row_knobs": few_row_knobs(job, variant),
+        "prefill_knobs": prefill_knobs(job, variant),
+    }
+    return {k: v for k, v in tables.items() if v}
 
 
 def run_job(job: dict, phases: Phases) -> dict:

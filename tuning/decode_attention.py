@@ -516,6 +516,12 @@ def kernel_parser(doc: str) -> argparse.ArgumentParser:
     parser.add_argument("--budget", type=float, default=120.0, help="seconds of search")
     parser.add_argument("--cache-dir", help="reuse (or keep) the table for this machine here")
     parser.add_argument("--json", help="write the table and the per-bucket results here")
+    parser.add_argument(
+        "--prior",
+        choices=("hand", "neutral"),
+        default="hand",
+        help="start from the H200's rules, or from a GPU nothing was measured on",
+    )
     return parser
 
 
@@ -548,7 +554,6 @@ def search_command(args, load, search, to_json, what: str) -> int:
 
 def main(argv=None) -> int:
     parser = kernel_parser(__doc__)
-    parser.add_argument("--prior", choices=("hand", "neutral"), default="hand")
     args = parser.parse_args(argv)
     config, variant = kernel_target(args)
     target = (config, args.weight_dir, variant)

@@ -13,8 +13,8 @@ model shape, layout and Triton version (`cache_path`), bound to the fused stack 
 `knobs` and written into engine.py as constants.
 
     python -m tuning.few_row [--config target/model_config.json] [--weight-dir target/weights]
-        [--preset NAME | --variant JSON] [--budget 120] [--cache-dir studies/kernels]
-        [--json table.json]
+        [--preset NAME | --variant JSON] [--budget 120] [--prior hand|neutral]
+        [--cache-dir studies/kernels] [--json table.json]
 """
 
 from __future__ import annotations
@@ -50,6 +50,9 @@ from variants.layers.rope import RopeTable, apply_rope
 from variants.spec import ModelSpec
 
 LAYER_KERNELS = ("qkv", "o", "swiglu", "down")  # a layer's, in the order a step runs them
+# (BLOCK_N, BLOCK_K, warps, stages) of every kernel on a GPU nothing was measured on (the
+# neutral prior: no rule of the H200's), unsplit
+NEUTRAL_TILES = (32, 64, 4, 2)
 LINEAR = ("o", "down", "head")  # few_row_linear's
 # the knobs in the order they are searched; the tiles' (launch_of) then the splits
 AXES = ("block_n", "block_k", "warps", "stages", "split_k")
@@ -81,10 +84,15 @@ def kernel_shape(kernel: str, spec: ModelSpec) -> tuple:
     }[kernel]
 
 
-def prior_launch(kernel: str, rows: int, spec: ModelSpec, sm_count: int, pdl: bool) -> dict:
+def prior_launch(kernel: str, rows: int, spec: ModelSpec, sm_count: int, pdl: bool,
+                 prior: str = "hand") -> dict:  # fmt: skip
     """The launch the fused stack's call of `kernel` makes at `rows` rows without a table, every
-    knob explicit (the launchers' own choice, step by step)."""
+    knob explicit (the launchers' own choice, step by step); `prior` "neutral": NEUTRAL_TILES,
+    fitted to shared memory as the rules' are, and no split."""
     n, k, weight_tiles = kernel_shape(kernel, spec)
+    if prior == "neutral":
+        _, *tiles = few_row_tiles(rows, n, sm_count, weight_tiles, NEUTRAL_TILES)
+        return dict(zip(AXES, tiles), split_k=1)
     long_k = kernel in LINEAR and k >= LONG_K
     prefer = swiglu_tiles(rows) if kernel == "swiglu" else LONG_K_TILES if long_k else None
     block_m, *tiles = few_row_tiles(rows, n, sm_count, weight_tiles, prefer)
@@ -216,11 +224,27 @@ def row_buckets(config: dict, buckets: list, most_rows: int = HEAD_MAX_ROWS) -> 
     return sorted(found.values(), key=lambda b: (-b.weight, -b.steps))
 
 
+def prior_table(spec: ModelSpec, variant, prior: str, device) -> dict:
+    """(kernel, rows) -> the launch of every kernel at every decode graph row bucket as
+    `prior` starts it: empty for the hand rules (the launchers' own), NEUTRAL_TILES else."""
+    if prior == "hand":
+        return {}
+    device = torch.device(device)
+    sm_count, pdl = device_sm_count(device), variant.layers == "fused-pdl"
+    policy = variant.graphs if variant.graphs != "off" else "pow2"
+    rows = sorted({r for r, _ in graph_buckets(spec, device_capability(device), policy)})
+    return {
+        (kernel, r): launch_of(prior_launch(kernel, r, spec, sm_count, pdl, prior))
+        for r in rows for kernel in kernels_at(r, pdl)
+    }  # fmt: skip
+
+
 def tune(config: dict, weight_dir: str, variant, budget_s: float = 120.0, device="cuda",
-         log=print, bench=StepBench, check=FewRowCheck) -> tuple:  # fmt: skip
-    """(table, results): (kernel, rows) -> the launch found where it beats the rules', and
-    what the search did per (kernel, rows bucket), the heaviest buckets first. `bench` and
-    `check` make a bucket's StepBench and FewRowCheck (the tests' fakes elsewhere)."""
+         log=print, bench=StepBench, check=FewRowCheck, prior: str = "hand") -> tuple:  # fmt: skip
+    """(table, results): (kernel, rows) -> the launch found where it beats the rules' (with the
+    neutral `prior`: every bucket's, the neutral launch where nothing beat it), and what the
+    search did per (kernel, rows bucket), the heaviest buckets first. `bench` and `check` make a
+    bucket's StepBench and FewRowCheck (the tests' fakes elsewhere)."""
     from variants.build import build_engine
 
     spec = ModelSpec.from_config(config)
@@ -230,10 +254,11 @@ def tune(config: dict, weight_dir: str, variant, budget_s: float = 120.0, device
     policy = variant.graphs if variant.graphs != "off" else "pow2"
     buckets = row_buckets(config, graph_buckets(spec, capability, policy))
     work = [(b, kernel) for b in buckets for kernel in kernels_at(b.rows, pdl)]
+    base = prior_table(spec, variant, prior, device)
     if not work or budget_s <= 0:
-        return {}, []
-    priors = {(k, b.rows): prior_launch(k, b.rows, spec, sm_count, pdl) for b, k in work}
-    live = {key: launch_of(knobs) for key, knobs in priors.items()}  # what the engine reads
+        return base, []
+    priors = {(k, b.rows): prior_launch(k, b.rows, spec, sm_count, pdl, prior) for b, k in work}
+    live = {**base, **{key: launch_of(knobs) for key, knobs in priors.items()}}  # the engine's
     engine = build_engine(config, weight_dir, str(device), variant, few_row_knobs=live)
     deadline = time.monotonic() + budget_s  # (the engine's build is not the search's)
     results = []
@@ -255,6 +280,8 @@ def tune(config: dict, weight_dir: str, variant, budget_s: float = 120.0, device
         log(f"  {kernel:6s} at {bucket.rows:3d} rows (weight {bucket.weight:.2f}): a step "
             f"{found.outcome()}")  # fmt: skip
     del engine
+    if prior != "hand":
+        return live, results
     return {k: v for k, v in live.items() if v != launch_of(priors[k])}, results
 
 
@@ -282,13 +309,14 @@ def table_from_json(data: dict) -> dict:
     return table
 
 
-def load_or_tune(config, weight_dir, variant, folder, budget_s=120.0, device="cuda", log=print):
-    """(table, results, path): the cached table for this machine, model shape and layout, or
-    a new search, cached in `folder`."""
+def load_or_tune(config, weight_dir, variant, folder, budget_s=120.0, device="cuda", log=print,
+                 prior="hand"):  # fmt: skip
+    """(table, results, path): the cached table for this machine, model shape, layout and
+    prior, or a new search, cached in `folder`."""
     spec = ModelSpec.from_config(config)
-    key = {**machine_key(spec, variant, "hand", torch.device(device)), "kernels": "few_row"}
+    key = {**machine_key(spec, variant, prior, torch.device(device)), "kernels": "few_row"}
     search = functools.partial(searched, tune, summary, config, weight_dir, variant, budget_s,
-                               device, log=log)  # fmt: skip
+                               device, log=log, prior=prior)  # fmt: skip
     return cached_search(folder, key, "few_row", search, table_to_json, table_from_json)
 
 
@@ -306,8 +334,8 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         parser.error("the search times kernels on a GPU: no CUDA device here")
     target = (config, args.weight_dir, variant)
-    load = lambda folder: load_or_tune(*target, folder, args.budget)  # noqa: E731
-    search = functools.partial(searched, tune, summary, *target, args.budget)
+    load = lambda folder: load_or_tune(*target, folder, args.budget, prior=args.prior)  # noqa: E731
+    search = functools.partial(searched, tune, summary, *target, args.budget, prior=args.prior)
     return search_command(args, load, search, table_to_json, "kernel buckets")
 
 

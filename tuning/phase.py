@@ -136,7 +136,7 @@ def run_table_search(job, variant, found: KernelSearch, module: str, budget_s: f
     """A search after the decode attention's, `python -m module` for `variant`
     (`search_child`), its seconds added to `found`'s: a TableSearch. Where it fails, the
     other tables stand without it."""
-    data, seconds, text = search_child(job, variant, module, budget_s)
+    data, seconds, text = search_child(job, variant, module, budget_s, "--prior", found.prior)
     found.seconds += seconds
     if data is None:
         return TableSearch(why=text)
@@ -190,6 +190,7 @@ def lines(search: KernelSearch | None) -> str:
     ]
     if search.cached:
         out.append(f"table: {search.cached}")
+    start = "rules" if search.prior == "hand" else "neutral launch"
     for r in search.results:
         where = f"{r['rows']:3d} rows x {r['context']:5d} ({r['steps']} steps, weight"
         out.append(_moved(r, f"{where} {r.get('weight')}, longest {r['longest']})", "prior"))
@@ -197,13 +198,13 @@ def lines(search: KernelSearch | None) -> str:
         out.append(f"few-row kernels: {search.few_row.why}")
     for r in search.few_row.results:
         where = f"{r['kernel']:6s} at {r['rows']:3d} rows ({r['steps']} steps, weight"
-        out.append(_moved(r, f"{where} {r['weight']})", "rules"))
+        out.append(_moved(r, f"{where} {r['weight']})", start))
     if search.prefill.why:
         out.append(f"prefill attention: {search.prefill.why}")
     for r in search.prefill.results:
         where = f"prefill {r['tokens']:5d} tokens ({r['calls']} calls, weight {r['weight']}, "
         where += f"{r['prompts']} prompts, longest {r['longest']})"
-        out.append(_moved(r, where, "rules", "its attention"))
+        out.append(_moved(r, where, start, "its attention"))
     if search.after:
         out.append("trace            rules ms   tuned ms")
         for trace in sorted(search.after):

@@ -14,8 +14,8 @@ version (`cache_path`), bound to our attention as `prefill_knobs` and written in
 constants; the prefill graphs build a bucket's q-block schedule for its BLOCK_M.
 
     python -m tuning.prefill_attention [--config target/model_config.json]
-        [--preset NAME | --variant JSON] [--budget 120] [--cache-dir studies/kernels]
-        [--json table.json]
+        [--preset NAME | --variant JSON] [--budget 120] [--prior hand|neutral]
+        [--cache-dir studies/kernels] [--json table.json]
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from evaluator.benchmark_traces import SUITES
 from evaluator.traces import Prefill
 from tuning.decode_attention import (
+    NEUTRAL,
     cached_search,
     device_key,
     kernel_parser,
@@ -112,7 +113,8 @@ def prefill_buckets(config: dict, buckets: list, most_prompts: int = MOST_PROMPT
 
 
 def prior_launch(spec: ModelSpec, tokens: int, capability) -> dict:
-    """The tiles the launcher picks for a call of `tokens` packed tokens, as knobs (the rules)."""
+    """The tiles the launcher picks for a call of `tokens` packed tokens, as knobs (the rules;
+    at capability NEUTRAL, those of a GPU nothing was measured on)."""
     tiles = (*prefill_tiles(spec.head_dim, capability, tokens), prefill_stages(capability))
     return dict(zip(KNOBS, tiles))
 
@@ -232,28 +234,40 @@ def shared_memory(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).shared_memory_per_block_optin
 
 
+def prior_table(spec: ModelSpec, prior: str) -> dict:
+    """tokens -> the tiles of every prefill graph bucket as `prior` starts them: empty for the
+    hand rules (the launcher's own), the rules at capability NEUTRAL else."""
+    if prior == "hand":
+        return {}
+    return {t: launch_of(prior_launch(spec, t, NEUTRAL)) for t in graph_buckets()}
+
+
 def tune(config: dict, budget_s: float = 120.0, device="cuda", log=print, bench=GraphBench,
-         check=PrefillCheck) -> tuple:  # fmt: skip
-    """(table, results): tokens -> the tiles found where they beat the rules', and what the
-    search did per bucket, the heaviest first. `bench` and `check` make a bucket's GraphBench
-    and PrefillCheck (the tests' fakes elsewhere)."""
+         check=PrefillCheck, prior: str = "hand") -> tuple:  # fmt: skip
+    """(table, results): tokens -> the tiles found where they beat the rules' (with the neutral
+    `prior`: every bucket's, the neutral tiles where nothing beat them), and what the search did
+    per bucket, the heaviest first. `bench` and `check` make a bucket's GraphBench and
+    PrefillCheck (the tests' fakes elsewhere)."""
     spec = ModelSpec.from_config(config)
     device = torch.device(device)
     capability, sm_count = device_capability(device), device_sm_count(device)
+    if prior != "hand":
+        capability = NEUTRAL
     buckets = prefill_buckets(config, graph_buckets())
+    table = prior_table(spec, prior)
     if not buckets or budget_s <= 0:
-        return {}, []
+        return table, []
     values = functools.partial(candidates, shared_memory(device))
     deadline = time.monotonic() + budget_s
-    table, results = {}, []
+    results = []
     for i, bucket in enumerate(buckets):
         if time.monotonic() > deadline:
             break
-        prior = prior_launch(spec, bucket.tokens, capability)
+        start = prior_launch(spec, bucket.tokens, capability)
         timed = bench(check(spec, bucket, device, spec.config_dtype), spec.num_layers)
         until = share_deadline(time.monotonic(), deadline, buckets[i:])
-        found = tune_bucket(timed, prior, spec, bucket, sm_count, until, AXES, values)
-        if found.best != prior:
+        found = tune_bucket(timed, start, spec, bucket, sm_count, until, AXES, values)
+        if found.best != start or prior != "hand":
             table[bucket.tokens] = launch_of(found.best)
         results.append(found)
         log(
@@ -282,12 +296,15 @@ def table_from_json(data: dict) -> dict:
     return {int(tokens): {"tiles": tuple(launch["tiles"])} for tokens, launch in data.items()}
 
 
-def load_or_tune(config: dict, folder, budget_s: float = 120.0, device="cuda", log=print):
-    """(table, results, path): the cached table for this machine and model shape, or a new
-    search, cached in `folder`."""
+def load_or_tune(config: dict, folder, budget_s: float = 120.0, device="cuda", log=print,
+                 prior: str = "hand"):  # fmt: skip
+    """(table, results, path): the cached table for this machine, model shape and prior, or a
+    new search, cached in `folder`."""
     spec = ModelSpec.from_config(config)
     key = {**device_key(spec, torch.device(device)), "kernels": "prefill_attention"}
-    search = functools.partial(searched, tune, summary, config, budget_s, device, log=log)
+    key["prior"] = prior
+    search = functools.partial(searched, tune, summary, config, budget_s, device, log=log,
+                               prior=prior)  # fmt: skip
     return cached_search(folder, key, "prefill_attention", search, table_to_json, table_from_json)
 
 
@@ -303,8 +320,8 @@ def main(argv=None) -> int:
         )
     if not torch.cuda.is_available():
         parser.error("the search times kernels on a GPU: no CUDA device here")
-    load = lambda folder: load_or_tune(config, folder, args.budget)  # noqa: E731
-    search = functools.partial(searched, tune, summary, config, args.budget)
+    load = lambda folder: load_or_tune(config, folder, args.budget, prior=args.prior)  # noqa: E731
+    search = functools.partial(searched, tune, summary, config, args.budget, prior=args.prior)
     return search_command(args, load, search, table_to_json, "token buckets")
 
 

@@ -314,3 +314,60 @@ def test_a_short_search_is_cached_and_its_engine_passes_the_gate(
     module = load_engine_module(render_engine(variant, tmp_path / "e.py", few_row_knobs=table))
     checked = check_engine(module.create_engine, tiny_config, tiny_weights, "cuda")
     assert all(case["passed"] for case in checked.values()), checked
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_the_neutral_prior_is_unsplit_neutral_tiles_that_compute_right(tiny_config, kernel):
+    """No rule of the H200's: NEUTRAL_TILES (fitted to shared memory as the rules' are), one
+    split, at every row count; the kernel computes right with them (float32 reference)."""
+    spec = ModelSpec.from_config(tiny_config)
+    for rows in (1, 3, 16):
+        launch = tuner.prior_launch(kernel, rows, spec, 4, False, "neutral")
+        assert launch["split_k"] == 1
+        assert [launch[a] for a in tuner.AXES[:4]] == list(tuner.NEUTRAL_TILES)
+    check = tuner.FewRowCheck(kernel, spec, 3, torch.device("cpu"), torch.float32, False, 4)
+    neutral = tuner.launch_of(tuner.prior_launch(kernel, 3, spec, 4, False, "neutral"))
+    assert check.error(neutral) < 1e-4
+
+
+def test_a_neutral_search_returns_every_bucket_s_launch(tiny_config, tiny_weights, monkeypatch):
+    """With the neutral prior the table is whole: every kernel at every decode graph row
+    bucket, the neutral launch where nothing beat it (the engine then runs no hand rule), the
+    searched launch where one did (the down projection at 16 columns, here)."""
+
+    class Check:
+        def __init__(self, kernel, *args):
+            self.kernel = kernel
+
+        def error(self, launch):
+            return 0.0
+
+    class Bench:
+        ids: list = []
+
+        def __init__(self, engine, bucket, check, vocab, table, key):
+            self.key, self.table = key, table
+
+        def error(self, launch):
+            return 0.0
+
+        def time_ms(self, launch):
+            self.table[self.key] = launch
+            return 0.5 if self.key[0] == "down" and launch["tiles"][0] == 16 else 1.0
+
+    monkeypatch.setattr(tuner, "device_sm_count", lambda device: 132)
+    spec = ModelSpec.from_config(tiny_config)
+    whole = tuner.prior_table(spec, FUSED, "neutral", "cpu")
+    assert tuner.prior_table(spec, FUSED, "hand", "cpu") == {}  # the hand rules: the launchers'
+    assert {rows for _, rows in whole} == {1, 2, 4, 8, 16, 32, 64}
+    assert set(whole) == {(k, r) for _, r in whole for k in tuner.kernels_at(r, False)}
+    table, results = tuner.tune(
+        tiny_config, tiny_weights, FUSED, 60.0, "cpu", log=lambda line: None, bench=Bench,
+        check=Check, prior="neutral",
+    )  # fmt: skip
+    searched = {(kernel, found.bucket.rows) for kernel, found in results}
+    assert set(table) == set(whole) and searched <= set(table)
+    for key, launch in table.items():
+        moved = key[0] == "down" and key in searched
+        assert launch["tiles"][0] == (16 if moved else whole[key]["tiles"][0]), key
+        assert launch == whole[key] or moved

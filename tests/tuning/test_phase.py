@@ -283,3 +283,79 @@ def test_a_leader_with_prefill_graphs_has_its_prefill_attention_searched_last(
         in text
     )
     assert "90.0 -> 70.0 us, 13 tried (1 wrong or refused): block_m=32, warps=4" in text
+
+
+def test_with_the_neutral_prior_a_trial_and_the_written_engine_run_no_hand_rule(
+    tiny_config, monkeypatch
+):
+    """--neutral-kernels: without a search's table, every kernel table an engine reads holds
+    the neutral launches (the decode attention's, the few-row kernels', the prefill
+    attention's); a search's table stands where there is one; the hand prior and a CPU engine
+    carry none (the launchers' rules)."""
+    from search.trial import few_row_knobs, neutral_tables, prefill_knobs
+    from tuning import decode_attention, few_row, prefill_attention
+    from variants.spec import ModelSpec
+    from variants.variant import Variant
+
+    monkeypatch.setattr(few_row, "device_sm_count", lambda device: 132)
+    monkeypatch.setattr(few_row, "device_capability", lambda device: (9, 0))
+    attention = {(8, 1024): {"tiles": (32, 4, 2)}}  # (the decode attention's needs the GPU's)
+    monkeypatch.setattr(decode_attention, "prior_table", lambda *args: dict(attention))
+    spec = ModelSpec.from_config(tiny_config)
+    variant = Variant(cache="slab", attention="triton", layers="fused-pdl", graphs="pow2",
+                      prefill_graphs="pow2")  # fmt: skip
+    job = {"device": "cuda", "config": tiny_config, "kernel_prior": "neutral"}
+    few = few_row_knobs(job, variant)
+    assert few and few == few_row.prior_table(spec, variant, "neutral", "cuda")
+    assert prefill_knobs(job, variant) == prefill_attention.prior_table(spec, "neutral")
+    assert neutral_tables("cuda", tiny_config, variant) == {
+        "knobs": attention, "few_row_knobs": few, "prefill_knobs": prefill_knobs(job, variant)
+    }  # fmt: skip
+    searched = {("down", 8): {"tiles": (16, 128, 4, 3), "split_k": 4}}
+    job_with = {**job, "few_row_knobs": few_row.table_to_json(searched)}
+    assert few_row_knobs(job_with, variant) == searched
+    for other in ({**job, "kernel_prior": "hand"}, {**job, "device": "cpu"}):
+        assert few_row_knobs(other, variant) is None and prefill_knobs(other, variant) is None
+    assert neutral_tables("cpu", tiny_config, variant) == {}
+
+
+def test_with_the_neutral_prior_the_written_engine_carries_the_neutral_tables(
+    tiny_config, monkeypatch
+):
+    """The engine run.sh writes after a neutral study whose kernel search was not kept: its
+    renderer gets the neutral tables (not none, which would be the H200's rules); after a kept
+    search, the search's tables for the leader over them."""
+    from types import SimpleNamespace
+
+    from search import cli
+    from search.trial import Record
+    from variants.variant import Variant
+
+    variant = Variant(cache="slab", attention="triton", layers="fused-pdl", graphs="pow2")
+    neutral = {"knobs": {"n": 1}, "few_row_knobs": {"f": 1}}
+    monkeypatch.setattr(cli, "neutral_tables", lambda device, config, v: dict(neutral))
+    monkeypatch.setattr(cli, "candidates", lambda job, records, ranked: ranked)
+    rendered = []
+
+    def renderer(v, path, text, budget, weights, **tables):
+        rendered.append(tables)
+
+    monkeypatch.setattr(cli, "load_renderer", lambda name: renderer)
+    monkeypatch.setattr(cli, "write_verified", lambda found, render, *rest: render(variant, 0, ""))
+    leader = Record(0, "ok", variant.to_dict())
+    found = SimpleNamespace(kept=True, table={"a": 1}, few_row=SimpleNamespace(table=None),
+                            prefill=SimpleNamespace(table=None))  # fmt: skip
+    for prior, kernels, want in (
+        ("neutral", None, neutral),
+        ("neutral", found, {**neutral, "knobs": {"a": 1}}),
+        ("hand", None, {}),
+    ):
+        job = SimpleNamespace(
+            kernels=kernels, runner=SimpleNamespace(kernel_prior=prior, engine_budget_gib=8.0),
+            target=SimpleNamespace(weights_format="course", config=tiny_config, config_path="c",
+                                   weight_dir="w"),
+            args=SimpleNamespace(renderer="default"), device="cuda", workspace=None,
+            verify_timeout=1, gate="course", stress_positions=1,
+        )  # fmt: skip
+        cli.RunJob.write_engine(job, [leader], [leader], None)
+        assert rendered[-1] == want, prior

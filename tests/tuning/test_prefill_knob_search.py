@@ -336,3 +336,42 @@ def test_a_short_search_is_cached_and_its_engine_passes_the_gate(
     module = load_engine_module(render_engine(variant, tmp_path / "e.py", prefill_knobs=table))
     checked = check_engine(module.create_engine, tiny_config, tiny_weights, "cuda")
     assert all(case["passed"] for case in checked.values()), checked
+
+
+def test_a_neutral_search_returns_every_bucket_s_tiles(tiny_config, monkeypatch):
+    """With the neutral prior every prefill graph bucket is in the table: the tiles of a GPU
+    nothing was measured on (capability NEUTRAL, whatever this one is) where nothing beat them,
+    the searched tiles where something did (32-key tiles at the heaviest bucket, here)."""
+    heaviest = tuner.prefill_buckets(tiny_config, tuner.graph_buckets())[0]
+
+    class Check:
+        def __init__(self, spec, bucket, device, dtype):
+            self.bucket = bucket
+
+    class Bench:
+        def __init__(self, check, layers):
+            self.bucket = check.bucket
+
+        def error(self, knobs):
+            return 0.0
+
+        def time_ms(self, knobs):
+            return 0.5 if self.bucket == heaviest and knobs["block_n"] == 32 else 1.0
+
+    spec = ModelSpec.from_config(tiny_config)
+    whole = tuner.prior_table(spec, "neutral")
+    assert tuner.prior_table(spec, "hand") == {}  # the hand rules: the launcher's own
+    assert sorted(whole) == tuner.graph_buckets()
+    neutral = {t: tuner.launch_of(tuner.prior_launch(spec, t, decode_attention.NEUTRAL))
+               for t in whole}  # fmt: skip
+    assert whole == neutral
+    monkeypatch.setattr(tuner, "shared_memory", lambda device: H200_SHARED)
+    monkeypatch.setattr(tuner, "device_capability", lambda device: (9, 0))  # not used: neutral
+    table, results = tuner.tune(
+        tiny_config, 60.0, "cpu", log=lambda line: None, bench=Bench, check=Check,
+        prior="neutral",
+    )  # fmt: skip
+    assert set(table) == set(whole) and results
+    assert table[heaviest.tokens]["tiles"][1] == 32  # (BLOCK_M, BLOCK_N, warps, stages)
+    assert all(table[t] == whole[t] for t in whole if t != heaviest.tokens)
+    assert results[0].prior == tuner.prior_launch(spec, heaviest.tokens, decode_attention.NEUTRAL)
