@@ -3,7 +3,7 @@
 #   bash scripts/gpu_check.sh [STAGE...]   stages: env tests (or tests1 tests2) kernels fewrow tune
 #   tuneprefill profile timeline anatomy hostprofile sweep table compilereuse study grader
 #   realmodels replacement soak cachesizes knobs fewknobs prefillknobs kernelstudy crossknobs move
-#   mega
+#   mega neutral
 # (default: all). Writes logs and JSON under $OUT (or workspace/gpu_check) and a summary.txt.
 # Optuna is not installed there: wheels in .whl/ (carried) are installed into /tmp/site first.
 # A run longer than one call (the default 20-minute run.sh): scripts/gpu_long.sh.
@@ -164,6 +164,42 @@ knobs = table_from_json(json.load(open(path))['table']) if '$name' != 'base' els
 render_engine(PRESETS['slab-triton-pdl-allgraphs'], 'workspace/knobs/$name.py', '', 8.0, knobs=knobs)"
     done
     bench_engines knob workspace/knobs "${KNOB_SUITE:-all}" ${KNOB_ENGINES:-base hand neutral neutral0}
+fi
+# Issue #42's first bar: every kernel search (the decode attention, the few-row kernels, the
+# prefill attention) from the hand rules and from the neutral prior, NEUTRAL_BUDGET seconds each,
+# then the fused-pdl slab engine with no table (base), the hand tables, the neutral tables and the
+# untuned neutral ones (neutral0), timed on every suite. The tables stay in workspace/neutral
+# between calls of one machine: NEUTRAL_SEARCH_ONLY=1 in a first call, the rest in a second.
+if stage neutral; then
+    mkdir -p workspace/neutral
+    for prior in hand neutral; do
+        for search in decode_attention few_row prefill_attention; do
+            table=workspace/neutral/${prior}_$search.json
+            [ -f "$table" ] || timed "neutral_${prior}_$search" "${NEUTRAL_LIMIT:-200}" "$PY" \
+                -m "tuning.$search" --prior "$prior" --budget "${NEUTRAL_BUDGET:-60}" --json "$table"
+        done
+    done
+    if [ -z "${NEUTRAL_SEARCH_ONLY:-}" ]; then
+        for search in decode_attention few_row prefill_attention; do
+            "$PY" -m "tuning.$search" --prior neutral --budget 0 \
+                --json "workspace/neutral/neutral0_$search.json" > /dev/null
+        done
+        for name in base hand neutral neutral0; do
+            "$PY" -c "
+import importlib, json; from pathlib import Path
+from variants.presets import PRESETS; from variants.render import render_engine
+tables = {}
+for search, key in (('decode_attention', 'knobs'), ('few_row', 'few_row_knobs'),
+                    ('prefill_attention', 'prefill_knobs')):
+    path = Path('workspace/neutral/${name}_' + search + '.json')
+    if path.is_file():
+        data = json.loads(path.read_text())['table']
+        tables[key] = importlib.import_module('tuning.' + search).table_from_json(data) or None
+render_engine(PRESETS['slab-triton-pdl-allgraphs'], 'workspace/neutral/$name.py', '', 8.0,
+              **{k: v for k, v in tables.items() if v})"
+        done
+        bench_engines neutral workspace/neutral "${NEUTRAL_SUITE:-all}" base hand neutral neutral0
+    fi
 fi
 # The few-row kernels' table (tuning/few_row.py) for the fused-pdl slab engine, from the rules,
 # with and without the decode attention's (hand prior), each engine timed on every suite against
