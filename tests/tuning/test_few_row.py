@@ -238,18 +238,19 @@ def test_row_buckets_weigh_every_context_of_their_rows(course):
         assert (b.context, b.lengths) == (same[0].context, same[0].lengths)  # the heaviest
 
 
-def test_the_search_loop_keeps_only_what_moved(tiny_config, tiny_weights, monkeypatch):
-    """tune() on the CPU with a fake bench and check: the down projection is faster at
-    BLOCK_N 32 at every rows bucket (the rules': 16), the rest ties; the table holds only
-    those entries."""
-    timed = []
+class AnyLaunch:
+    """A check every launch passes (the real one needs the kernels run)."""
 
-    class Check:
-        def __init__(self, kernel, *args):
-            self.kernel = kernel
+    def __init__(self, kernel, *args):
+        self.kernel = kernel
 
-        def error(self, launch):
-            return 0.0
+    def error(self, launch):
+        return 0.0
+
+
+def down_faster_at(block_n: int):
+    """A fake StepBench: the down projection twice as fast at `block_n` columns, the rest a
+    tie; each timed launch goes into the table as the real bench's does."""
 
     class Bench:
         ids: list = []  # (no request of its own)
@@ -262,14 +263,19 @@ def test_the_search_loop_keeps_only_what_moved(tiny_config, tiny_weights, monkey
 
         def time_ms(self, launch):
             self.table[self.key] = launch
-            timed.append(self.key)
-            fast = self.key[0] == "down" and launch["tiles"][0] == 32
-            return 0.5 if fast else 1.0
+            return 0.5 if self.key[0] == "down" and launch["tiles"][0] == block_n else 1.0
 
+    return Bench
+
+
+def test_the_search_loop_keeps_only_what_moved(tiny_config, tiny_weights, monkeypatch):
+    """tune() on the CPU with a fake bench and check: the down projection is faster at
+    BLOCK_N 32 at every rows bucket (the rules': 16), the rest ties; the table holds only
+    those entries."""
     monkeypatch.setattr(tuner, "device_sm_count", lambda device: 132)
     table, results = tuner.tune(
-        tiny_config, tiny_weights, FUSED, 60.0, "cpu", log=lambda line: None, bench=Bench,
-        check=Check,
+        tiny_config, tiny_weights, FUSED, 60.0, "cpu", log=lambda line: None,
+        bench=down_faster_at(32), check=AnyLaunch,
     )  # fmt: skip
     assert results and {kernel for kernel, _ in results} == set(KERNELS)
     downs = [found for kernel, found in results if kernel == "down"]
@@ -334,27 +340,6 @@ def test_a_neutral_search_returns_every_bucket_s_launch(tiny_config, tiny_weight
     """With the neutral prior the table is whole: every kernel at every decode graph row
     bucket, the neutral launch where nothing beat it (the engine then runs no hand rule), the
     searched launch where one did (the down projection at 16 columns, here)."""
-
-    class Check:
-        def __init__(self, kernel, *args):
-            self.kernel = kernel
-
-        def error(self, launch):
-            return 0.0
-
-    class Bench:
-        ids: list = []
-
-        def __init__(self, engine, bucket, check, vocab, table, key):
-            self.key, self.table = key, table
-
-        def error(self, launch):
-            return 0.0
-
-        def time_ms(self, launch):
-            self.table[self.key] = launch
-            return 0.5 if self.key[0] == "down" and launch["tiles"][0] == 16 else 1.0
-
     monkeypatch.setattr(tuner, "device_sm_count", lambda device: 132)
     spec = ModelSpec.from_config(tiny_config)
     whole = tuner.prior_table(spec, FUSED, "neutral", "cpu")
@@ -362,8 +347,8 @@ def test_a_neutral_search_returns_every_bucket_s_launch(tiny_config, tiny_weight
     assert {rows for _, rows in whole} == {1, 2, 4, 8, 16, 32, 64}
     assert set(whole) == {(k, r) for _, r in whole for k in tuner.kernels_at(r, False)}
     table, results = tuner.tune(
-        tiny_config, tiny_weights, FUSED, 60.0, "cpu", log=lambda line: None, bench=Bench,
-        check=Check, prior="neutral",
+        tiny_config, tiny_weights, FUSED, 60.0, "cpu", log=lambda line: None,
+        bench=down_faster_at(16), check=AnyLaunch, prior="neutral",
     )  # fmt: skip
     searched = {(kernel, found.bucket.rows) for kernel, found in results}
     assert set(table) == set(whole) and searched <= set(table)
