@@ -61,26 +61,33 @@ SHARED_BYTES = {"90": 227 * 1024, "80": 163 * 1024, "86": 99 * 1024, "89": 99 * 
 STATIC_MARGIN = 6 * 1024
 
 ELEMENT_SOURCE = r"""
-// ---- the element type (float16 or bfloat16, ELEM_BF16): its conversions, rounding to nearest
+// ---- the element type (float16, or bfloat16 where ELEM_BF16): its conversions round to nearest
 #if ELEM_BF16
 typedef __nv_bfloat16 elem;
 typedef __nv_bfloat162 elem2;
 #define MMA_AB "bf16"
-__device__ __forceinline__ elem to_elem(float v) { return __float2bfloat16_rn(v); }
-__device__ __forceinline__ float widen(elem v) { return __bfloat162float(v); }
-__device__ __forceinline__ float2 widen2(elem2 v) { return __bfloat1622float2(v); }
-__device__ __forceinline__ elem2 pack2(float a, float b) { return __floats2bfloat162_rn(a, b); }
-__device__ __forceinline__ elem2 pair2(elem a, elem b) { return __halves2bfloat162(a, b); }
+#define ELEM_FN(f16, bf16) bf16
 #else
 typedef __half elem;
 typedef __half2 elem2;
 #define MMA_AB "f16"
-__device__ __forceinline__ elem to_elem(float v) { return __float2half_rn(v); }
-__device__ __forceinline__ float widen(elem v) { return __half2float(v); }
-__device__ __forceinline__ float2 widen2(elem2 v) { return __half22float2(v); }
-__device__ __forceinline__ elem2 pack2(float a, float b) { return __floats2half2_rn(a, b); }
-__device__ __forceinline__ elem2 pair2(elem a, elem b) { return __halves2half2(a, b); }
+#define ELEM_FN(f16, bf16) f16
 #endif
+__device__ __forceinline__ elem to_elem(float v) {
+    return ELEM_FN(__float2half_rn, __float2bfloat16_rn)(v);
+}
+__device__ __forceinline__ float widen(elem v) {
+    return ELEM_FN(__half2float, __bfloat162float)(v);
+}
+__device__ __forceinline__ float2 widen2(elem2 v) {
+    return ELEM_FN(__half22float2, __bfloat1622float2)(v);
+}
+__device__ __forceinline__ elem2 pack2(float a, float b) {
+    return ELEM_FN(__floats2half2_rn, __floats2bfloat162_rn)(a, b);
+}
+__device__ __forceinline__ elem2 pair2(elem a, elem b) {
+    return ELEM_FN(__halves2half2, __halves2bfloat162)(a, b);
+}
 __device__ __forceinline__ elem2 zero2() { return pack2(0.f, 0.f); }
 """
 
