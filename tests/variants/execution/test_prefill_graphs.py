@@ -2,6 +2,9 @@
 on the scratch slot) run on the CPU by Triton's interpreter, each "graph" replaying the body
 eagerly on the static buffers. Real capture against the reference: the gpu test at the end."""
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -387,3 +390,28 @@ def test_gpu_captured_prefill_matches_eager_and_reference(cache, tmp_path):
         for i, p in enumerate(prompts):
             expected = ref.forward(p[None])[0, -1].float()
             torch.testing.assert_close(got[i], expected, atol=1e-2, rtol=1e-2)
+
+
+def test_a_dropped_runners_layer_and_head_graphs_wait_for_the_next_runner(
+    tiny_config, tiny_weights
+):
+    """As the decode runner's (test_cuda_graphs.py): the head graphs too."""
+    from variants.execution.cuda_graphs import RETIRED_GRAPHS
+
+    class Graph:  # stands in for a captured graph
+        pass
+
+    engine = build_engine(
+        tiny_config, tiny_weights, "cpu", Variant(cache="slab", attention="triton")
+    )
+    gc.disable()
+    try:
+        runner = PrefillGraphs(engine, largest_tokens=32, most_prompts=2)
+        runner.graphs[32], runner.heads[1] = Graph(), Graph()
+        graphs = [weakref.ref(runner.graphs[32]), weakref.ref(runner.heads[1])]
+        del runner
+        assert all(g() is not None for g in graphs) and len(RETIRED_GRAPHS) == 2
+        PrefillGraphs(engine, largest_tokens=32, most_prompts=2)
+        assert all(g() is None for g in graphs)
+    finally:
+        gc.enable()
