@@ -284,23 +284,32 @@ def knobs_at(axis, value) -> dict:
     return dict(zip(axis, value)) if isinstance(axis, tuple) else {axis: value}
 
 
+def nearest_found(results: list, size, at: float, most: int = 2) -> tuple:
+    """The launches the search found where they moved (`results`: Tuned), the buckets nearest
+    to size `at` first (`size` of a bucket, compared in doublings): a neighbour's best is a
+    better start than a prior of no measurement (from the neutral prior, a minute's descent
+    did not reach every bucket)."""
+    moved = sorted(
+        (r for r in results if r.moved), key=lambda r: abs(math.log2(size(r.bucket) / at))
+    )
+    return tuple(r.best for r in moved[:most])
+
+
 def tune_bucket(
-    bench, prior: dict, spec, bucket, sm_count, deadline: float, axes=AXES, values=candidates
-) -> Tuned:
+    bench, prior: dict, spec, bucket, sm_count, deadline: float, axes=AXES, values=candidates,
+    seeds: tuple = (),
+) -> Tuned:  # fmt: skip
     """Coordinate descent from the prior: each knob (or knobs moved together: `knobs_at`) in
     turn over its values (`values`, the current one first: `candidates`), the others at the best
     so far; a candidate must match the reference (within the prior's own error, at least
-    float16's 1e-2) and beat the best by MARGIN. Stops at `deadline` (time.monotonic).
-    `bench`: `error(launch)` and `time_ms(launch)` (StepBench)."""
+    float16's 1e-2) and beat the best by MARGIN. `seeds` (launches found at other buckets) are
+    tried first, so the descent starts from the best of them. Stops at `deadline`
+    (time.monotonic). `bench`: `error(launch)` and `time_ms(launch)` (StepBench)."""
     tolerance = max(1e-2, 2 * bench.error(prior))
     prior_ms = best_ms = bench.time_ms(prior)
     result = Tuned(bucket, dict(prior), dict(prior), prior_ms, best_ms)
-    tries = ((axis, value) for axis in axes
-             for value in values(axis, result.best, spec, bucket, sm_count)[1:])  # fmt: skip
-    for axis, value in tries:
-        if time.monotonic() > deadline:
-            break
-        launch = {**result.best, **knobs_at(axis, value)}
+
+    def attempt(launch: dict) -> None:
         result.tried += 1
         try:
             err = bench.error(launch)
@@ -308,10 +317,22 @@ def tune_bucket(
             err = f"{type(e).__name__}: {e}"
         if not (isinstance(err, float) and err <= tolerance):  # (a NaN fails too)
             result.rejected.append((launch, err))
-            continue
+            return
         ms = bench.time_ms(launch)
         if ms < result.best_ms * (1 - MARGIN):
             result.best, result.best_ms = launch, ms
+
+    for seed in seeds:
+        if time.monotonic() > deadline:
+            break
+        if seed != result.best:
+            attempt(dict(seed))
+    tries = ((axis, value) for axis in axes
+             for value in values(axis, result.best, spec, bucket, sm_count)[1:])  # fmt: skip
+    for axis, value in tries:
+        if time.monotonic() > deadline:
+            break
+        attempt({**result.best, **knobs_at(axis, value)})
     if result.best == prior:
         return result
     # the winner timed again beside the prior: a margin won by noise does not stand
@@ -461,7 +482,8 @@ def tune(
         bench = StepBench(engine, bucket, check, spec.vocab_size)
         axes = PDL_AXES if pdl else AXES
         until = share_deadline(time.monotonic(), deadline, buckets[i:])
-        found = tune_bucket(bench, table[key], spec, bucket, sm_count, until, axes)
+        near = nearest_found(results, lambda b: b.rows * b.context, bucket.rows * bucket.context)
+        found = tune_bucket(bench, table[key], spec, bucket, sm_count, until, axes, seeds=near)
         engine.remove(bench.ids)
         engine.attention.knobs[key] = table[key] = found.best
         results.append(found)

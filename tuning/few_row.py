@@ -33,6 +33,7 @@ from tuning.decode_attention import (
     kernel_parser,
     kernel_target,
     machine_key,
+    nearest_found,
     search_command,
     searched,
     share_deadline,
@@ -239,6 +240,13 @@ def prior_table(spec: ModelSpec, variant, prior: str, device) -> dict:
     }  # fmt: skip
 
 
+def seeds(kernel: str, rows: int, results: list, most: int = 2) -> tuple:
+    """What the search found for `kernel` at other row buckets (nearest_found), the nearest row
+    counts first."""
+    mine = [found for k, found in results if k == kernel]
+    return nearest_found(mine, lambda b: b.rows, rows, most)
+
+
 def tune(config: dict, weight_dir: str, variant, budget_s: float = 120.0, device="cuda",
          log=print, bench=StepBench, check=FewRowCheck, prior: str = "hand") -> tuple:  # fmt: skip
     """(table, results): (kernel, rows) -> the launch found where it beats the rules' (with the
@@ -273,7 +281,7 @@ def tune(config: dict, weight_dir: str, variant, budget_s: float = 120.0, device
         until = share_deadline(time.monotonic(), deadline, left)
         values = functools.partial(candidates, kernel)
         found = tune_bucket(KnobBench(step), priors[key], spec, bucket, sm_count, until, AXES,
-                            values)  # fmt: skip
+                            values, seeds(kernel, bucket.rows, results))  # fmt: skip
         engine.remove(step.ids)
         live[key] = launch_of(found.best)
         results.append((kernel, found))

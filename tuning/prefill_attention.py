@@ -39,6 +39,7 @@ from tuning.decode_attention import (
     kernel_parser,
     kernel_target,
     knobs_at,
+    nearest_found,
     replay_ms,
     search_command,
     searched,
@@ -266,7 +267,8 @@ def tune(config: dict, budget_s: float = 120.0, device="cuda", log=print, bench=
         start = prior_launch(spec, bucket.tokens, capability)
         timed = bench(check(spec, bucket, device, spec.config_dtype), spec.num_layers)
         until = share_deadline(time.monotonic(), deadline, buckets[i:])
-        found = tune_bucket(timed, start, spec, bucket, sm_count, until, AXES, values)
+        near = nearest_found(results, lambda b: b.tokens, bucket.tokens)
+        found = tune_bucket(timed, start, spec, bucket, sm_count, until, AXES, values, near)
         if found.best != start or prior != "hand":
             table[bucket.tokens] = launch_of(found.best)
         results.append(found)

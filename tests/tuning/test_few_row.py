@@ -287,6 +287,59 @@ def test_the_search_loop_keeps_only_what_moved(tiny_config, tiny_weights, monkey
     assert all(r["best_us"] <= r["prior_us"] for r in summary)
 
 
+def test_a_bucket_starts_from_what_its_nearest_searched_rows_found(
+    tiny_config, tiny_weights, monkeypatch
+):
+    """Once the down projection moved at one row bucket, the next bucket tries that launch right
+    after its prior, before its own descent (from the neutral prior a minute did not reach every
+    bucket); what did not move seeds nothing, and the nearest row counts come first."""
+    monkeypatch.setattr(tuner, "device_sm_count", lambda device: 132)
+    timed: list = []
+
+    class Bench(down_faster_at(32)):
+        def time_ms(self, launch):
+            timed.append((self.key, dict(launch)))
+            return super().time_ms(launch)
+
+    table, results = tuner.tune(
+        tiny_config, tiny_weights, FUSED, 60.0, "cpu", log=lambda line: None,
+        bench=Bench, check=AnyLaunch,
+    )  # fmt: skip
+    downs = [found for kernel, found in results if kernel == "down"]
+    assert len(downs) > 1
+    for found in downs[1:]:
+        key = ("down", found.bucket.rows)
+        mine = [launch for k, launch in timed if k == key]
+        assert mine[1]["tiles"][0] == 32 and mine[1] == table[key]  # the seed, then the descent
+    assert tuner.seeds("qkv", 8, results) == ()  # nothing moved
+    rows = [f.bucket.rows for f in downs]
+    nearest = [r.bucket.rows for r in sorted(downs, key=lambda f: abs(f.bucket.rows - 16))]
+    assert len(tuner.seeds("down", 16, results, most=len(rows))) == len(rows)
+    assert tuner.seeds("down", 16, results, most=1) == (table["down", nearest[0]],) or (
+        table["down", nearest[0]] == table["down", nearest[1]]
+    )
+
+
+def test_a_seed_faster_than_the_prior_is_where_the_descent_starts(course, fake_bench):
+    _, spec = course
+    bucket = decode_attention.Bucket(8, 1024, (131,) * 8, 1)
+    prior = tuner.prior_launch("down", 8, spec, 132, False)
+    seed, warps = {**prior, "block_n": 64}, 8 if prior["warps"] != 8 else 2
+    bench = fake_bench({("block_n", 64): 0.3, ("warps", warps): 0.2})
+    found = decode_attention.tune_bucket(
+        bench, prior, spec, bucket, 132, time.monotonic() + 60, tuner.AXES,
+        functools.partial(tuner.candidates, "down"), seeds=(prior, seed),
+    )  # fmt: skip
+    assert bench.timed[1] == seed  # the prior (the same seed is not timed twice), then the seed
+    assert found.best == {**seed, "warps": warps} and found.moved == {"block_n": 64, "warps": warps}
+    refused = fake_bench({("block_n", 64): 0.3}, refused=[("block_n", 64)])
+    found = decode_attention.tune_bucket(
+        refused, prior, spec, bucket, 132, time.monotonic() + 60, tuner.AXES,
+        functools.partial(tuner.candidates, "down"), seeds=(seed,),
+    )  # fmt: skip
+    assert found.best == prior and found.rejected[0][0] == seed
+
+
 @pytest.mark.parametrize(
     "variant,why",
     [
