@@ -21,7 +21,7 @@ import torch
 
 from evaluator.gate_choice import select_gate
 from search.trial import CPU_OBJECTIVE_TRACES, OBJECTIVE_TRACES, PRUNE_SHARE, TrialRunner
-from tuning.phase import LEADER_TIMINGS, LEAST_S, MOST_S, SHARE
+from tuning.phase import LEADER_TIMINGS, LEAST_S, search_share_s
 from variants.checkpoint.preflight import resolve_target
 from variants.probe import probe_capabilities
 from variants.registry import AXES
@@ -98,7 +98,8 @@ def set_up(job) -> None:
 
     # kept after the search: the shape sweep, and on a GPU the leader's kernel search
     kernels = kind == "cuda" and getattr(args, "kernel_search", False)
-    job.kernel_search_s = min(SHARE * job.budget_s, MOST_S) if kernels else 0.0
+    prior = "neutral" if getattr(args, "neutral_kernels", False) else "hand"
+    job.kernel_search_s = search_share_s(job.budget_s, prior) if kernels else 0.0
     if job.kernel_search_s < LEAST_S:  # a budget too short for it keeps nothing for it
         job.kernel_search_s, kernels = 0.0, False
     job.budget = Budget(
@@ -131,7 +132,7 @@ def set_up(job) -> None:
         gate=gate.to_dict(),
         memory_budget_mib=1024 * job.memory_budget_gib,
         engine_budget_gib=job.memory_budget_gib / ENGINES_ALIVE,
-        kernel_prior="neutral" if getattr(args, "neutral_kernels", False) else "hand",
+        kernel_prior=prior,
         noise_cache=scratch_dir("search-noise-"),
     )
     # (verification runs public and stress: on a CPU with a long context, for many minutes)

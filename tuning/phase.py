@@ -18,6 +18,9 @@ from tuning.decode_attention import table_from_json, table_to_json
 
 # the share of the run's budget the kernel search may take, and its most seconds
 SHARE, MOST_S = 0.1, 300.0
+# the share from the neutral prior (--neutral-kernels), which has every launch to find: 50 s a
+# search reached 4 of the few-row kernels' 7 row buckets on the H200 (docs/PERF.md)
+NEUTRAL_SHARE = 0.25
 # the least that is worth a search (engine build and compiles aside)
 LEAST_S = 20.0
 # the leader timed with the rules and with the table, in typical trials (a full-protocol
@@ -72,10 +75,16 @@ class KernelSearch:
         return math.exp(sum(math.log(self.before[t] / self.after[t]) for t in common) / len(common))
 
 
-def search_budget_s(total_s: float, left_s: float, reserve_s: float) -> float:
-    """Seconds for the search: a share of the run's budget, at most MOST_S, within what the
-    steps after it leave (0: no search)."""
-    budget = min(SHARE * total_s, MOST_S, left_s - reserve_s)
+def search_share_s(total_s: float, prior: str) -> float:
+    """The kernel search's seconds in a run of `total_s`: its share from `prior`, at most
+    MOST_S."""
+    return min((SHARE if prior == "hand" else NEUTRAL_SHARE) * total_s, MOST_S)
+
+
+def search_budget_s(total_s: float, left_s: float, reserve_s: float, prior: str = "hand") -> float:
+    """Seconds for the search: its share of the run's budget (`search_share_s`), within what
+    the steps after it leave (0: no search)."""
+    budget = min(search_share_s(total_s, prior), left_s - reserve_s)
     return budget if budget >= LEAST_S else 0.0
 
 
@@ -231,7 +240,7 @@ def kernel_phase(job, leader) -> KernelSearch | None:
     typical = job.budget.typical_trial_s(job.runner.durations)
     reserve = after_remeasure_s(job, kernels=False) + LEADER_TIMINGS * typical
     prior = job.runner.kernel_prior
-    found = KernelSearch(prior, search_budget_s(job.budget_s, job.seconds_left(), reserve))
+    found = KernelSearch(prior, search_budget_s(job.budget_s, job.seconds_left(), reserve, prior))
     if found.budget_s <= 0:
         found.why = "no time left for it in this budget"
         return found

@@ -11,6 +11,10 @@ def test_the_budget_is_a_share_of_the_run_within_what_is_left():
     assert search_budget_s(7200, 7000, 300) == pytest.approx(300)  # at most five minutes
     assert search_budget_s(1200, 400, 300) == pytest.approx(100)  # what the reserve leaves
     assert search_budget_s(1200, 300 + LEAST_S / 2, 300) == 0.0  # too little to be worth it
+    # from the neutral prior, every launch to find: a quarter of 20 minutes, still at most five
+    assert search_budget_s(1200, 900, 300, "neutral") == pytest.approx(300)
+    assert search_budget_s(600, 900, 300, "neutral") == pytest.approx(150)
+    assert search_budget_s(1200, 500, 300, "neutral") == pytest.approx(200)
 
 
 def searched(before, after, **kw):
