@@ -101,15 +101,16 @@ constexpr int Q_DIM = HEADS * HEAD_DIM;
 constexpr int KV_DIM = KV_HEADS * HEAD_DIM;
 constexpr int GROUP = HEADS / KV_HEADS;
 constexpr int DOWN_SPLITS = INTER / DOWN_CHUNK;
-constexpr int HEAD_SLICE = (HEAD_DIM + CONSUMERS - 1) / CONSUMERS;  // dims a thread accumulates
+constexpr int HEAD_SLICE = (HEAD_DIM + CONSUMERS - 1) / CONSUMERS;  // dims a thread combines
+constexpr int HALF_DIM = HEAD_DIM / 2;  // elem2 of a key, a value or a head's output
 constexpr int NORM_PIECES = (HIDDEN / 2 + 31) / 32;  // elem2 of a row a lane holds to norm it
 constexpr int STAGE_PIECES = (MAX_KLEN / 2 + 31) / 32;  // elem2 of a row a lane stages
-constexpr int KEY_PIECES = (HEAD_DIM / 2 + 31) / 32;  // elem2 of a key a lane scores
+constexpr int KEY_PIECES = (HALF_DIM + 31) / 32;  // elem2 of a key a lane scores
 constexpr int KEYS_PER_WARP = ATTN_BLOCK / CONSUMER_WARPS;
-constexpr int VALUE_BATCH = 16;  // values a thread has in flight (32 spill with 8 warps)
 constexpr int MAX_SPLITS = HEADS > INTER / DOWN_CHUNK ? HEADS : INTER / DOWN_CHUNK;
 static_assert(ATTN_BLOCK == 32, "an ATTN tile's keys are a warp's lanes");
 static_assert(ATTN_BLOCK % CONSUMER_WARPS == 0, "an ATTN tile's keys split evenly over warps");
+static_assert(HALF_DIM <= CONSUMERS, "a thread owns two dims of a head's output");
 static_assert(GROUP <= 8 && HEAD_DIM % 16 == 0 && MAX_KLEN % 16 == 0, "unsupported shape");
 static_assert(sizeof(Params) == PARAM_WORDS * 8, "Params as packed by megakernel.py");
 
@@ -551,13 +552,17 @@ __device__ void attend(const Params& p, Shared& sh, const Task& t, int* bank) {
         sh.m[tid] = -INFINITY;
         sh.l[tid] = 0.f;
     }
-    float acc[GROUP][HEAD_SLICE] = {};
+    // thread `tid` < HALF_DIM owns dims 2 tid and 2 tid + 1 of each head's output
+    const bool owns = tid < HALF_DIM;
+    float2 acc[GROUP] = {};
     consumer_barrier();
     const float scale = (float)p.qk_scale_log2;
     for (int n0 = start; n0 < end; n0 += ATTN_BLOCK) {
         if (tid < ATTN_BLOCK) sh.slot[tid] = n0 + tid < end ? token_slot(p, sh, row, n0 + tid) : -1;
         consumer_barrier();
-        elem2 keys[KEYS_PER_WARP][KEY_PIECES];  // this warp's keys n = warp + j * warps
+        // the tile's keys (this warp's: n = warp + j * warps) and this thread's values of every
+        // key, all loaded together: the values do not wait for the scores
+        elem2 keys[KEYS_PER_WARP][KEY_PIECES];
 #pragma unroll
         for (int j = 0; j < KEYS_PER_WARP; ++j) {
             const long long slot = sh.slot[warp + j * CONSUMER_WARPS];
@@ -565,8 +570,15 @@ __device__ void attend(const Params& p, Shared& sh, const Task& t, int* bank) {
 #pragma unroll
             for (int i = 0; i < KEY_PIECES; ++i) {
                 const int d = lane + 32 * i;
-                keys[j][i] = slot >= 0 && d < HEAD_DIM / 2 ? __ldcg(k + d) : zero2();
+                keys[j][i] = slot >= 0 && d < HALF_DIM ? __ldcg(k + d) : zero2();
             }
+        }
+        elem2 values[ATTN_BLOCK];
+#pragma unroll
+        for (int n = 0; n < ATTN_BLOCK; ++n) {
+            const long long slot = sh.slot[n];
+            const elem2* v = reinterpret_cast<const elem2*>(vp + max(slot, 0LL) * p.v_stride_token);
+            values[n] = owns && slot >= 0 ? __ldcg(v + tid) : zero2();
         }
 #pragma unroll
         for (int j = 0; j < KEYS_PER_WARP; ++j) {  // scores, a key a warp
@@ -575,7 +587,7 @@ __device__ void attend(const Params& p, Shared& sh, const Task& t, int* bank) {
 #pragma unroll
             for (int i = 0; i < KEY_PIECES; ++i) {
                 const int d = lane + 32 * i;
-                if (d >= HEAD_DIM / 2) break;
+                if (d >= HALF_DIM) break;
                 const float2 kf = widen2(keys[j][i]);
                 for (int g = 0; g < GROUP; ++g)
                     s[g] += sh.q[g][2 * d] * kf.x + sh.q[g][2 * d + 1] * kf.y;
@@ -601,35 +613,31 @@ __device__ void attend(const Params& p, Shared& sh, const Task& t, int* bank) {
             }
         }
         consumer_barrier();
-        for (int i = 0; i < HEAD_SLICE; ++i) {  // acc = acc * alpha + p @ V
-            const int d = tid + i * CONSUMERS;
-            if (d >= HEAD_DIM) break;
-            float pv[GROUP] = {};
-            for (int n0 = 0; n0 < ATTN_BLOCK && sh.slot[n0] >= 0; n0 += VALUE_BATCH) {
-                elem v[VALUE_BATCH];  // a batch of values loaded together, summed in key order
+        if (owns) {  // acc = acc * alpha + p @ V, summed in key order
+            float2 pv[GROUP] = {};
 #pragma unroll
-                for (int j = 0; j < VALUE_BATCH; ++j) {
-                    const long long slot = sh.slot[n0 + j];
-                    v[j] = slot >= 0 ? __ldcg(vp + slot * p.v_stride_token + d)
-                                     : to_elem(0.f);
-                }
-#pragma unroll
-                for (int j = 0; j < VALUE_BATCH; ++j) {
-                    if (sh.slot[n0 + j] < 0) break;
-                    for (int g = 0; g < GROUP; ++g)
-                        pv[g] += widen(sh.p[g][n0 + j]) * widen(v[j]);
+            for (int n = 0; n < ATTN_BLOCK; ++n) {
+                if (sh.slot[n] < 0) break;
+                const float2 v = widen2(values[n]);
+                for (int g = 0; g < GROUP; ++g) {
+                    const float pn = widen(sh.p[g][n]);
+                    pv[g].x += pn * v.x;
+                    pv[g].y += pn * v.y;
                 }
             }
-            for (int g = 0; g < GROUP; ++g) acc[g][i] = acc[g][i] * sh.alpha[g] + pv[g];
+            for (int g = 0; g < GROUP; ++g) {
+                acc[g].x = acc[g].x * sh.alpha[g] + pv[g].x;
+                acc[g].y = acc[g].y * sh.alpha[g] + pv[g].y;
+            }
         }
         consumer_barrier();
     }
     elem* out = o_of(p, t.layer) + row * Q_DIM + kvh * GROUP * HEAD_DIM;
     if (live == 1) {  // the output itself (no keys: zeros)
+        if (!owns) return;
         for (int g = 0; g < GROUP; ++g) {
             const float l = sh.l[g] > 0.f ? sh.l[g] : 1.f;
-            for (int i = 0; i < HEAD_SLICE && tid + i * CONSUMERS < HEAD_DIM; ++i)
-                out[g * HEAD_DIM + tid + i * CONSUMERS] = to_elem(acc[g][i] / l);
+            reinterpret_cast<elem2*>(out + g * HEAD_DIM)[tid] = pack2(acc[g].x / l, acc[g].y / l);
         }
         return;
     }
@@ -640,8 +648,7 @@ __device__ void attend(const Params& p, Shared& sh, const Task& t, int* bank) {
             p.attn_m[at] = sh.m[g];
             p.attn_l[at] = sh.l[g];
         }
-        for (int i = 0; i < HEAD_SLICE && tid + i * CONSUMERS < HEAD_DIM; ++i)
-            p.attn_acc[(size_t)at * HEAD_DIM + tid + i * CONSUMERS] = acc[g][i];
+        if (owns) reinterpret_cast<float2*>(p.attn_acc + (size_t)at * HEAD_DIM)[tid] = acc[g];
     }
     if (!arrive_last(sh, bank + t.arrive, live)) return;
     for (int g = 0; g < GROUP; ++g) {  // empty splits hold m = -inf: weight 0
