@@ -4,6 +4,7 @@ It wires the chosen components: a KV cache layout, an attention backend and an e
 that wraps the layer math. Prompts of a call are packed for the projections; only each prompt's
 last token goes through the head. Logits come back as a fresh float32 [B, vocab] tensor."""
 
+import contextlib
 import functools
 import itertools
 
@@ -33,10 +34,8 @@ def without_grad(method):
 
     @functools.wraps(method)
     def call(*args, **kwargs):
-        if torch.is_grad_enabled():
-            with torch.no_grad():
-                return method(*args, **kwargs)
-        return method(*args, **kwargs)
+        with torch.no_grad() if torch.is_grad_enabled() else contextlib.nullcontext():
+            return method(*args, **kwargs)
 
     return call
 

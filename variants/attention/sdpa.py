@@ -46,11 +46,12 @@ class PinnedSdpaAttention(SdpaAttention):
 
     def __init__(self, spec, dtype, backend: str):
         super().__init__(spec, dtype)
-        table = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "math": "MATH"}
-        table["cudnn"] = "CUDNN_ATTENTION"
-        names = [backend, *(n for n in ("efficient", "math") if n != backend)]
-        self.pinned = [getattr(SDPBackend, table[backend])]
-        self.masked = [getattr(SDPBackend, table[n]) for n in names]
+
+        def enum(name):  # flash -> SDPBackend.FLASH_ATTENTION, ..., math -> SDPBackend.MATH
+            return getattr(SDPBackend, "MATH" if name == "math" else f"{name.upper()}_ATTENTION")
+
+        self.pinned = [enum(backend)]
+        self.masked = self.pinned + [enum(n) for n in ("efficient", "math") if n != backend]
 
     def prefill(self, q, k, v, batch):
         with sdpa_kernel(self.pinned):

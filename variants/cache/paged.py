@@ -63,9 +63,6 @@ class PagedKVCache:
         """The longest context a read can return (any, up to max_positions)."""
         return self.spec.max_positions
 
-    def _blocks_for(self, tokens: int) -> int:
-        return -(-tokens // self.block_size)
-
     def reserve(self, rids: list, lengths: list, live=None) -> None:
         """Room for requests `rids` of `lengths` tokens: a new request's blocks, or the blocks a
         live one lacks (a re-prefill keeps what it holds: enough either way). The pool doubles,
@@ -76,7 +73,7 @@ class PagedKVCache:
             return  # (at most that many blocks: the call's usual case, on the hot path)
         table = self.table
         need = sum(
-            max(0, self._blocks_for(n) - len(table.get(r, ()))) for r, n in zip(rids, lengths)
+            max(0, self.table_width(n) - len(table.get(r, ()))) for r, n in zip(rids, lengths)
         )
         if need > free:
             held = self.blocks - 1 - free
@@ -95,7 +92,7 @@ class PagedKVCache:
     def extend(self, rid: int, length: int) -> None:
         """Make room for `length` tokens in total (at most max_positions)."""
         blocks, row = self.table[rid], self.rows[rid]
-        if self._blocks_for(length) - len(blocks) > len(self.free_blocks):
+        if self.table_width(length) - len(blocks) > len(self.free_blocks):
             self.reserve([rid], [length])
         while len(blocks) * self.block_size < length:
             blocks.append(self.free_blocks.pop())
@@ -116,7 +113,7 @@ class PagedKVCache:
 
     def truncate(self, rid: int, length: int) -> None:
         """Give back the blocks past `length` tokens (a refused decode's new block)."""
-        blocks, row, keep = self.table[rid], self.rows[rid], -(-length // self.block_size)
+        blocks, row, keep = self.table[rid], self.rows[rid], self.table_width(length)
         while len(blocks) > keep:
             self.free_blocks.append(blocks.pop())
             row[len(blocks)] = 0

@@ -67,10 +67,8 @@ def new_pools(spec, device, dtype, token_slots: int, limit_bytes, why: str):
             )
     shape = (spec.num_layers, token_slots, spec.num_kv_heads, spec.head_dim)
     try:
-        return (
-            torch.zeros(shape, device=device, dtype=dtype),
-            torch.zeros(shape, device=device, dtype=dtype),
-        )
+        k = torch.zeros(shape, device=device, dtype=dtype)
+        return k, torch.zeros_like(k)
     except torch.cuda.OutOfMemoryError:
         raise CacheFullError(
             f"KV cache full: {why} need {gib:.2f} GiB of KV cache ({token_slots} token slots) "

@@ -72,7 +72,7 @@ class PrefixCachedPagedKVCache(PagedKVCache):
         """Room for the blocks the requests lack beyond what they hold (a decode step's)."""
         table = self.table
         need = sum(
-            max(0, self._blocks_for(n) - len(table.get(r, ()))) for r, n in zip(rids, lengths)
+            max(0, self.table_width(n) - len(table.get(r, ()))) for r, n in zip(rids, lengths)
         )
         self._make_room(need)
 
@@ -83,7 +83,7 @@ class PrefixCachedPagedKVCache(PagedKVCache):
         need = 0
         for rid, n in zip(rids, lengths):
             alone = sum(self.refs[b] == 1 for b in self.table.get(rid, ()))
-            need += max(0, self._blocks_for(n) - alone)
+            need += max(0, self.table_width(n) - alone)
         self._make_room(need)
 
     def _make_room(self, need: int) -> None:
@@ -103,7 +103,7 @@ class PrefixCachedPagedKVCache(PagedKVCache):
     def extend(self, rid: int, length: int) -> None:
         """Make room for `length` tokens in total: fresh blocks, evicting when none is free."""
         blocks = self.table[rid]
-        if self._blocks_for(length) - len(blocks) > self.available():
+        if self.table_width(length) - len(blocks) > self.available():
             self.reserve([rid], [length])
         while len(blocks) * self.block_size < length:
             if self.free_blocks:

@@ -26,9 +26,7 @@ def check_state_dict(spec, state: dict) -> None:
             raise ValueError(f"weight {key!r} has shape {list(got)}, expected {list(shape)}")
         if not (dtype := state[key].dtype).is_floating_point:
             raise ValueError(f"weight {key!r} has dtype {dtype}, expected floating point")
-    for key in state:
-        if key in shapes:
-            continue
+    for key in sorted(state.keys() - shapes.keys()):
         if key.endswith(".bias"):
             raise ValueError(f"weight {key!r} is a bias; layers with biases are not supported")
         layer = key.split(".")[1] if key.startswith("layers.") else ""
