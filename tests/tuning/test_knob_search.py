@@ -213,6 +213,39 @@ def test_each_bucket_gets_its_weights_share_of_the_time_left():
     assert tuner.share_deadline(0.0, 90.0, [unweighted] * 3) == pytest.approx(30.0)
 
 
+def test_each_launch_is_timed_at_the_bucket_s_lengths_after_one_prefill(
+    tiny_config, sharp_weights, monkeypatch
+):
+    """On the CPU (graphs and GPU timing stood in for): the bucket's prompts are prefilled once;
+    each later launch undoes the last one's step, a paged row giving back the block its token
+    started, so every step runs at the bucket's lengths and returns the same logits as a fresh
+    engine's first step."""
+    engine = build_engine(tiny_config, sharp_weights, "cpu", Variant(cache="paged", block_size=16))
+    fresh = build_engine(tiny_config, sharp_weights, "cpu", Variant(cache="paged", block_size=16))
+    bucket = tuner.Bucket(2, 128, (33, 20), 1, 1.0)  # the first row's step starts a block
+    table: dict = {}
+    bench = tuner.StepBench(engine, bucket, None, tiny_config["vocab_size"], table, key=2)
+    engine.decode_runner.graphs = {}  # (the eager runner: its steps "captured" below)
+    monkeypatch.setattr(tuner, "replay_ms", lambda graph, replays, rounds: 1.0)
+    prefills, steps, decode, prefill = [], [], engine.decode, engine.prefill
+    engine.prefill = lambda *args: prefills.append(1) or prefill(*args)
+
+    def step(ids, tokens):
+        steps.append(decode(ids, tokens))
+        engine.decode_runner.graphs[2, 128] = "graph"
+
+    engine.decode = step
+    free = len(engine.cache.free_blocks)
+    for _ in range(4):
+        assert bench.time_ms({"launch": "any"}) == 1.0
+        assert [engine.lengths[r] for r in bench.ids] == [33, 20]
+    assert len(prefills) == 1 and len(engine.cache.free_blocks) == free - 3 - 2
+    assert table == {2: {"launch": "any"}}  # each launch where the engine reads it
+    fresh.prefill(bench.ids, bench.prompts)
+    want = fresh.decode(bench.ids, bench.tokens)
+    assert all(torch.equal(got, want) for got in steps)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_a_bucket_whose_prompts_move_the_cache_is_timed_again_and_again(tiny_config, tiny_weights):
