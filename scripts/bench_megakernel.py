@@ -8,7 +8,8 @@ for its weights, and its work, by op; each layer's span; the blocks' busy share)
 counter hop's latency between two SMs.
 
     python scripts/bench_megakernel.py [--shapes 8x150,8x40] [--ring-slots 2,4,8]
-        [--attn-splits 2,4] [--spin-ns 512,64,0] [--dtype bfloat16] [--json PATH]
+        [--attn-splits 2,4] [--split-tokens 64,32] [--spin-ns 512,64,0] [--dtype bfloat16]
+        [--json PATH]
 
 M1's rules (docs/MEGAKERNEL.md section 4): continue at <= 12 us a layer, profile at >= 18,
 drop if a hop costs > 1.5 us. Exits 1 when the megakernel's logits are further from the float32
@@ -111,20 +112,24 @@ def bench_shape(engine, recorder, stack, builds: dict, ref, rows: int, ctx: int,
     shape = MegaShape.from_spec(spec)
     spins = [int(v) for v in args.spin_ns.split(",")]
     splits = [int(v) for v in args.attn_splits.split(",")]
+    least = [int(v) for v in str(args.split_tokens).split(",")]
     inputs = step_inputs(engine, *step)
     for split_count in splits:
         schedule = build_schedule(shape, rows, device_sm_count(device), split_count)
         validate(schedule)
-        for (built, (module, ring_slots)), spin in itertools.product(builds.items(), spins):
+        tried = itertools.product(builds.items(), spins, least)
+        for (built, (module, ring_slots)), spin, tokens in tried:
             name = built + (f"-splits{split_count}" if len(splits) > 1 else "") + (
-                f"-spin{spin}" if len(spins) > 1 else "")  # fmt: skip
-            knobs = (module, schedule, ring_slots, device, args.split_tokens, spin)
+                f"-spin{spin}" if len(spins) > 1 else "") + (
+                f"-keys{tokens}" if len(least) > 1 else "")  # fmt: skip
+            knobs = (module, schedule, ring_slots, device, tokens, spin)
             mega = Megakernel(*knobs, dtype=engine.dtype)
             x = run_checked(mega, inputs)
             out[name] = {
                 "logits_err": (engine._logits(x) - want).abs().max().item(),
                 "x_diff_to_fused": (x.float() - fused.float()).abs().max().item(),
                 "ring_slots": ring_slots, "attn_splits": split_count, "spin_ns": spin,
+                "split_tokens": tokens,
                 "tasks": len(schedule.tasks()),
             }  # fmt: skip
             graphs[name] = capture(functools.partial(mega, inputs))
@@ -163,7 +168,11 @@ def main() -> int:
         help="the engine's and the build's element type (config: the model's)",
     )
     p.add_argument("--attn-splits", default="2", help="key splits, comma-separated to compare")
-    p.add_argument("--split-tokens", type=int, default=SPLIT_TOKENS)
+    p.add_argument(
+        "--split-tokens",
+        default=str(SPLIT_TOKENS),
+        help="a key split's fewest keys, comma-separated to compare",
+    )
     p.add_argument(
         "--spin-ns",
         default=str(SPIN_NS),
