@@ -169,22 +169,27 @@ fi
 # prefill attention) from the hand rules and from the neutral prior, NEUTRAL_BUDGET seconds each,
 # then the fused-pdl slab engine with no table (base), the hand tables, the neutral tables and the
 # untuned neutral ones (neutral0), timed on every suite. The tables stay in workspace/neutral
-# between calls of one machine: NEUTRAL_SEARCH_ONLY=1 in a first call, the rest in a second.
+# between calls of one machine: NEUTRAL_SEARCH_ONLY=1 in a first call, the rest in a second
+# (NEUTRAL_PRIORS, NEUTRAL_ENGINES: fewer of each; NEUTRAL_BUDGET: what run.sh's 20 minutes give
+# each search from the neutral prior).
 if stage neutral; then
     mkdir -p workspace/neutral
-    for prior in hand neutral; do
+    for prior in ${NEUTRAL_PRIORS:-hand neutral}; do
         for search in decode_attention few_row prefill_attention; do
             table=workspace/neutral/${prior}_$search.json
-            [ -f "$table" ] || timed "neutral_${prior}_$search" "${NEUTRAL_LIMIT:-200}" "$PY" \
-                -m "tuning.$search" --prior "$prior" --budget "${NEUTRAL_BUDGET:-60}" --json "$table"
+            [ -f "$table" ] || timed "neutral_${prior}_$search" "${NEUTRAL_LIMIT:-180}" "$PY" \
+                -m "tuning.$search" --prior "$prior" --budget "${NEUTRAL_BUDGET:-100}" --json "$table"
         done
     done
+    # the tables and the searches' logs in one file (a call brings back 8 files at most)
+    tar -cf "$OUT/neutral_tables.tar" workspace/neutral/*.json "$OUT"/neutral_*_*.log 2>/dev/null
     if [ -z "${NEUTRAL_SEARCH_ONLY:-}" ]; then
         for search in decode_attention few_row prefill_attention; do
             "$PY" -m "tuning.$search" --prior neutral --budget 0 \
                 --json "workspace/neutral/neutral0_$search.json" > /dev/null
         done
-        for name in base hand neutral neutral0; do
+        engines=(${NEUTRAL_ENGINES:-base hand neutral neutral0})
+        for name in "${engines[@]}"; do
             "$PY" -c "
 import importlib, json; from pathlib import Path
 from variants.presets import PRESETS; from variants.render import render_engine
@@ -198,7 +203,7 @@ for search, key in (('decode_attention', 'knobs'), ('few_row', 'few_row_knobs'),
 render_engine(PRESETS['slab-triton-pdl-allgraphs'], 'workspace/neutral/$name.py', '', 8.0,
               **{k: v for k, v in tables.items() if v})"
         done
-        bench_engines neutral workspace/neutral "${NEUTRAL_SUITE:-all}" base hand neutral neutral0
+        bench_engines neutral workspace/neutral "${NEUTRAL_SUITE:-all}" "${engines[@]}"
     fi
 fi
 # The few-row kernels' table (tuning/few_row.py) for the fused-pdl slab engine, from the rules,
