@@ -302,26 +302,6 @@ def test_a_slab_under_its_limit_keeps_its_memory_as_fewer_longer_slots(tiny_spec
     assert (cache.generation, cache.layout) == (0, 1)
 
 
-def test_a_prompt_that_fills_its_slot_lays_the_slab_out_before_its_tokens_are_written(tiny_spec):
-    """Slots of 512 and a prompt of 512 tokens: the slots lengthen (in place, under a limit
-    that holds no more tokens) at its prefill, when nothing is held yet, not at its first decode
-    step, which would move its 512 tokens."""
-    from variants.cache.pool import pool_bytes
-    from variants.cache.slab import SlabKVCache
-
-    spec = dataclasses.replace(tiny_spec, max_positions=2048)
-    limit = pool_bytes(spec, torch.float32, 9 * 512)
-    cache = SlabKVCache(spec, torch.device("cpu"), torch.float32, 8 * 512, limit_bytes=limit)
-    assert (cache.slots, cache.max_len) == (8, 512)
-    cache.reserve([1], [512], live={})
-    assert (cache.max_len, cache.layout, cache.generation) == (1024, 1, 0)
-    cache.allocate(1, 512)
-    cache.extend_step([1], [512], live={1: 512})  # its first decoded token fits
-    assert (cache.max_len, cache.layout) == (1024, 1)
-    cache.reserve([2], [512 - 1], live={1: 513})  # a prompt one short of a slot: nothing changes
-    assert cache.layout == 1
-
-
 def test_a_slab_without_a_limit_grows_with_room_and_never_shortens(tiny_spec):
     """Each resize moves the pool (the graphs capture again): a long prompt gets a quarter more
     to decode into, and slots stay long after the long request left."""

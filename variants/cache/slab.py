@@ -88,9 +88,7 @@ class SlabKVCache:
         need (shorter, after a long request left), then as many of those as the pool's memory
         held before, then as few as they need (fewer than before if need be). Raises
         CacheFullError, before any request changes, when even that does not fit."""
-        # room for one decoded token more: a prompt that fills its slot would otherwise change
-        # the layout at its first step, its tokens then to move (at its prefill, nothing moves)
-        longest = min(max(lengths) + 1, self.spec.max_positions)
+        longest = max(lengths)
         if len(rids) <= len(self.free_slots) and longest <= self.max_len:
             return  # (the call's usual case, on the hot path: nothing to count)
         held = self.max_len
