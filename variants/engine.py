@@ -61,8 +61,8 @@ class Engine:
         # How a call's forward pass runs: op by op (EagerRunner), or by the graph runners
         # (execution/cuda_graphs.py, prefill_graphs.py) that assemble_engine installs, which
         # fall back to `eager` for a call they do not cover. Runners hold no reference back to the
-        # engine (it is passed to them), so its last reference frees it, its cache and its
-        # graphs without the cyclic collector.
+        # engine (it is passed to them), so its last reference frees it and its cache without
+        # the cyclic collector; its graphs go when the next engine's runners are made.
         self.eager = EagerRunner()
         self.prefill_runner = self.decode_runner = self.eager
 
