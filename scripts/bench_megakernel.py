@@ -8,8 +8,8 @@ for its weights, and its work, by op; each layer's span; the blocks' busy share)
 counter hop's latency between two SMs.
 
     python scripts/bench_megakernel.py [--shapes 8x150,8x40] [--ring-slots 2,4,8]
-        [--attn-splits 2,4] [--split-tokens 64,32] [--spin-ns 512,64,0] [--dtype bfloat16]
-        [--json PATH]
+        [--attn-splits 2,4] [--split-tokens 64,32] [--tiles-per-task 1,4] [--spin-ns 512,64,0]
+        [--dtype bfloat16] [--json PATH]
 
 M1's rules (docs/MEGAKERNEL.md section 4): continue at <= 12 us a layer, profile at >= 18,
 drop if a hop costs > 1.5 us. Exits 1 when the megakernel's logits are further from the float32
@@ -114,14 +114,16 @@ def bench_shape(engine, recorder, stack, builds: dict, ref, rows: int, ctx: int,
     splits = [int(v) for v in args.attn_splits.split(",")]
     least = [int(v) for v in str(args.split_tokens).split(",")]
     inputs = step_inputs(engine, *step)
-    for split_count in splits:
-        schedule = build_schedule(shape, rows, device_sm_count(device), split_count)
+    runs = [int(v) for v in str(args.tiles_per_task).split(",")]
+    for split_count, tiles in itertools.product(splits, runs):
+        schedule = build_schedule(shape, rows, device_sm_count(device), split_count, tiles)
         validate(schedule)
         tried = itertools.product(builds.items(), spins, least)
         for (built, (module, ring_slots)), spin, tokens in tried:
             name = built + (f"-splits{split_count}" if len(splits) > 1 else "") + (
                 f"-spin{spin}" if len(spins) > 1 else "") + (
-                f"-keys{tokens}" if len(least) > 1 else "")  # fmt: skip
+                f"-keys{tokens}" if len(least) > 1 else "") + (
+                f"-tiles{tiles}" if len(runs) > 1 else "")  # fmt: skip
             knobs = (module, schedule, ring_slots, device, tokens, spin)
             mega = Megakernel(*knobs, dtype=engine.dtype)
             x = run_checked(mega, inputs)
@@ -129,7 +131,7 @@ def bench_shape(engine, recorder, stack, builds: dict, ref, rows: int, ctx: int,
                 "logits_err": (engine._logits(x) - want).abs().max().item(),
                 "x_diff_to_fused": (x.float() - fused.float()).abs().max().item(),
                 "ring_slots": ring_slots, "attn_splits": split_count, "spin_ns": spin,
-                "split_tokens": tokens,
+                "split_tokens": tokens, "tiles_per_task": tiles,
                 "tasks": len(schedule.tasks()),
             }  # fmt: skip
             graphs[name] = capture(functools.partial(mega, inputs))
@@ -168,6 +170,11 @@ def main() -> int:
         help="the engine's and the build's element type (config: the model's)",
     )
     p.add_argument("--attn-splits", default="2", help="key splits, comma-separated to compare")
+    p.add_argument(
+        "--tiles-per-task",
+        default="1",
+        help="tiles a block takes together (one wait, one signal), comma-separated to compare",
+    )
     p.add_argument(
         "--split-tokens",
         default=str(SPLIT_TOKENS),
@@ -225,7 +232,8 @@ def main() -> int:
         "dtype": str(engine.dtype).removeprefix("torch."),
         "ring_slots": args.ring_slots, "consumer_warps": args.consumer_warps,
         "fused_stack": "fused-pdl" if pdl else "fused", "build_s": build_s,
-        "attn_splits": args.attn_splits, "split_tokens": args.split_tokens, "shapes": [],
+        "attn_splits": args.attn_splits, "split_tokens": args.split_tokens,
+        "tiles_per_task": args.tiles_per_task, "shapes": [],
     }  # fmt: skip
     failed = False
     for rows, ctx in (tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")):

@@ -356,7 +356,7 @@ if stage mega; then
     timed mega_tests "${MEGA_TESTS_LIMIT:-300}" "$PY" -m pytest -m gpu -p no:cacheprovider \
         tests/variants/kernels/test_megakernel.py
     timed bench_megakernel "${MEGA_LIMIT:-420}" "$PY" scripts/bench_megakernel.py \
-        --json "$OUT/megakernel.json" ${MEGA_ARGS:---spin-ns 0 --attn-splits 2,4,8 --split-tokens 64,32}
+        --json "$OUT/megakernel.json" ${MEGA_ARGS:---spin-ns 0 --attn-splits 2,8 --split-tokens 64,32 --tiles-per-task 1,4}
 fi
 stage soak && timed soak 300 "$PY" -m pytest -s -m gpu -p no:cacheprovider \
     tests/variants/test_soak.py

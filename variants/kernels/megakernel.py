@@ -688,7 +688,11 @@ __device__ void consume(const Params& p, Shared& sh, elem* ring, elem* hs, int b
             project(p, sh, ring, hs, staged, t, w, i, bank, weights_at);
             ++w;
         }
-        signal(bank + t.signal);
+        if (t.signal != NO_COUNTER) {
+            signal(bank + t.signal);
+        } else {
+            consumer_barrier();  // inside a run: the next tile reuses the shared sums
+        }
         if (profiled) {  // PROFILE_STAMPS: a task's times in ns, as STAMPS names them
             long long* at = p.prof + (size_t)i * PROFILE_STAMPS;
             at[0] = start;

@@ -3,10 +3,11 @@ kernels' seams, per-SM queues of int descriptors, the counters that order them, 
 that a schedule can neither deadlock nor read a tile before it is written.
 
 Plain data built on the host for a shape, a row count and an SM count; `validate` runs before a
-schedule reaches the GPU. Every task signals one counter once its outputs are stored; a wait
-waits for every signaller of its counter (the target is their count). Split reductions (ATTN's
-key splits, OPROJ's heads, DOWN's K chunks) also arrive on a tile's arrival counter: the last
-split to arrive sums the partials in split order and stores the tile."""
+schedule reaches the GPU. Every task signals one counter once its outputs are stored (in a run
+of tiles one block takes together, the last for the run); a wait waits for every signaller of
+its counter (the target is their count). Split reductions (ATTN's key splits, OPROJ's heads,
+DOWN's K chunks) also arrive on a tile's arrival counter: the last split to arrive sums the
+partials in split order and stores the tile."""
 
 import dataclasses
 import heapq
@@ -190,25 +191,47 @@ def _layer_tasks(shape: MegaShape, rows: int, attn_splits: int, layer: int, x_pr
             for split in range(attn_splits):
                 tile = row * s.kv_heads + kvh
                 out.append((Op.ATTN, tile, split, qkv_done[kvh], attn_done[kvh], arrive))
-    for n in range(s.hidden // TILE_ROWS):
-        arrive = counter(f"oproj_arrive[{layer}][{n}]")
-        for h in range(s.heads):
-            out.append((Op.OPROJ, n, h, attn_done[h // s.group], xmid_done, arrive))
+    tiles = range(s.hidden // TILE_ROWS)
+    arrive = [counter(f"oproj_arrive[{layer}][{n}]") for n in tiles]
+    for h in range(s.heads):  # a head's tiles side by side: a task may take several
+        out += [(Op.OPROJ, n, h, attn_done[h // s.group], xmid_done, arrive[n]) for n in tiles]
     for j in range(s.inter // PAIRS):
         out.append((Op.GATEUP, j, 0, xmid_done, act_done[j * PAIRS // s.down_chunk], NONE))
-    for n in range(s.hidden // TILE_ROWS):
-        arrive = counter(f"down_arrive[{layer}][{n}]")
-        for c in range(s.inter // s.down_chunk):
-            out.append((Op.DOWN, n, c, act_done[c], x_done, arrive))
+    arrive = [counter(f"down_arrive[{layer}][{n}]") for n in tiles]
+    for c in range(s.inter // s.down_chunk):
+        out += [(Op.DOWN, n, c, act_done[c], x_done, arrive[n]) for n in tiles]
     return out, x_done
 
 
-def build_schedule(shape: MegaShape, rows: int, blocks: int, attn_splits: int = 2) -> Schedule:
+def _runs(tasks: list, tiles_per_task: int) -> list:
+    """The layer's tasks in runs of up to `tiles_per_task` consecutive ones of one op that read
+    the same inputs and signal the same counter (an ATTN task alone): a run goes to one block,
+    its first waits and its last signals, so a block pays one wait and one publication a run."""
+    runs: list = []
+    for task in tasks:
+        op, _, split, wait, signal, _ = task
+        last = runs[-1][0] if runs else None
+        same = last is not None and (last[0], last[2], last[3], last[4]) == (
+            op,
+            split,
+            wait,
+            signal,
+        )
+        if same and op != Op.ATTN and len(runs[-1]) < tiles_per_task:
+            runs[-1].append(task)
+        else:
+            runs.append([task])
+    return runs
+
+
+def build_schedule(shape: MegaShape, rows: int, blocks: int, attn_splits: int = 2,
+                   tiles_per_task: int = 1) -> Schedule:  # fmt: skip
     """A decode step of `rows` rows (1 to ROWS) over `blocks` blocks (one an SM). Tasks go, in
     topological order, each to the block that has streamed the fewest weight bytes this layer
     (then the fewest tasks, then the lowest index): bytes balance within a layer and every
     block works in every phase that has a task a block. Each queue is then in global order, so
-    with every block resident the lowest unfinished task can always run."""
+    with every block resident the lowest unfinished task can always run. `tiles_per_task`:
+    tiles that go together, one after the other, to one block (`_runs`)."""
     if not 1 <= rows <= ROWS:
         raise ValueError(f"megakernel: {rows} rows; a step holds 1 to {ROWS}")
     names = ["done"]
@@ -220,20 +243,25 @@ def build_schedule(shape: MegaShape, rows: int, blocks: int, attn_splits: int = 
     layers, x_prev = [], NONE
     for layer in range(shape.layers):
         tasks, x_prev = _layer_tasks(shape, rows, attn_splits, layer, x_prev, counter)
-        layers.append(tasks)
+        layers.append(_runs(tasks, tiles_per_task))
     signallers = [0] * len(names)
-    for tasks in layers:
-        for *_, signal, _ in tasks:
-            signallers[signal] += 1
+    for runs in layers:
+        for run in runs:
+            signallers[run[-1][4]] += 1
     queues, order = [[] for _ in range(blocks)], 0
-    for layer, tasks in enumerate(layers):
+    for layer, runs in enumerate(layers):
         heap = [(0, 0, b) for b in range(blocks)]  # (bytes this layer, tasks, block)
-        for op, tile, split, wait, signal, arrive in tasks:
+        for run in runs:
             load, count, b = heapq.heappop(heap)
-            target = signallers[wait] if wait != NONE else 0
-            queues[b].append(Task(op, layer, tile, split, wait, target, signal, arrive, order))
-            heapq.heappush(heap, (load + shape.weight_bytes(op), count + 1, b))
-            order += 1
+            for i, (op, tile, split, wait, signal, arrive) in enumerate(run):
+                wait = wait if i == 0 else NONE  # (the run's first waited for their inputs)
+                signal = signal if i == len(run) - 1 else NONE
+                target = signallers[wait] if wait != NONE else 0
+                task = Task(op, layer, tile, split, wait, target, signal, arrive, order)
+                queues[b].append(task)
+                order += 1
+            bytes_ = sum(shape.weight_bytes(task[0]) for task in run)
+            heapq.heappush(heap, (load + bytes_, count + len(run), b))
     return Schedule(shape, rows, attn_splits, queues, names)
 
 
@@ -243,13 +271,32 @@ def validate(schedule: Schedule) -> None:
     only complete tiles); each arrival counter gathers one tile's splits, one each; and,
     running the tasks in global order, the lowest unfinished task is always at the head of
     its queue with its wait met (so every signaller comes before its waiters, and with every
-    block resident nothing deadlocks)."""
+    block resident nothing deadlocks). A task that waits for nothing (but the first layer's
+    QKV, which reads the step's input) or signals nothing must be inside a run (`_runs`): right
+    after, or right before, a task of its op, layer and split in its queue, whose wait or
+    signal stands for it."""
     n = len(schedule.counters)
     seen, signallers = set(), [[] for _ in range(n)]
+    run_of = lambda t: (t.op, t.layer, t.split)  # noqa: E731
     for b, queue in enumerate(schedule.queues):
         for before, task in zip(queue, queue[1:]):
             if task.order <= before.order:
                 raise ScheduleError(f"block {b} runs {task} after {before}, out of order")
+        for i, task in enumerate(queue):  # a run: all but its last signal nothing, all but
+            # its first wait for nothing
+            before = queue[i - 1] if i else None
+            after = queue[i + 1] if i + 1 < len(queue) else None
+            first = task.op == Op.QKV and task.layer == 0
+            if (
+                task.wait == NONE
+                and not first
+                and not (before and run_of(before) == run_of(task) and before.signal == NONE)
+            ):
+                raise ScheduleError(f"{task} waits for nothing and follows no task of its run")
+            if task.signal == NONE and not (
+                after and run_of(after) == run_of(task) and after.wait == NONE
+            ):
+                raise ScheduleError(f"{task} signals nothing and no task of its run follows it")
         for task in queue:
             key = (task.op, task.layer, task.tile, task.split)
             if key in seen:
@@ -258,7 +305,8 @@ def validate(schedule: Schedule) -> None:
             for c in (task.wait, task.signal, task.arrive):
                 if c != NONE and not 0 < c < n:
                     raise ScheduleError(f"{task} names counter {c}; there are {n}")
-            signallers[task.signal].append(task)
+            if task.signal != NONE:
+                signallers[task.signal].append(task)
     tasks = schedule.tasks()
     for task in tasks:
         if task.wait == NONE:
@@ -299,5 +347,6 @@ def _check_progress(schedule: Schedule, tasks: list) -> None:
             name = schedule.counters[task.wait]
             raise ScheduleError(f"deadlock: {task} is next but {name} is at "
                                 f"{counts[task.wait]} of {task.target}")  # fmt: skip
-        counts[task.signal] += 1
+        if task.signal != NONE:
+            counts[task.signal] += 1
         head[b] += 1

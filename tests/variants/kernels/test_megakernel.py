@@ -88,6 +88,12 @@ def test_gpu_step_matches_the_fused_stack(mega_step, dtype, tolerance):
     summary = profiled.profile()
     assert set(summary["ops"]) == {"QKV", "ATTN", "OPROJ", "GATEUP", "DOWN"}
     assert len(summary["layer_span_us"]) == shape.layers and summary["step_us"] > 0
+    # tiles in runs of 4 (one wait and one publication a run): the same x bit for bit
+    runs = build_schedule(shape, step[0].shape[0], device_sm_count(engine.device), 4, 4)
+    validate(runs)
+    grouped = Megakernel(module, runs, ring_slots, engine.device, split_tokens=16,
+                         dtype=engine.dtype)  # fmt: skip
+    assert torch.equal(grouped(inputs), first) and grouped.stuck_task() is None
 
 
 def test_profile_summary_splits_each_task_into_its_phases():

@@ -78,6 +78,21 @@ def _broken(schedule, fault: str):
         first = queue[0]
         return schedule.replace(b, 1, op=first.op, layer=first.layer, tile=first.tile,
                                 split=first.split)  # fmt: skip
+    if fault == "loose run":  # a run's second tile (no wait of its own) first on its block
+        b, queue = next((b, q) for b, q in enumerate(schedule.queues)
+                        if any(t.wait == NONE and t.layer for t in q))  # fmt: skip
+        i = next(i for i, t in enumerate(queue) if t.wait == NONE and t.layer)
+        s = schedule.replace(b, i, order=-1)
+        s.queues[b].insert(0, s.queues[b].pop(i))
+        return s
+    if fault == "unpublished":  # a lone tile that signals nothing, its waiters' targets cut
+        i = next(i for i, t in enumerate(queue) if t.op == Op.GATEUP)
+        counter, s = queue[i].signal, schedule.replace(b, i, signal=NONE)
+        for c, q in enumerate(s.queues):
+            for j, t in enumerate(q):
+                if t.wait == counter:
+                    s = s.replace(c, j, target=t.target - 1)
+        return s
     assert fault == "split lost"  # a DOWN split arrives on another tile's counter
     i = next(i for i, t in enumerate(queue) if t.op == Op.DOWN)
     other = next(t.arrive for t in schedule.tasks() if t.op == Op.DOWN and t.tile != queue[i].tile)
@@ -87,13 +102,17 @@ def _broken(schedule, fault: str):
 FAULTS = {
     "moved signal": "tasks signal it", "low target": "tasks signal it",
     "out of order": "out of order", "deadlock": "deadlock", "twice": "scheduled twice",
-    "split lost": "not one tile's splits",
+    "split lost": "not one tile's splits", "loose run": "follows no task of its run",
+    "unpublished": "signals nothing",
 }  # fmt: skip
 
 
 @pytest.mark.parametrize("fault", FAULTS)
 def test_validator_catches_planted_faults(fault, tiny_shape):
-    schedule = build_schedule(tiny_shape, rows=8, blocks=5, attn_splits=SPLITS)
+    tiles = 2 if fault == "loose run" else 1
+    schedule = build_schedule(
+        tiny_shape, rows=8, blocks=5, attn_splits=SPLITS, tiles_per_task=tiles
+    )
     validate(schedule)
     with pytest.raises(ScheduleError, match=FAULTS[fault]):
         validate(_broken(schedule, fault))
@@ -185,7 +204,8 @@ class Simulator:
                 self.put(self.act[t.layer], (slice(None), cols), act * acc[:, PAIRS:].to(self.dt))
             else:
                 self.reduce(t, acc)
-        self.counters[t.signal] += 1
+        if t.signal != NONE:  # (inside a run of tiles, the run's last signals for it)
+            self.counters[t.signal] += 1
 
     def activations(self, t) -> torch.Tensor:
         """h [rows, klen]: x or x_mid RMS-normed (normed, cast, times the weight, cast), or a
@@ -303,25 +323,27 @@ def decode_step(request, mega_step):
     return mega_step("cpu", request.param, SlabKVCache)
 
 
-def _simulate(engine, step, blocks: int, seed: int | None, schedule=None):
-    """(x after the step, the simulator): `schedule` (default: built for `blocks` blocks) in a
-    random order from `seed`, or (None) every task as early as its wait allows."""
+def _simulate(engine, step, blocks: int, seed: int | None, schedule=None, tiles: int = 1):
+    """(x after the step, the simulator): `schedule` (default: built for `blocks` blocks, in
+    runs of `tiles` tiles) in a random order from `seed`, or (None) every task as early as its
+    wait allows."""
     inputs = step_inputs(engine, *step)
     shape = MegaShape.from_spec(engine.spec)
-    schedule = schedule or build_schedule(shape, ROWS, blocks, attn_splits=SPLITS)
+    schedule = schedule or build_schedule(shape, ROWS, blocks, SPLITS, tiles)
     sim = Simulator(schedule, inputs, SPLIT_TOKENS)
     return sim.step(None if seed is None else random.Random(seed)), sim
 
 
 def test_simulated_step_matches_the_fused_stack_and_the_reference(decode_step):
-    """Random orders give the same x, bit for bit (split sums in split order); every tile is
-    written once; x is the fused stack's up to float32 summation order (a few fp16 rounding
-    steps at most), and the logits are no further from the float64 reference than the fused
-    stack's."""
+    """Random orders, and tiles in runs of 2 to 4 a task, give the same x, bit for bit (split
+    sums in split order); every tile is written once; x is the fused stack's up to float32
+    summation order (a few fp16 rounding steps at most), and the logits are no further from the
+    float64 reference than the fused stack's."""
     engine, step, fused, history, config, path = decode_step
     outs = []
-    for blocks, seed in ((5, 0), (5, 1), (64, 2), (5, None)):
-        out, sim = _simulate(engine, step, blocks, seed)
+    for blocks, seed, tiles in ((5, 0, 1), (5, 1, 1), (64, 2, 1), (5, None, 1), (5, 3, 2),
+                                (7, 4, 3), (5, None, 4)):  # fmt: skip
+        out, sim = _simulate(engine, step, blocks, seed, tiles=tiles)
         assert sim.written_once()
         outs.append(out)
     assert all(torch.equal(outs[0], o) for o in outs[1:])
@@ -356,6 +378,23 @@ def test_simulator_catches_planted_faults(fault, decode_step):
     schedule = _broken(build_schedule(shape, ROWS, 5, attn_splits=SPLITS), fault)
     with pytest.raises(AssertionError, match="deadlock|before it was complete"):
         _simulate(engine, step, 5, None, schedule)
+
+
+def test_course_schedule_in_runs_of_tiles(tiny_shape):
+    """Tiles in runs of 4 a task: a run's tiles side by side on one block, its first waits and
+    its last signals (a layer's publications a quarter of them), the same tiles in all."""
+    one = build_schedule(COURSE, rows=8, blocks=132, attn_splits=2)
+    runs = build_schedule(COURSE, rows=8, blocks=132, attn_splits=2, tiles_per_task=4)
+    validate(runs)
+    key = lambda t: (t.op, t.layer, t.tile, t.split)  # noqa: E731
+    assert sorted(map(key, one.tasks())) == sorted(map(key, runs.tasks()))
+    signals = {op: sum(t.signal != NONE for t in runs.tasks() if t.op == op and t.layer == 0)
+               for op in Op}  # fmt: skip
+    assert signals == {Op.QKV: 36, Op.ATTN: 64, Op.OPROJ: 48, Op.GATEUP: 96, Op.DOWN: 48}
+    for queue in runs.queues:
+        for before, task in zip(queue, queue[1:]):
+            if task.wait == NONE and task.layer:
+                assert (before.op, before.layer, before.split) == (task.op, task.layer, task.split)
 
 
 def test_every_wait_has_a_signaller(tiny_shape):
