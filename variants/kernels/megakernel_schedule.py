@@ -210,13 +210,8 @@ def _runs(tasks: list, tiles_per_task: int) -> list:
     runs: list = []
     for task in tasks:
         op, _, split, wait, signal, _ = task
-        last = runs[-1][0] if runs else None
-        same = last is not None and (last[0], last[2], last[3], last[4]) == (
-            op,
-            split,
-            wait,
-            signal,
-        )
+        head = runs[-1][0] if runs else None  # the current run's first
+        same = head is not None and (head[0], *head[2:5]) == (op, split, wait, signal)
         if same and op != Op.ATTN and len(runs[-1]) < tiles_per_task:
             runs[-1].append(task)
         else:
@@ -277,25 +272,17 @@ def validate(schedule: Schedule) -> None:
     signal stands for it."""
     n = len(schedule.counters)
     seen, signallers = set(), [[] for _ in range(n)]
-    run_of = lambda t: (t.op, t.layer, t.split)  # noqa: E731
     for b, queue in enumerate(schedule.queues):
         for before, task in zip(queue, queue[1:]):
             if task.order <= before.order:
                 raise ScheduleError(f"block {b} runs {task} after {before}, out of order")
-        for i, task in enumerate(queue):  # a run: all but its last signal nothing, all but
-            # its first wait for nothing
+        for i, task in enumerate(queue):
             before = queue[i - 1] if i else None
             after = queue[i + 1] if i + 1 < len(queue) else None
             first = task.op == Op.QKV and task.layer == 0
-            if (
-                task.wait == NONE
-                and not first
-                and not (before and run_of(before) == run_of(task) and before.signal == NONE)
-            ):
+            if task.wait == NONE and not first and not _continues(before, task):
                 raise ScheduleError(f"{task} waits for nothing and follows no task of its run")
-            if task.signal == NONE and not (
-                after and run_of(after) == run_of(task) and after.wait == NONE
-            ):
+            if task.signal == NONE and not _continues(task, after):
                 raise ScheduleError(f"{task} signals nothing and no task of its run follows it")
         for task in queue:
             key = (task.op, task.layer, task.tile, task.split)
@@ -319,6 +306,17 @@ def validate(schedule: Schedule) -> None:
             )
     _check_arrivals(schedule, tasks)
     _check_progress(schedule, tasks)
+
+
+def _continues(before, after) -> bool:
+    """Whether `after` continues `before`'s run in a queue: the same op, layer and split, the
+    one not signalling, the other not waiting."""
+    return (
+        before is not None
+        and after is not None
+        and before.signal == NONE == after.wait
+        and (before.op, before.layer, before.split) == (after.op, after.layer, after.split)
+    )
 
 
 def _check_arrivals(schedule: Schedule, tasks: list) -> None:
