@@ -27,6 +27,7 @@ import platform
 import statistics
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,6 +54,8 @@ TILES = ((16, 1, 2), (16, 2, 2), (32, 1, 2), (32, 2, 2), (32, 4, 2), (64, 4, 2))
 # a candidate replaces the best so far only when it is faster by more than this share
 MARGIN = 0.01
 NEUTRAL = (0, 0)  # the capability the rules take for a GPU nothing was measured on
+# threads that build a knob's candidates side by side (Triton's compiler releases the GIL)
+BUILD_THREADS = 8
 
 
 @dataclass(frozen=True)
@@ -204,15 +207,17 @@ class KernelCheck:
             out[r] = torch.einsum("hn,nhd->hd", w.softmax(-1), v)
         return out
 
-    def error(self, launch: dict) -> float:
-        """The launch's largest error against the float32 reference."""
+    def run(self, launch: dict) -> torch.Tensor:
         from variants.kernels.decode_attention import paged_decode_attention
 
-        out = paged_decode_attention(
+        return paged_decode_attention(
             self.q, self.k, self.v, self.table, self.lens, self.block, self.scale, **launch,
             pdl=self.pdl, offsets=self.offsets,
         )  # fmt: skip
-        return float((out.float() - self.want).abs().max())
+
+    def error(self, launch: dict) -> float:
+        """The launch's largest error against the float32 reference."""
+        return float((self.run(launch).float() - self.want).abs().max())
 
 
 class StepBench:
@@ -235,6 +240,10 @@ class StepBench:
 
     def error(self, launch: dict) -> float:
         return self.check.error(launch)
+
+    def build(self, launch: dict) -> None:
+        """The launch's kernels compiled (run once on the check's inputs, the result dropped)."""
+        self.check.run(launch)
 
     def time_ms(self, launch: dict, replays: int = 30, rounds: int = 3) -> float:
         """The median GPU time of one decode step with `launch` at this bucket. The bucket's
@@ -303,24 +312,29 @@ def nearest_found(results: list, size, at: float, most: int = 2) -> tuple:
 
 def tune_bucket(
     bench, prior: dict, spec, bucket, sm_count, deadline: float, axes=AXES, values=candidates,
-    seeds: tuple = (),
+    seeds: tuple = (), build=None,
 ) -> Tuned:  # fmt: skip
     """Coordinate descent from the prior: each knob (or knobs moved together: `knobs_at`) in
     turn over its values (`values`, the current one first: `candidates`), the others at the best
     so far; a candidate must match the reference (within the prior's own error, at least
     float16's 1e-2) and beat the best by MARGIN. `seeds` (launches found at other buckets) are
     tried first, so the descent starts from the best of them. Stops at `deadline`
-    (time.monotonic). `bench`: `error(launch)` and `time_ms(launch)` (StepBench)."""
+    (time.monotonic). `bench`: `error(launch)` and `time_ms(launch)` (StepBench). `build`
+    (launch -> None, its kernels compiled), where given, runs on a knob's candidates side by
+    side before they are checked and timed one by one (`build_all`)."""
     tolerance = max(1e-2, 2 * bench.error(prior))
     prior_ms = best_ms = bench.time_ms(prior)
     result = Tuned(bucket, dict(prior), dict(prior), prior_ms, best_ms)
+    refused: dict = {}  # what a launch's build raised (`launch_key`)
 
     def attempt(launch: dict) -> None:
         result.tried += 1
-        try:
-            err = bench.error(launch)
-        except Exception as e:  # a launch this GPU or this shape refuses is no candidate
-            err = f"{type(e).__name__}: {e}"
+        err = refused.get(launch_key(launch))
+        if err is None:
+            try:
+                err = bench.error(launch)
+            except Exception as e:  # a launch this GPU or this shape refuses is no candidate
+                err = f"{type(e).__name__}: {e}"
         if not (isinstance(err, float) and err <= tolerance):  # (a NaN fails too)
             result.rejected.append((launch, err))
             return
@@ -328,17 +342,26 @@ def tune_bucket(
         if ms < result.best_ms * (1 - MARGIN):
             result.best, result.best_ms = launch, ms
 
-    for seed in seeds:
+    def each(launches: list):
+        """The launches still to try before the deadline, built side by side first."""
+        launches = [dict(launch) for launch in launches if launch != result.best]
+        if build is not None and time.monotonic() <= deadline:
+            refused.update(build_all(build, launches))
+        for launch in launches:
+            if time.monotonic() > deadline:
+                return
+            yield launch
+
+    for seed in each(seeds):
+        attempt(seed)
+    for axis in axes:
         if time.monotonic() > deadline:
             break
-        if seed != result.best:
-            attempt(dict(seed))
-    tries = ((axis, value) for axis in axes
-             for value in values(axis, result.best, spec, bucket, sm_count)[1:])  # fmt: skip
-    for axis, value in tries:
-        if time.monotonic() > deadline:
-            break
-        attempt({**result.best, **knobs_at(axis, value)})
+        # each value moves this knob alone: a win within the axis changes no other knob, so
+        # the axis's launches are known before its first is timed
+        others = values(axis, result.best, spec, bucket, sm_count)[1:]
+        for launch in each([{**result.best, **knobs_at(axis, value)} for value in others]):
+            attempt(launch)
     if result.best == prior:
         return result
     # the winner timed again beside the prior: a margin won by noise does not stand
@@ -348,6 +371,30 @@ def tune_bucket(
     else:
         result.best_ms, result.prior_ms = again, prior_again
     return result
+
+
+def launch_key(launch: dict) -> tuple:
+    return tuple(sorted(launch.items()))
+
+
+def build_all(build, launches: list, threads: int = BUILD_THREADS) -> dict:
+    """`build` run on each launch in threads (Triton compiles with the GIL released, so the
+    launches' kernels compile side by side); what a build raised, by `launch_key`: a launch this
+    GPU refuses is rejected without building it twice. A build's result is never a check: each
+    launch is still checked against the reference on its own."""
+
+    def one(launch: dict):
+        try:
+            build(launch)
+        except Exception as e:
+            return f"{type(e).__name__}: {e}"
+        return None
+
+    if len(launches) < 2:
+        return {}
+    with ThreadPoolExecutor(min(threads, len(launches))) as pool:
+        errors = list(pool.map(one, launches))
+    return {launch_key(launch): err for launch, err in zip(launches, errors) if err}
 
 
 def layout_of(variant) -> tuple:
@@ -489,7 +536,9 @@ def tune(
         axes = PDL_AXES if pdl else AXES
         until = share_deadline(time.monotonic(), deadline, buckets[i:])
         near = nearest_found(results, lambda b: b.rows * b.context, bucket.rows * bucket.context)
-        found = tune_bucket(bench, table[key], spec, bucket, sm_count, until, axes, seeds=near)
+        found = tune_bucket(
+            bench, table[key], spec, bucket, sm_count, until, axes, seeds=near, build=bench.build
+        )
         engine.remove(bench.ids)
         engine.attention.knobs[key] = table[key] = found.best
         results.append(found)

@@ -162,7 +162,7 @@ class FewRowCheck:
         rotated = [apply_rope(t.unflatten(-1, (-1, s.head_dim)), cos, sin) for t in (q, k)]
         return [rotated[0].flatten(1), rotated[1], v.unflatten(-1, (-1, s.head_dim))]
 
-    def _run(self, launch: dict) -> list:
+    def run(self, launch: dict) -> list:
         from variants.kernels.few_row_linear import few_row_linear
         from variants.kernels.norm_qkv_rope import norm_qkv_rope
         from variants.kernels.norm_swiglu import norm_swiglu
@@ -193,7 +193,7 @@ class FewRowCheck:
         return [q, k_pool[self.slots], v_pool[self.slots]]
 
     def error(self, launch: dict) -> float:
-        got = self._run(launch)
+        got = self.run(launch)
         return max(float((g.float() - w).abs().max()) for g, w in zip(got, self.want))
 
 
@@ -201,13 +201,16 @@ class KnobBench:
     """A bench (`error`, `time_ms` of a launch) driven by the search's knobs (`launch_of`)."""
 
     def __init__(self, bench):
-        self.bench = bench
+        self.bench, self.build_launch = bench, bench.build
 
     def error(self, knobs: dict) -> float:
         return self.bench.error(launch_of(knobs))
 
     def time_ms(self, knobs: dict) -> float:
         return self.bench.time_ms(launch_of(knobs))
+
+    def build(self, knobs: dict) -> None:
+        self.build_launch(launch_of(knobs))
 
 
 def row_buckets(config: dict, buckets: list, most_rows: int = HEAD_MAX_ROWS) -> list:
@@ -280,8 +283,9 @@ def tune(config: dict, weight_dir: str, variant, budget_s: float = 120.0, device
         left = [replace(b, weight=b.weight / len(kernels_at(b.rows, pdl))) for b, _ in work[i:]]
         until = share_deadline(time.monotonic(), deadline, left)
         values = functools.partial(candidates, kernel)
-        found = tune_bucket(KnobBench(step), priors[key], spec, bucket, sm_count, until, AXES,
-                            values, seeds(kernel, bucket.rows, results))  # fmt: skip
+        knobs = KnobBench(step)
+        found = tune_bucket(knobs, priors[key], spec, bucket, sm_count, until, AXES, values,
+                            seeds(kernel, bucket.rows, results), knobs.build)  # fmt: skip
         engine.remove(step.ids)
         live[key] = launch_of(found.best)
         results.append((kernel, found))

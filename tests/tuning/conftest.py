@@ -37,19 +37,27 @@ def launch_recorder():
 class FakeBench:
     """Times from a table of knob values (each (knob, value) it holds takes that much off a
     1 ms launch); every launch right unless `wrong` (a large error), `refused` raise as a launch
-    the GPU cannot take."""
+    the GPU cannot take (checked or built). `events`: ("build" | "error" | "time", knobs) in
+    the order they came."""
 
     def __init__(self, faster: dict, wrong=(), refused=()):
         self.faster, self.wrong, self.refused = faster, wrong, refused
-        self.timed = []
+        self.timed, self.events = [], []
+
+    def build(self, knobs):
+        self.events.append(("build", dict(knobs)))
+        if any(knobs[k] == v for k, v in self.refused):
+            raise RuntimeError("out of resource: shared memory")
 
     def error(self, knobs):
+        self.events.append(("error", dict(knobs)))
         if any(knobs[k] == v for k, v in self.refused):
             raise RuntimeError("out of resource: shared memory")
         return 1.0 if any(knobs[k] == v for k, v in self.wrong) else 1e-3
 
     def time_ms(self, knobs):
         self.timed.append(dict(knobs))
+        self.events.append(("time", dict(knobs)))
         return 1.0 - sum(self.faster.get((k, v), 0.0) for k, v in knobs.items())
 
 

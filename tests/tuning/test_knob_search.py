@@ -3,6 +3,7 @@ gate (a wrong or refused launch never wins) and the table as the engine carries 
 
 import importlib.util
 import json
+import threading
 import time
 
 import pytest
@@ -307,3 +308,49 @@ def test_a_cached_search_is_read_back_for_its_key_alone(tmp_path):
         tuner.table_from_json,
     )  # fmt: skip
     assert len(runs) == 2 and other[2] != first[2]
+
+
+def test_a_knob_s_candidates_are_built_before_the_first_is_checked(course, fake_bench):
+    """With `build`, each axis's launches (and the seeds) are all built before the first of
+    them is checked or timed, and each is still checked on its own before it is timed; a
+    launch whose build raised is rejected with that error, not checked or timed."""
+    _, spec = course
+    bucket = tuner.Bucket(8, 1024, (131,) * 8, 1)
+    prior = tuner.prior_launch(spec, 8, 1024, SMS, HOPPER)
+    bench = fake_bench({("tiles", (32, 2, 2)): 0.2}, refused=[("num_splits", 4)])
+    found = tuner.tune_bucket(
+        bench, prior, spec, bucket, SMS, time.monotonic() + 60, build=bench.build
+    )
+    assert found.best["tiles"] == (32, 2, 2)
+    built = [knobs for kind, knobs in bench.events if kind == "build"]
+    block, last, runs = [], None, 0  # the launches of the latest run of builds
+    for kind, knobs in bench.events[2:]:  # after the prior's check and time
+        if kind == "build":
+            runs += last != "build"
+            block = block + [knobs] if last == "build" else [knobs]
+        elif kind == "error":  # checked once it and its axis's others were built (an axis of
+            assert knobs in block or knobs not in built  # one candidate: the check builds it)
+        last = kind
+    assert len(built) > 10 and runs <= len(tuner.AXES)  # a run a knob, not a build a launch
+    checked = [knobs for kind, knobs in bench.events if kind == "error"]
+    timed = [knobs for kind, knobs in bench.events if kind == "time"]
+    assert all(knobs in checked for knobs in timed)  # a build is never the check
+    refused = [(knobs, err) for knobs, err in found.rejected if knobs["num_splits"] == 4]
+    assert refused and "shared memory" in refused[0][1]
+    assert not any(knobs["num_splits"] == 4 for knobs in checked + timed)
+
+
+def test_builds_run_side_by_side_and_report_what_raised():
+    """`build_all` runs the builds in threads at once (three builds meet at one barrier, which
+    a build at a time would never pass) and returns only the errors, by launch."""
+    meet = threading.Barrier(3, timeout=10)
+
+    def build(launch):
+        meet.wait()
+        if launch["x"] == 2:
+            raise RuntimeError("too many registers")
+
+    launches = [{"x": 1}, {"x": 2}, {"x": 3}]
+    errors = tuner.build_all(build, launches, threads=3)
+    assert errors == {tuner.launch_key({"x": 2}): "RuntimeError: too many registers"}
+    assert tuner.build_all(build, [{"x": 1}], threads=3) == {}  # one launch: nothing to overlap

@@ -195,6 +195,14 @@ def test_the_check_passes_right_tiles_and_catches_unwritten_rows(tiny_config, mo
         assert check.error(prior) < 1e-4
         assert not check.error({**prior, "block_m": 16}) < 1e-2  # (a NaN fails too)
     assert len(outputs) == 1  # the launcher's output, the same memory every call
+    # builds between the checks (the search builds a knob's candidates before checking them)
+    # write zeros where they write, draw no sign and leave the fault caught
+    for _ in range(3):
+        assert check.error(prior) < 1e-4
+        check.build(prior)
+        assert not next(iter(outputs.values()))[: check.starts[-1]].abs().any()
+        check.build({**prior, "block_m": 16})
+        assert not check.error({**prior, "block_m": 16}) < 1e-2
 
 
 def _scenario(engine, ref, vocab) -> float:
@@ -280,6 +288,9 @@ def test_the_search_loop_keeps_only_what_moved(tiny_config, monkeypatch):
         def error(self, knobs):
             return 0.0
 
+        def build(self, knobs):
+            pass
+
         def time_ms(self, knobs):
             fast = self.bucket == heaviest and knobs["block_n"] == 32
             return 0.5 if fast else 1.0
@@ -354,6 +365,9 @@ def test_a_neutral_search_returns_every_bucket_s_tiles(tiny_config, monkeypatch)
 
         def error(self, knobs):
             return 0.0
+
+        def build(self, knobs):
+            pass
 
         def time_ms(self, knobs):
             return 0.5 if self.bucket == heaviest and knobs["block_n"] == 32 else 1.0
