@@ -543,12 +543,11 @@ def kernel_knobs(job: dict, variant) -> dict | None:
     if variant.attention != "triton" or not str(job["device"]).startswith("cuda"):
         return None
     from tuning.decode_attention import prior_table, table_from_json
-    from variants.spec import ModelSpec
 
     if job.get("knobs"):
         return table_from_json(job["knobs"])
     if job.get("kernel_prior") == "neutral":
-        return prior_table(ModelSpec.from_config(job["config"]), variant, "neutral", job["device"])
+        return prior_table(job["config"], variant, "neutral", job["device"])
     return None
 
 

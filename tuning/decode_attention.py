@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import functools
 import hashlib
+import itertools
 import json
 import math
 import platform
@@ -46,6 +47,7 @@ from variants.kernels.decode_attention_rules import (
     long_split_programs,
     split_tokens_for,
 )
+from variants.kernels.device import device_capability, device_sm_count
 from variants.kernels.prefill_attention import head_parts
 from variants.spec import ModelSpec
 
@@ -61,9 +63,9 @@ BUILD_THREADS = 8
 @dataclass(frozen=True)
 class Bucket:
     """A decode graph's (rows, context) bucket, the live lengths it is timed at (the median step
-    the traces run in it), how many steps of the traces fall in it and its weight: the sum over
-    the traces of the share of each one's decode steps it holds (the objective is the traces'
-    geometric mean, where every trace counts alike)."""
+    by weight the traces run in it), how many steps of the traces fall in it and its weight: the
+    sum over the traces of the share of each one's decode steps it holds (the objective is the
+    traces' geometric mean, where every trace counts alike)."""
 
     rows: int
     context: int
@@ -112,15 +114,39 @@ def prior_launch(spec: ModelSpec, rows: int, context: int, sm_count: int, capabi
     }
 
 
-def graph_buckets(spec: ModelSpec, capability, policy: str = "pow2", largest: int = 64):
-    """The (rows, context) buckets the decode graphs capture under the rules for `capability`."""
-    contexts = graph_context_buckets(spec.max_positions, capability)
+def graph_buckets(spec: ModelSpec, capability, policy: str = "pow2", largest: int = 64,
+                  contexts=None):  # fmt: skip
+    """The (rows, context) buckets the decode graphs capture under the rules for `capability`
+    (or at `contexts`)."""
+    contexts = contexts or graph_context_buckets(spec.max_positions, capability)
     return [(b, c) for c in contexts for b in batch_buckets(policy, largest)]
+
+
+def trace_contexts(config: dict, most: int) -> list:
+    """The decode graphs' context buckets where no rule was measured (the neutral prior):
+    `most` (the model's positions) and below it the power of two that pads the traces' decode
+    steps least, each step's longest row counted up to its bucket in doublings, each trace
+    weighing 1 (as in `trace_buckets`). With one bucket a row count's grid is searched at its
+    median step and its long steps run a grid sized for short ones (docs/PERF.md)."""
+    steps = []  # (a step's longest row, its trace's share)
+    for suite in SUITES.values():
+        for trace in suite(config):
+            longest = [max(lengths) for op, lengths in replay(trace) if isinstance(op, Decode)]
+            steps += [(n, 1 / len(longest)) for n in longest]
+
+    def padding(cut: int) -> float:
+        return sum(w * math.log2((cut if n <= cut else most) / n) for n, w in steps)
+
+    cuts = [1 << k for k in range(4, most.bit_length()) if 1 << k < most]
+    cut = min(cuts, key=padding, default=most)
+    return [cut, most] if padding(cut) < padding(most) else [most]
 
 
 def trace_buckets(config: dict, buckets: list) -> list:
     """The buckets the timed traces' decode steps fall in, the heaviest first (`Bucket`), each
-    at the live lengths of its median step (by longest row)."""
+    at the live lengths of its median step by weight (by longest row: half the bucket's weight
+    runs no longer a row), so a trace of few steps counts in a bucket as much as its weight
+    says, not as few steps as it has."""
     steps, weight = defaultdict(list), defaultdict(float)
     for suite in SUITES.values():
         for trace in suite(config):
@@ -132,12 +158,16 @@ def trace_buckets(config: dict, buckets: list) -> list:
                 if fits:
                     found.append((min(fits, key=lambda k: (k[1], k[0])), tuple(lengths)))
             for key, lengths in found:
-                steps[key].append(lengths)
+                steps[key].append((max(lengths), 1 / len(found), lengths))
                 weight[key] += 1 / len(found)
     found = []
     for (rows, context), seen in steps.items():
-        seen.sort(key=max)
-        found.append(Bucket(rows, context, seen[len(seen) // 2], len(seen), weight[rows, context]))
+        seen.sort(key=lambda step: step[0])
+        shares = itertools.accumulate(w for _, w, _ in seen)
+        median = next(i for i, share in enumerate(shares) if share >= weight[rows, context] / 2)
+        found.append(
+            Bucket(rows, context, seen[median][2], len(seen), weight[rows, context])
+        )  # fmt: skip
     return sorted(found, key=lambda k: (-k.weight, -k.steps))
 
 
@@ -492,13 +522,15 @@ def transplant(other: dict, own: dict) -> dict:
     return out
 
 
-def prior_table(spec: ModelSpec, variant, prior: str, device) -> dict:
-    """The launch of every decode graph bucket as the rules (or the neutral defaults) pick it."""
-    device = torch.device(device)
-    sm_count = torch.cuda.get_device_properties(device).multi_processor_count
-    capability = tuple(torch.cuda.get_device_capability(device))
-    rules = capability if prior == "hand" else NEUTRAL
-    buckets = graph_buckets(spec, rules, variant.graphs if variant.graphs != "off" else "pow2")
+def prior_table(config: dict, variant, prior: str, device) -> dict:
+    """The launch of every decode graph bucket as the rules (or the neutral defaults) pick it;
+    the neutral prior's buckets at the traces' contexts (`trace_contexts`)."""
+    spec, device = ModelSpec.from_config(config), torch.device(device)
+    sm_count = device_sm_count(device)
+    rules = device_capability(device) if prior == "hand" else NEUTRAL
+    contexts = trace_contexts(config, spec.max_positions) if prior != "hand" else None
+    policy = variant.graphs if variant.graphs != "off" else "pow2"
+    buckets = graph_buckets(spec, rules, policy, contexts=contexts)
     return {k: prior_launch(spec, *k, sm_count, rules) for k in buckets}
 
 
@@ -519,7 +551,7 @@ def tune(
     spec = ModelSpec.from_config(config)
     device = torch.device(device)
     sm_count = torch.cuda.get_device_properties(device).multi_processor_count
-    table = prior_table(spec, variant, prior, device)
+    table = prior_table(config, variant, prior, device)
     buckets = trace_buckets(config, list(table))
     if not buckets or budget_s <= 0:
         return table, []

@@ -3,6 +3,7 @@ gate (a wrong or refused launch never wins) and the table as the engine carries 
 
 import importlib.util
 import json
+import math
 import threading
 import time
 
@@ -49,6 +50,48 @@ def test_neutral_rules_give_one_context_bucket_and_the_hand_rules_two(course):
     _, spec = course
     assert {c for _, c in tuner.graph_buckets(spec, tuner.NEUTRAL)} == {4096}
     assert {c for _, c in tuner.graph_buckets(spec, HOPPER)} == {1024, 4096}
+
+
+def test_the_neutral_prior_cuts_the_contexts_where_the_traces_pad_least(course):
+    """No measured rule: the cut below the model's positions is the power of two that pads the
+    traces' decode steps least (in doublings, each trace weighing 1). On the course's traces
+    (the public and hidden ones under 150 tokens, wide_decode 320, continuous about 1100,
+    long_prompts 2060) that is 256, and no other cut pads less."""
+    config, spec = course
+    contexts = tuner.trace_contexts(config, spec.max_positions)
+    assert contexts == [256, 4096]
+    steps = []  # (a step's longest row, its trace's share)
+    for suite in SUITES.values():
+        for trace in suite(config):
+            longest = [max(lengths) for op, lengths in replay(trace) if isinstance(op, Decode)]
+            steps += [(n, 1 / len(longest)) for n in longest]
+
+    def padding(cut):
+        return sum(w * math.log2((cut if n <= cut else 4096) / n) for n, w in steps)
+
+    assert all(padding(256) <= padding(1 << k) for k in range(4, 13))
+    assert padding(256) < padding(4096)  # (4096: no cut)
+
+
+def test_a_bucket_is_timed_at_its_median_step_by_weight(course):
+    """long_prompts' 16 steps at 4 rows weigh 1, continuous's 17 at 4 rows and the same
+    context 0.03: the bucket is timed at long_prompts' lengths, not at the step in the middle
+    of the count."""
+    config, spec = course
+    buckets = tuner.graph_buckets(spec, tuner.NEUTRAL, contexts=[256, 4096])
+    four = next(b for b in tuner.trace_buckets(config, buckets) if (b.rows, b.context) == (4, 4096))
+    assert four.steps > 30 and min(four.lengths) > 2000  # long_prompts': 4 x ~2060
+
+
+def test_the_neutral_table_has_a_launch_at_every_bucket_of_the_traces_contexts(course):
+    config, spec = course
+    variant = PRESETS["slab-triton-pdl-allgraphs"]
+    table = tuner.prior_table(config, variant, "neutral", "cpu")
+    assert {c for _, c in table} == {256, 4096}
+    assert all(launch == tuner.prior_launch(spec, b, c, 4, tuner.NEUTRAL)
+               for (b, c), launch in table.items())  # fmt: skip
+    hand = tuner.prior_table(config, variant, "hand", "cpu")  # (the CPU's rules: one bucket)
+    assert {c for _, c in hand} == {4096}
 
 
 def test_the_prior_is_the_launch_the_rules_pick(course):
