@@ -1,7 +1,7 @@
 """The kernel search as a phase of the main job (`bash run.sh`): after the study, the leading
 assembly's decode attention is searched on this GPU (decode_attention.py, in a child process,
-its table cached under studies/kernels/), then with the fused layers its few-row kernels
-(few_row.py, likewise) and with prefill graphs its prefill attention (prefill_attention.py);
+its table cached under studies/kernels/), then with prefill graphs its prefill attention
+(prefill_attention.py, likewise) and with the fused layers its few-row kernels (few_row.py);
 then the leader is timed with the tables in the grader's protocol, behind the correctness gate;
 they are written into engine.py only where it is faster on the traces' geometric mean.
 results.log says what moved and by how much."""
@@ -244,20 +244,24 @@ def kernel_phase(job, leader) -> KernelSearch | None:
     if found.budget_s <= 0:
         found.why = "no time left for it in this budget"
         return found
-    # each search an equal share of the time: the decode attention's, the fused layers' few-row
-    # kernels', the prefill graphs' attention's
+    # The searches in turn, each an equal share of what those before it left (their seconds,
+    # builds included): the decode attention's, the prefill graphs' attention's (it often
+    # finishes early), the fused layers' few-row kernels' (the one that runs out of time).
     fused, prefill = variant.layers in ("fused", "fused-pdl"), variant.prefill_graphs != "off"
     budget_s = found.budget_s
-    share = budget_s / (1 + fused + prefill)
-    found = run_search(job, variant, prior, share)
+    found = run_search(job, variant, prior, budget_s / (1 + fused + prefill))
     if found.table is None:
         return found
     found.budget_s = budget_s
-    if fused:
-        found.few_row = run_table_search(job, variant, found, "tuning.few_row", share)
+
+    def share(searches: int) -> float:  # of what is left, for this search and those after it
+        return max(LEAST_S, (budget_s - found.seconds) / searches)
+
     if prefill:
         module = "tuning.prefill_attention"
-        found.prefill = run_table_search(job, variant, found, module, share)
+        found.prefill = run_table_search(job, variant, found, module, share(1 + fused))
+    if fused:
+        found.few_row = run_table_search(job, variant, found, "tuning.few_row", share(1))
     if not found.moved:
         found.why = "every bucket searched kept the prior's launch"
         return found

@@ -182,8 +182,9 @@ def _fused_job(tiny_config):
 def test_a_fused_leader_s_few_row_kernels_are_searched_after_its_attention(
     monkeypatch, tiny_config
 ):
-    """Half the budget each; the leader timed with both tables; the log names both searches'
-    moves. A failed few-row search leaves the attention's table to be timed alone."""
+    """Half the budget for the attention, what it left for the few-row kernels; the leader
+    timed with both tables; the log names both searches' moves. A failed few-row search leaves
+    the attention's table to be timed alone."""
     from search.trial import Record
     from tuning import phase
 
@@ -193,7 +194,7 @@ def test_a_fused_leader_s_few_row_kernels_are_searched_after_its_attention(
 
     def run_search(job, variant, prior, budget_s):
         budgets.append(budget_s)
-        return KernelSearch(prior, budget_s, table, [])  # the attention kept the rules
+        return KernelSearch(prior, budget_s, table, [], seconds=45.0)  # the rules kept
 
     def run_table_search(job, variant, found, module, budget_s):
         budgets.append(budget_s)
@@ -213,7 +214,7 @@ def test_a_fused_leader_s_few_row_kernels_are_searched_after_its_attention(
     monkeypatch.setattr(phase, "timed_with", timed_with)
     leader = Record(0, "ok", {"cache": "slab", "attention": "triton", "layers": "fused"})
     found = phase.kernel_phase(_fused_job(tiny_config), leader)
-    assert budgets == [60.0, 60.0] and found.budget_s == 120.0
+    assert budgets == [60.0, 75.0] and found.budget_s == 120.0  # what the first left
     assert calls == [(None, None), (table, few_row)] and found.kept
     text = lines(found)
     assert "down   at   8 rows (42 steps, weight 3.0): a step 300.0 -> 280.0 us" in text
@@ -230,12 +231,14 @@ def test_a_fused_leader_s_few_row_kernels_are_searched_after_its_attention(
 
 
 @pytest.mark.parametrize("layers,shares", [("fused-pdl", 3), ("triton", 2)])
-def test_a_leader_with_prefill_graphs_has_its_prefill_attention_searched_last(
+def test_a_leader_s_searches_share_what_those_before_them_left(
     monkeypatch, tiny_config, layers, shares
 ):
-    """An equal share of the budget each (three with the fused layers' few-row kernels, else
-    two); the leader timed with every table; the log names the prefill buckets' moves, and
-    every trace decides (a prefill table moves each one's prefill calls)."""
+    """The decode attention an equal share of the budget (a third with the fused layers'
+    few-row kernels, else half), then the prefill attention an equal share of what it left,
+    then the few-row kernels the rest (the search that runs out of time); the leader timed with
+    every table; the log names the prefill buckets' moves, and every trace decides (a prefill
+    table moves each one's prefill calls)."""
     from search.trial import Record
     from tuning import phase
 
@@ -253,11 +256,12 @@ def test_a_leader_with_prefill_graphs_has_its_prefill_attention_searched_last(
 
     def run_search(job, variant, prior, budget_s):
         budgets.append(budget_s)
-        return KernelSearch(prior, budget_s, table, [])
+        return KernelSearch(prior, budget_s, table, [], seconds=budget_s)  # all it was given
 
     def run_table_search(job, variant, found, module, budget_s):
         budgets.append(budget_s)
         searched.append(module)
+        found.seconds += 10.0  # it finished early
         results = prefill_results if module == "tuning.prefill_attention" else []
         return TableSearch(tables[module], results)
 
@@ -276,8 +280,10 @@ def test_a_leader_with_prefill_graphs_has_its_prefill_attention_searched_last(
         {"cache": "slab", "attention": "triton", "layers": layers, "prefill_graphs": "pow2"},
     )
     found = phase.kernel_phase(job, leader)
-    assert budgets == [pytest.approx(120.0 / shares)] * shares and found.budget_s == 120.0
-    assert searched == ["tuning.few_row", "tuning.prefill_attention"][3 - shares :]
+    first = 120.0 / shares
+    after = [(120.0 - first) / (shares - 1), 120.0 - first - 10.0][: shares - 1]
+    assert budgets == [pytest.approx(b) for b in [first, *after]] and found.budget_s == 120.0
+    assert searched == ["tuning.prefill_attention", "tuning.few_row"][: shares - 1]
     few_row = tables["tuning.few_row"] if shares == 3 else None
     assert calls == [(None, None, None), (table, few_row, tables["tuning.prefill_attention"])]
     assert found.decoding == () and found.kept  # prefill alone moved: all traces decide
