@@ -165,20 +165,24 @@ render_engine(PRESETS['slab-triton-pdl-allgraphs'], 'workspace/knobs/$name.py', 
     done
     bench_engines knob workspace/knobs "${KNOB_SUITE:-all}" ${KNOB_ENGINES:-base hand neutral neutral0}
 fi
-# Issue #42's first bar: every kernel search (the decode attention, the few-row kernels, the
-# prefill attention) from the hand rules and from the neutral prior, NEUTRAL_BUDGET seconds each,
+# Issue #42's first bar: every kernel search (the decode attention, the prefill attention, the
+# few-row kernels) from the hand rules and from the neutral prior, NEUTRAL_TOTAL seconds a prior,
 # then the fused-pdl slab engine with no table (base), the hand tables, the neutral tables and the
 # untuned neutral ones (neutral0), timed on every suite. The tables stay in workspace/neutral
 # between calls of one machine: NEUTRAL_SEARCH_ONLY=1 in a first call, the rest in a second
-# (NEUTRAL_PRIORS, NEUTRAL_ENGINES: fewer of each; NEUTRAL_BUDGET: what run.sh's 20 minutes give
-# each search from the neutral prior).
+# (NEUTRAL_PRIORS, NEUTRAL_ENGINES: fewer of each).
 if stage neutral; then
     mkdir -p workspace/neutral
+    # the searches in the kernel phase's order, each a share of what those before it left of
+    # NEUTRAL_TOTAL seconds (run.sh's from the neutral prior: a quarter of 20 minutes)
     for prior in ${NEUTRAL_PRIORS:-hand neutral}; do
-        for search in decode_attention few_row prefill_attention; do
+        t0=$SECONDS left=3
+        for search in decode_attention prefill_attention few_row; do
+            budget=$(( (${NEUTRAL_TOTAL:-300} - (SECONDS - t0)) / left )) left=$((left - 1))
+            [ "$budget" -ge 20 ] || budget=20
             table=workspace/neutral/${prior}_$search.json
-            [ -f "$table" ] || timed "neutral_${prior}_$search" "${NEUTRAL_LIMIT:-180}" "$PY" \
-                -m "tuning.$search" --prior "$prior" --budget "${NEUTRAL_BUDGET:-100}" --json "$table"
+            [ -f "$table" ] || timed "neutral_${prior}_$search" $((budget + 120)) "$PY" \
+                -m "tuning.$search" --prior "$prior" --budget "$budget" --json "$table"
         done
     done
     # the tables and the searches' logs in one file (a call brings back 8 files at most)
