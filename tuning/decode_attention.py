@@ -355,16 +355,13 @@ def tune_bucket(
     tolerance = max(1e-2, 2 * bench.error(prior))
     prior_ms = best_ms = bench.time_ms(prior)
     result = Tuned(bucket, dict(prior), dict(prior), prior_ms, best_ms)
-    refused: dict = {}  # what a launch's build raised (`launch_key`)
 
     def attempt(launch: dict) -> None:
         result.tried += 1
-        err = refused.get(launch_key(launch))
-        if err is None:
-            try:
-                err = bench.error(launch)
-            except Exception as e:  # a launch this GPU or this shape refuses is no candidate
-                err = f"{type(e).__name__}: {e}"
+        try:
+            err = bench.error(launch)
+        except Exception as e:  # a launch this GPU or this shape refuses is no candidate
+            err = f"{type(e).__name__}: {e}"
         if not (isinstance(err, float) and err <= tolerance):  # (a NaN fails too)
             result.rejected.append((launch, err))
             return
@@ -376,7 +373,7 @@ def tune_bucket(
         """The launches still to try before the deadline, built side by side first."""
         launches = [dict(launch) for launch in launches if launch != result.best]
         if build is not None and time.monotonic() <= deadline:
-            refused.update(build_all(build, launches))
+            build_all(build, launches)
         for launch in launches:
             if time.monotonic() > deadline:
                 return
@@ -403,28 +400,21 @@ def tune_bucket(
     return result
 
 
-def launch_key(launch: dict) -> tuple:
-    return tuple(sorted(launch.items()))
+def build_all(build, launches: list, threads: int = BUILD_THREADS) -> None:
+    """`build` run on each launch in threads: Triton compiles with the GIL released, so the
+    launches' kernels compile side by side, and the checks that follow, one at a time, find
+    them built. What a build does or raises decides nothing: a launch is right or refused only
+    by its own check."""
 
-
-def build_all(build, launches: list, threads: int = BUILD_THREADS) -> dict:
-    """`build` run on each launch in threads (Triton compiles with the GIL released, so the
-    launches' kernels compile side by side); what a build raised, by `launch_key`: a launch this
-    GPU refuses is rejected without building it twice. A build's result is never a check: each
-    launch is still checked against the reference on its own."""
-
-    def one(launch: dict):
+    def one(launch: dict) -> None:
         try:
             build(launch)
-        except Exception as e:
-            return f"{type(e).__name__}: {e}"
-        return None
+        except Exception:  # (its check raises it again, and rejects the launch)
+            pass
 
-    if len(launches) < 2:
-        return {}
-    with ThreadPoolExecutor(min(threads, len(launches))) as pool:
-        errors = list(pool.map(one, launches))
-    return {launch_key(launch): err for launch, err in zip(launches, errors) if err}
+    if len(launches) > 1:
+        with ThreadPoolExecutor(min(threads, len(launches))) as pool:
+            list(pool.map(one, launches))
 
 
 def layout_of(variant) -> tuple:
