@@ -46,9 +46,8 @@ class DeferredRangeCheck:
         self.extremes = torch.zeros(2, dtype=torch.long, device=device)
         self.lo, self.hi = self.extremes[0], self.extremes[1]  # views made once: ~5 us a call
         self.host = torch.zeros(2, dtype=torch.long, pin_memory=cuda)
-        self.event = None
-        if cuda:
-            self.event = torch.cuda.Event(external=True) if self.in_graph else torch.cuda.Event()
+        external = {"external": True} if self.in_graph else {}  # (a graph's node: `in_graph`)
+        self.event = torch.cuda.Event(**external) if cuda else None
         # an int (an engine's CUDA device has one) spares current_stream its lookup of the
         # device: about 20 us of host time a call on the H200's host
         self.index = device.index
@@ -71,5 +70,4 @@ class DeferredRangeCheck:
 
     def error(self, vocab: int, what: str) -> str | None:
         self.wait()  # the min/max were queued before the call's own kernels
-        lo, hi = self.host.tolist()
-        return range_error(lo, hi, vocab, what)
+        return range_error(*self.host.tolist(), vocab, what)  # (lo, hi)

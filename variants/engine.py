@@ -161,8 +161,7 @@ class Engine:
 
     def remove(self, request_ids) -> None:
         rids = as_id_list(request_ids)
-        unknown = [r for r in rids if r not in self.lengths]
-        if unknown:
+        if unknown := [r for r in rids if r not in self.lengths]:
             raise KeyError(f"remove: unknown request id(s) {unknown}")
         for rid in rids:
             self.cache.release(rid)

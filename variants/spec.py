@@ -53,8 +53,7 @@ class ModelSpec:
         if not isinstance(config, dict):
             raise TypeError(f"model_config must be a dict, got {type(config).__name__}")
         keys = course_keys(config)
-        missing = [key for key in SIZE_KEYS.values() if key not in keys]
-        if missing:
+        if missing := [key for key in SIZE_KEYS.values() if key not in keys]:
             raise ValueError(f"model_config is missing required key(s): {', '.join(missing)}")
         return cls(
             **{name: int(keys[key]) for name, key in SIZE_KEYS.items()},

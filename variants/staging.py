@@ -28,9 +28,7 @@ def int_fill(value: int, count: int) -> array.array:
 
 def host_tensor(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     t = torch.tensor(values, dtype=dtype)
-    if device.type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
 
 
 def stream_index(device: torch.device) -> int | None:

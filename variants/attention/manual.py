@@ -20,8 +20,7 @@ class ManualAttention:
     def prefill(self, q, k, v, batch):
         q, k, v = to_padded(q, batch), to_padded(k, batch), to_padded(v, batch)
         if self.group > 1:
-            k = k.repeat_interleave(self.group, dim=1)
-            v = v.repeat_interleave(self.group, dim=1)
+            k, v = (t.repeat_interleave(self.group, dim=1) for t in (k, v))
         scores = (q.float() @ k.float().transpose(-1, -2)) * self.scale
         t = scores.shape[-1]
         causal = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1)

@@ -21,8 +21,7 @@ class SdpaAttention:
     def prefill(self, q, k, v, batch):
         q, k, v = to_padded(q, batch), to_padded(k, batch), to_padded(v, batch)
         if self.group > 1:
-            k = k.repeat_interleave(self.group, dim=1)
-            v = v.repeat_interleave(self.group, dim=1)
+            k, v = (t.repeat_interleave(self.group, dim=1) for t in (k, v))
         return from_padded(F.scaled_dot_product_attention(q, k, v, is_causal=True), batch)
 
     def decode_from_cache(self, q, cache, layer: int, plan):
@@ -32,12 +31,11 @@ class SdpaAttention:
     def decode(self, q, k, v, plan):
         b, kvh, _, d = k.shape
         qg = q.view(b, kvh, self.group, d)
-        if plan.uniform:
-            out = F.scaled_dot_product_attention(qg, k, v)
-        else:
+        mask = None  # [B, 1, 1, S]: each row's live keys, where the rows' lengths differ
+        if not plan.uniform:
             live = torch.arange(plan.max_len, device=q.device) < plan.kv_lens[:, None]
-            out = F.scaled_dot_product_attention(qg, k, v, attn_mask=live[:, None, None, :])
-        return out.reshape(b, -1)
+            mask = live[:, None, None, :]
+        return F.scaled_dot_product_attention(qg, k, v, attn_mask=mask).reshape(b, -1)
 
 
 class PinnedSdpaAttention(SdpaAttention):

@@ -16,15 +16,8 @@ from variants.staging import host_tensor, int_range
 
 
 class PagedKVCache:
-    def __init__(
-        self,
-        spec,
-        device,
-        dtype,
-        capacity_tokens: int = FIRST_CACHE_TOKENS,
-        block_size: int = 16,
-        limit_bytes=None,
-    ):
+    def __init__(self, spec, device, dtype, capacity_tokens: int = FIRST_CACHE_TOKENS,
+                 block_size: int = 16, limit_bytes=None):  # fmt: skip
         """`capacity_tokens`: the first pool's size; `limit_bytes`: the most the pool may take
         (None: what the device has)."""
         self.spec, self.device, self.dtype = spec, device, dtype
@@ -76,13 +69,12 @@ class PagedKVCache:
             max(0, self.table_width(n) - len(table.get(r, ()))) for r, n in zip(rids, lengths)
         )
         if need > free:
-            held = self.blocks - 1 - free
-            why = f"{held + need} blocks of {bs} tokens"
-            blocks = max(2 * self.blocks, self.blocks + need - free)
-            if self.limit_bytes is not None:
-                if pool_bytes(self.spec, self.dtype, blocks * bs) > self.limit_bytes:
-                    blocks = self.blocks + need - free  # the least that holds them
-            self._grow(blocks, why)
+            least = self.blocks + need - free  # the least that holds them
+            blocks = max(2 * self.blocks, least)
+            limit = self.limit_bytes
+            if limit is not None and pool_bytes(self.spec, self.dtype, blocks * bs) > limit:
+                blocks = least
+            self._grow(blocks, f"{least - 1} blocks of {bs} tokens")
 
     def allocate(self, rid: int, length: int) -> None:
         self.table[rid] = []

@@ -19,12 +19,10 @@ def _host_bytes_available() -> int | None:
     """MemAvailable from /proc/meminfo (Linux), None where it cannot be read."""
     try:
         with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+            found = [line.split()[1] for line in f if line.startswith("MemAvailable:")]
+        return int(found[0]) * 1024
     except (OSError, ValueError, IndexError):
         return None
-    return None
 
 
 def pool_bytes(spec, dtype, token_slots: int) -> int:

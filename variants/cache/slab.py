@@ -23,9 +23,7 @@ GRAPH_ROWS = 64  # the first pool's most slots: the decode graphs' largest batch
 
 
 class SlabKVCache:
-    def __init__(
-        self, spec, device, dtype, capacity_tokens: int = FIRST_CACHE_TOKENS, limit_bytes=None
-    ):
+    def __init__(self, spec, device, dtype, capacity_tokens=FIRST_CACHE_TOKENS, limit_bytes=None):
         """`capacity_tokens`: the first pool's slots x slot length; `limit_bytes`: the most the
         pool may take (None: what the device has)."""
         self.spec, self.device, self.dtype = spec, device, dtype
@@ -104,13 +102,13 @@ class SlabKVCache:
         if self.limit_bytes is not None:
             same = min(slots, self.k.shape[1] // shortest - 1)  # what the pool holds now
             shapes = ((slots, slot_len), (slots, shortest), (same, shortest), (needed, shortest))
-            for slots, slot_len in shapes:  # noqa: B007 (the first that fits is kept)
-                if (
-                    slots >= needed
-                    and pool_bytes(self.spec, self.dtype, (slots + 1) * slot_len)
-                    <= self.limit_bytes
-                ):
-                    break  # (the last, the least that holds them, is new_pools' to refuse)
+
+            def fits(slots: int, slot_len: int) -> bool:
+                size = pool_bytes(self.spec, self.dtype, (slots + 1) * slot_len)
+                return slots >= needed and size <= self.limit_bytes
+
+            # the first that fits; the last (the least that holds them) is new_pools' to refuse
+            slots, slot_len = next((shape for shape in shapes if fits(*shape)), shapes[-1])
         if (slots, slot_len) != (self.slots, self.max_len):
             self._resize(slots, slot_len, f"{needed} live requests of up to {wanted} tokens")
 
