@@ -406,8 +406,13 @@ def build_all(build, launches: list, threads: int = BUILD_THREADS) -> None:
     them built. What a build does or raises decides nothing: a launch is right or refused only
     by its own check."""
 
+    # a thread starts on CUDA's first device: each takes the caller's, as its launches would
+    device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
+
     def one(launch: dict) -> None:
         try:
+            if device is not None:
+                torch.cuda.set_device(device)
             build(launch)
         except Exception:  # (its check raises it again, and rejects the launch)
             pass

@@ -416,3 +416,16 @@ def test_builds_run_side_by_side_and_one_that_raises_stops_none():
 
     tuner.build_all(build, [{"x": 1}, {"x": 2}, {"x": 3}], threads=3)
     assert sorted(done) == [1, 3]
+
+
+def test_each_build_thread_takes_the_caller_s_cuda_device(monkeypatch):
+    """A thread starts on CUDA's first device; a build runs where the caller's launches run."""
+    set_to, built = [], []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(
+        torch.cuda, "set_device", lambda d: set_to.append((threading.get_ident(), d))
+    )
+    tuner.build_all(lambda launch: built.append(threading.get_ident()), [{"x": 1}, {"x": 2}], 2)
+    assert len(built) == 2 and {d for _, d in set_to} == {1}
+    assert set(built) <= {thread for thread, _ in set_to}
