@@ -313,20 +313,24 @@ class SearchSpace:
     def __init__(self, caps):
         self.caps = caps
         self.offered: dict[str, tuple] = {axis.name: () for axis in AXES}
-        self.size = self._walk(0, {})
+        self.assemblies = [Variant.from_dict(partial) for partial in self._walk(0, {})]
+        self.size = len(self.assemblies)
         self.offered = {name: values for name, values in self.offered.items() if values}
 
-    def _walk(self, index: int, partial: dict) -> int:
-        """Record every choice reachable here; return how many complete variants there are."""
+    def _walk(self, index: int, partial: dict):
+        """Record every choice reachable here; yield the complete variants' choices."""
         if index == len(AXES):
-            return 1
+            yield partial
+            return
         axis = AXES[index]
         if not axis.applies(partial):
-            return self._walk(index + 1, partial)
+            yield from self._walk(index + 1, partial)
+            return
         choices = self.caps.choices(axis.name, partial)
         seen = self.offered[axis.name]
         self.offered[axis.name] = seen + tuple(c for c in choices if c not in seen)
-        return sum(self._walk(index + 1, {**partial, axis.name: c}) for c in choices)
+        for c in choices:
+            yield from self._walk(index + 1, {**partial, axis.name: c})
 
     def param_name(self, axis_name: str, choices: list) -> str:
         full = [c for c in self.offered[axis_name] if c in choices]
