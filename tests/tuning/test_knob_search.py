@@ -235,8 +235,7 @@ def test_a_short_search_is_cached_and_its_engine_passes_the_gate(
     first = tuner.load_or_tune(tiny_config, tiny_weights, variant, tmp_path, "neutral", 20.0)
     table, results, path = first
     assert path.is_file() and results and all(r["best_us"] <= r["prior_us"] for r in results)
-    spec = ModelSpec.from_config(tiny_config)
-    assert set(table) == set(tuner.prior_table(spec, variant, "neutral", "cuda"))
+    assert set(table) == set(tuner.prior_table(tiny_config, variant, "neutral", "cuda"))
     started = time.monotonic()
     again = tuner.load_or_tune(tiny_config, tiny_weights, variant, tmp_path, "neutral", 20.0)
     assert again[0] == table and time.monotonic() - started < 5  # from the cache
@@ -300,7 +299,7 @@ def test_a_bucket_whose_prompts_move_the_cache_is_timed_again_and_again(tiny_con
     variant = Variant(
         cache="slab", attention="triton", layers="fused-pdl", graphs="pow2", cache_tokens=8192
     )
-    table = tuner.prior_table(spec, variant, "neutral", "cuda")
+    table = tuner.prior_table(tiny_config, variant, "neutral", "cuda")
     engine = build_engine(tiny_config, tiny_weights, "cuda", variant, knobs=dict(table))
     rows, context = max(table)
     bucket = tuner.Bucket(rows, context, (context - 12,) * rows, 1, 1.0)
