@@ -168,7 +168,8 @@ fi
 # Issue #42's first bar: every kernel search (the decode attention, the prefill attention, the
 # few-row kernels) from the hand rules and from the neutral prior, NEUTRAL_TOTAL seconds a prior,
 # then the fused-pdl slab engine with no table (base), the hand tables, the neutral tables and the
-# untuned neutral ones (neutral0), timed on every suite. The tables stay in workspace/neutral
+# untuned neutral ones (neutral0), timed on every suite; only_SEARCH: the neutral table of that
+# search alone (which table moves a trace). The tables stay in workspace/neutral
 # between calls of one machine: NEUTRAL_SEARCH_ONLY=1 in a first call, the rest in a second
 # (NEUTRAL_PRIORS, NEUTRAL_ENGINES: fewer of each).
 if stage neutral; then
@@ -197,11 +198,12 @@ if stage neutral; then
             "$PY" -c "
 import importlib, json; from pathlib import Path
 from variants.presets import PRESETS; from variants.render import render_engine
-tables = {}
+tables, name = {}, '$name'
+prior, only = ('neutral', name[5:]) if name.startswith('only_') else (name, None)
 for search, key in (('decode_attention', 'knobs'), ('few_row', 'few_row_knobs'),
                     ('prefill_attention', 'prefill_knobs')):
-    path = Path('workspace/neutral/${name}_' + search + '.json')
-    if path.is_file():
+    path = Path(f'workspace/neutral/{prior}_{search}.json')
+    if path.is_file() and only in (None, search):
         data = json.loads(path.read_text())['table']
         tables[key] = importlib.import_module('tuning.' + search).table_from_json(data) or None
 render_engine(PRESETS['slab-triton-pdl-allgraphs'], 'workspace/neutral/$name.py', '', 8.0,

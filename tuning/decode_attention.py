@@ -346,9 +346,11 @@ def tune_bucket(
 ) -> Tuned:  # fmt: skip
     """Coordinate descent from the prior: each knob (or knobs moved together: `knobs_at`) in
     turn over its values (`values`, the current one first: `candidates`), the others at the best
-    so far; a candidate must match the reference (within the prior's own error, at least
-    float16's 1e-2) and beat the best by MARGIN. `seeds` (launches found at other buckets) are
-    tried first, so the descent starts from the best of them. Stops at `deadline`
+    so far, pass after pass until one moves nothing (a knob's best can change with another's:
+    the prefill's 128-row blocks lose at 32-key tiles and win at 128); no launch is tried twice.
+    A candidate must match the reference (within the prior's own error, at least float16's
+    1e-2) and beat the best by MARGIN. `seeds` (launches found at other buckets) are tried
+    first, so the descent starts from the best of them. Stops at `deadline`
     (time.monotonic). `bench`: `error(launch)` and `time_ms(launch)` (StepBench). `build`
     (launch -> None, its kernels compiled), where given, runs on a knob's candidates side by
     side before they are checked and timed one by one (`build_all`)."""
@@ -369,9 +371,12 @@ def tune_bucket(
         if ms < result.best_ms * (1 - MARGIN):
             result.best, result.best_ms = launch, ms
 
+    seen = [dict(prior)]  # (launches hold tuples and dicts: compared, not hashed)
+
     def each(launches: list):
-        """The launches still to try before the deadline, built side by side first."""
-        launches = [dict(launch) for launch in launches if launch != result.best]
+        """The launches not yet tried, to try before the deadline, built side by side first."""
+        launches = [dict(launch) for launch in launches if launch not in seen]
+        seen.extend(launches)
         if build is not None and time.monotonic() <= deadline:
             build_all(build, launches)
         for launch in launches:
@@ -381,14 +386,18 @@ def tune_bucket(
 
     for seed in each(seeds):
         attempt(seed)
-    for axis in axes:
-        if time.monotonic() > deadline:
-            break
-        # each value moves this knob alone: a win within the axis changes no other knob, so
-        # the axis's launches are known before its first is timed
-        others = values(axis, result.best, spec, bucket, sm_count)[1:]
-        for launch in each([{**result.best, **knobs_at(axis, value)} for value in others]):
-            attempt(launch)
+    moved = True
+    while moved and time.monotonic() <= deadline:
+        start = result.best
+        for axis in axes:
+            if time.monotonic() > deadline:
+                break
+            # each value moves this knob alone: a win within the axis changes no other knob,
+            # so the axis's launches are known before its first is timed
+            others = values(axis, result.best, spec, bucket, sm_count)[1:]
+            for launch in each([{**result.best, **knobs_at(axis, value)} for value in others]):
+                attempt(launch)
+        moved = result.best != start
     if result.best == prior:
         return result
     # the winner timed again beside the prior: a margin won by noise does not stand
