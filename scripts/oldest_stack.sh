@@ -53,7 +53,7 @@ EOF
 exec "$PY" -m pytest -m "not gpu" -p no:cacheprovider \
     tests/variants/test_all_variants.py tests/variants/test_probe.py \
     tests/variants/attention tests/variants/cache tests/evaluator tests/variants/test_render.py \
-    tests/variants/execution/test_eager.py tests/variants/execution/test_compiled.py \
+    tests/variants/execution/test_compiled.py \
     tests/variants/layers/test_block.py tests/variants/layers/test_projections.py \
     tests/variants/layers/test_rmsnorm.py tests/variants/layers/test_rope.py \
     tests/variants/test_engine.py tests/variants/test_weights.py tests/variants/test_spec.py \
