@@ -342,62 +342,82 @@ def nearest_found(results: list, size, at: float, most: int = 2) -> tuple:
 
 def tune_bucket(
     bench, prior: dict, spec, bucket, sm_count, deadline: float, axes=AXES, values=candidates,
-    seeds: tuple = (), build=None,
+    seeds: tuple = (), build=None, restarts: tuple = (),
 ) -> Tuned:  # fmt: skip
     """Coordinate descent from the prior: each knob (or knobs moved together: `knobs_at`) in
-    turn over its values (`values`, the current one first: `candidates`), the others at the best
-    so far, pass after pass until one moves nothing (a knob's best can change with another's:
-    the prefill's 128-row blocks lose at 32-key tiles and win at 128); no launch is tried twice.
-    A candidate must match the reference (within the prior's own error, at least float16's
-    1e-2) and beat the best by MARGIN. `seeds` (launches found at other buckets) are tried
-    first, so the descent starts from the best of them. Stops at `deadline`
-    (time.monotonic). `bench`: `error(launch)` and `time_ms(launch)` (StepBench). `build`
-    (launch -> None, its kernels compiled), where given, runs on a knob's candidates side by
-    side before they are checked and timed one by one (`build_all`)."""
+    turn over its values (`values`, the current one first: `candidates`), the others at the
+    point so far, pass after pass until one moves nothing (a knob's best can change with
+    another's: the prefill's 128-row blocks lose at 32-key tiles and win at 128). A candidate
+    must match the reference (within the prior's own error, at least float16's 1e-2) and beat
+    the point by MARGIN. `seeds` (launches found at other buckets) are tried first, so the
+    descent starts from the best of them; `restarts` (another prior's launch) start a descent
+    of their own once the first has ended, and the fastest launch of all is kept. No launch is
+    checked or timed twice. Stops at `deadline` (time.monotonic). `bench`: `error(launch)` and
+    `time_ms(launch)` (StepBench). `build` (launch -> None, its kernels compiled), where given,
+    runs on a knob's candidates side by side before they are checked and timed one by one
+    (`build_all`)."""
     tolerance = max(1e-2, 2 * bench.error(prior))
-    prior_ms = best_ms = bench.time_ms(prior)
-    result = Tuned(bucket, dict(prior), dict(prior), prior_ms, best_ms)
+    prior_ms = bench.time_ms(prior)
+    result = Tuned(bucket, dict(prior), dict(prior), prior_ms, prior_ms)
+    times = [(dict(prior), prior_ms)]  # launch -> ms, None where rejected (launches hold
+    # tuples and dicts: compared, not hashed)
 
-    def attempt(launch: dict) -> None:
+    def known(launch: dict):
+        return next((ms for seen, ms in times if seen == launch), False)
+
+    def measure(launch: dict):
+        """The launch's time, None where its check rejects it; the best kept."""
+        ms = known(launch)
+        if ms is not False:
+            return ms
         result.tried += 1
         try:
             err = bench.error(launch)
         except Exception as e:  # a launch this GPU or this shape refuses is no candidate
             err = f"{type(e).__name__}: {e}"
-        if not (isinstance(err, float) and err <= tolerance):  # (a NaN fails too)
+        ms = None
+        if isinstance(err, float) and err <= tolerance:  # (a NaN fails too)
+            ms = bench.time_ms(launch)
+            if ms < result.best_ms * (1 - MARGIN):
+                result.best, result.best_ms = launch, ms
+        else:
             result.rejected.append((launch, err))
-            return
-        ms = bench.time_ms(launch)
-        if ms < result.best_ms * (1 - MARGIN):
-            result.best, result.best_ms = launch, ms
-
-    seen = [dict(prior)]  # (launches hold tuples and dicts: compared, not hashed)
+        times.append((launch, ms))
+        return ms
 
     def each(launches: list):
-        """The launches not yet tried, to try before the deadline, built side by side first."""
-        launches = [dict(launch) for launch in launches if launch not in seen]
-        seen.extend(launches)
+        """The launches to try before the deadline, those new built side by side first."""
+        launches = [dict(launch) for launch in launches]
         if build is not None and time.monotonic() <= deadline:
-            build_all(build, launches)
+            build_all(build, [launch for launch in launches if known(launch) is False])
         for launch in launches:
             if time.monotonic() > deadline:
                 return
             yield launch
 
-    for seed in each(seeds):
-        attempt(seed)
-    moved = True
-    while moved and time.monotonic() <= deadline:
-        start = result.best
-        for axis in axes:
-            if time.monotonic() > deadline:
-                break
-            # each value moves this knob alone: a win within the axis changes no other knob,
-            # so the axis's launches are known before its first is timed
-            others = values(axis, result.best, spec, bucket, sm_count)[1:]
-            for launch in each([{**result.best, **knobs_at(axis, value)} for value in others]):
-                attempt(launch)
-        moved = result.best != start
+    def descend(point: dict, point_ms: float) -> None:
+        moved = True
+        while moved and time.monotonic() <= deadline:
+            start = point
+            for axis in axes:
+                if time.monotonic() > deadline:
+                    break
+                # each value moves this knob alone: a win within the axis changes no other
+                # knob, so the axis's launches are known before its first is timed
+                others = values(axis, point, spec, bucket, sm_count)[1:]
+                for launch in each([{**point, **knobs_at(axis, value)} for value in others]):
+                    ms = measure(launch)
+                    if ms is not None and ms < point_ms * (1 - MARGIN):
+                        point, point_ms = launch, ms
+            moved = point != start
+
+    for seed in each([s for s in seeds if s != prior]):
+        measure(seed)
+    descend(result.best, result.best_ms)
+    for start in each([r for r in restarts if known(r) is False]):
+        ms = measure(start)
+        if ms is not None:
+            descend(start, ms)
     if result.best == prior:
         return result
     # the winner timed again beside the prior: a margin won by noise does not stand
@@ -554,7 +574,7 @@ def tune(
 
     spec = ModelSpec.from_config(config)
     device = torch.device(device)
-    sm_count = torch.cuda.get_device_properties(device).multi_processor_count
+    sm_count = device_sm_count(device)
     table = prior_table(config, variant, prior, device)
     buckets = trace_buckets(config, list(table))
     if not buckets or budget_s <= 0:
@@ -572,9 +592,13 @@ def tune(
         axes = PDL_AXES if pdl else AXES
         until = share_deadline(time.monotonic(), deadline, buckets[i:])
         near = nearest_found(results, lambda b: b.rows * b.context, bucket.rows * bucket.context)
+        # from the rules, a second descent from the neutral launch (another start, another
+        # optimum: `restarts`)
+        again = (prior_launch(spec, *key, sm_count, NEUTRAL),) if prior == "hand" else ()
         found = tune_bucket(
-            bench, table[key], spec, bucket, sm_count, until, axes, seeds=near, build=bench.build
-        )
+            bench, table[key], spec, bucket, sm_count, until, axes, seeds=near, build=bench.build,
+            restarts=again,
+        )  # fmt: skip
         engine.remove(bench.ids)
         engine.attention.knobs[key] = table[key] = found.best
         results.append(found)

@@ -276,8 +276,9 @@ def tune(config: dict, budget_s: float = 120.0, device="cuda", log=print, bench=
         timed = bench(check(spec, bucket, device, spec.config_dtype), spec.num_layers)
         until = share_deadline(time.monotonic(), deadline, buckets[i:])
         near = nearest_found(results, lambda b: b.tokens, bucket.tokens)
+        again = (prior_launch(spec, bucket.tokens, NEUTRAL),) if prior == "hand" else ()
         found = tune_bucket(
-            timed, start, spec, bucket, sm_count, until, AXES, values, near, timed.build
+            timed, start, spec, bucket, sm_count, until, AXES, values, near, timed.build, again
         )
         if found.best != start or prior != "hand":
             table[bucket.tokens] = launch_of(found.best)

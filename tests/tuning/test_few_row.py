@@ -290,6 +290,34 @@ def test_the_search_loop_keeps_only_what_moved(tiny_config, tiny_weights, monkey
     assert all(r["best_us"] <= r["prior_us"] for r in summary)
 
 
+def test_the_rules_search_descends_again_from_the_neutral_launch(
+    tiny_config, tiny_weights, monkeypatch
+):
+    """From the hand rules, each kernel bucket's search also descends from the neutral prior's
+    launch once its own descent ended: the down projection is faster there alone, which no
+    knob moved alone from the rules' reaches (three knobs differ)."""
+    monkeypatch.setattr(tuner, "device_sm_count", lambda device: 132)
+    spec = ModelSpec.from_config(tiny_config)
+
+    def neutral(rows):
+        return tuner.launch_of(tuner.prior_launch("down", rows, spec, 132, False, "neutral"))
+
+    hand, other = (tuner.prior_launch("down", 8, spec, 132, False, p) for p in ("hand", "neutral"))
+    assert sum(hand[k] != other[k] for k in hand) >= 2
+
+    class Bench(down_faster_at(32)):
+        def time_ms(self, launch):
+            self.table[self.key] = launch
+            return 0.5 if self.key[0] == "down" and launch == neutral(self.key[1]) else 1.0
+
+    table, results = tuner.tune(
+        tiny_config, tiny_weights, FUSED, 60.0, "cpu", log=lambda line: None,
+        bench=Bench, check=AnyLaunch,
+    )  # fmt: skip
+    downs = [found for kernel, found in results if kernel == "down"]
+    assert downs and all(table["down", f.bucket.rows] == neutral(f.bucket.rows) for f in downs)
+
+
 def test_a_bucket_starts_from_what_its_nearest_searched_rows_found(
     tiny_config, tiny_weights, monkeypatch
 ):

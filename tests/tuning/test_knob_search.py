@@ -428,3 +428,49 @@ def test_each_build_thread_takes_the_caller_s_cuda_device(monkeypatch):
     tuner.build_all(lambda launch: built.append(threading.get_ident()), [{"x": 1}, {"x": 2}], 2)
     assert len(built) == 2 and {d for _, d in set_to} == {1}
     assert set(built) <= {thread for thread, _ in set_to}
+
+
+def test_the_rules_search_descends_again_from_the_neutral_launch(course, monkeypatch):
+    """From an H200's rules, each decode bucket's search also descends from the neutral prior's
+    launch once its own descent ended (the engine, its check and its step bench faked): at the
+    first bucket only that launch is faster, and the table keeps it."""
+    import variants.build
+
+    config, spec = course
+    variant = Variant(cache="slab", attention="triton", layers="fused-pdl", graphs="pow2")
+    monkeypatch.setattr(tuner, "device_capability", lambda device: HOPPER)
+    monkeypatch.setattr(tuner, "device_sm_count", lambda device: SMS)
+    hand = tuner.prior_table(config, variant, "hand", "cpu")
+    first = tuner.trace_buckets(config, list(hand))[0]
+    key = (first.rows, first.context)
+    neutral = tuner.prior_launch(spec, *key, SMS, tuner.NEUTRAL)
+    assert neutral != tuner.prior_launch(spec, *key, SMS, HOPPER)
+
+    class Engine:
+        class attention:
+            knobs: dict = {}
+
+        def remove(self, ids):
+            pass
+
+    class Bench:
+        ids: list = []
+
+        def __init__(self, engine, bucket, check, vocab):
+            self.bucket = bucket
+
+        def error(self, launch):
+            return 0.0
+
+        def build(self, launch):
+            pass
+
+        def time_ms(self, launch):
+            return 0.5 if self.bucket == first and launch == neutral else 1.0
+
+    monkeypatch.setattr(variants.build, "build_engine", lambda *args, **kwargs: Engine())
+    monkeypatch.setattr(tuner, "KernelCheck", lambda *args: None)
+    monkeypatch.setattr(tuner, "StepBench", Bench)
+    table, results = tuner.tune(config, "", variant, "hand", 60.0, "cpu", lambda line: None)
+    assert results[0].bucket == first and results[0].best == neutral and table[key] == neutral
+    assert all(r.best == r.prior for r in results[1:])

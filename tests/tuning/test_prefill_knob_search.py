@@ -161,6 +161,35 @@ def test_a_knob_that_wins_only_after_another_moved_is_found_in_a_second_pass(cou
     assert len(timed) == len(set(timed))  # no launch timed twice
 
 
+def test_a_restart_finds_the_optimum_no_single_knob_leads_to(course, fake_bench):
+    """The rules' launch a local optimum (no knob alone is faster), the neutral one on another
+    slope: the descent from it, after the first has ended, finds the fastest, which is kept."""
+    _, spec = course
+
+    class TwoSlopes(fake_bench):
+        def time_ms(self, knobs):
+            self.timed.append(dict(knobs))
+            if (knobs["block_m"], knobs["block_n"]) != (32, 32):
+                return 1.0
+            return 0.6 if knobs["stages"] == 4 else 0.8
+
+    prior, neutral = dict(zip(tuner.KNOBS, (64, 64, 4, 3))), dict(zip(tuner.KNOBS, (32, 32, 8, 2)))
+    values = lambda *args: tuner.candidates(H200_SHARED, *args)  # noqa: E731
+    bucket = tuner.PrefillBucket(1024, (128,) * 8, 3, 1.4)
+
+    def run(restarts):
+        return decode_attention.tune_bucket(
+            TwoSlopes({}), prior, spec, bucket, 132, time.monotonic() + 60, tuner.AXES, values,
+            restarts=restarts,
+        )  # fmt: skip
+
+    assert run(()).best == prior  # one descent: the rules kept
+    found = run((neutral,))
+    assert found.best == {**neutral, "stages": 4} and found.best_ms == pytest.approx(0.6)
+    stale = run((prior,))  # a restart already tried starts nothing
+    assert stale.best == prior and stale.tried == run(()).tried
+
+
 def test_a_refused_launch_is_rejected_not_fatal(course, fake_bench):
     _, spec = course
     bench = fake_bench({("stages", 2): 0.5}, refused=[("stages", 2)])
@@ -371,6 +400,43 @@ def test_a_short_search_is_cached_and_its_engine_passes_the_gate(
     module = load_engine_module(render_engine(variant, tmp_path / "e.py", prefill_knobs=table))
     checked = check_engine(module.create_engine, tiny_config, tiny_weights, "cuda")
     assert all(case["passed"] for case in checked.values()), checked
+
+
+def test_the_rules_search_descends_again_from_the_neutral_tiles(tiny_config, monkeypatch):
+    """From the hand rules (an H200's, here), each bucket's search also descends from the
+    neutral prior's tiles once its own descent ended: at the heaviest bucket only those tiles
+    are faster, and no knob alone leads there from the rules' (rows and stages differ)."""
+    heaviest = tuner.prefill_buckets(tiny_config, tuner.graph_buckets())[0]
+    spec = ModelSpec.from_config(tiny_config)
+    hopper = tuner.prior_launch(spec, heaviest.tokens, (9, 0))
+    neutral = tuner.prior_launch(spec, heaviest.tokens, decode_attention.NEUTRAL)
+    differ = {k for k in tuner.KNOBS if hopper[k] != neutral[k]}
+    assert len(differ) >= 2 and "stages" in differ
+
+    class Check:
+        def __init__(self, spec, bucket, device, dtype):
+            self.bucket = bucket
+
+    class Bench:
+        def __init__(self, check, layers):
+            self.bucket = check.bucket
+
+        def error(self, knobs):
+            return 0.0
+
+        def build(self, knobs):
+            pass
+
+        def time_ms(self, knobs):
+            return 0.5 if self.bucket == heaviest and knobs == neutral else 1.0
+
+    monkeypatch.setattr(tuner, "shared_memory", lambda device: H200_SHARED)
+    monkeypatch.setattr(tuner, "device_capability", lambda device: (9, 0))
+    table, results = tuner.tune(
+        tiny_config, 60.0, "cpu", log=lambda line: None, bench=Bench, check=Check
+    )
+    assert table == {heaviest.tokens: tuner.launch_of(neutral)}
+    assert results[0].prior == hopper and results[0].best == neutral
 
 
 def test_a_neutral_search_returns_every_bucket_s_tiles(tiny_config, monkeypatch):
