@@ -324,6 +324,32 @@ def test_an_engine_without_our_attention_carries_no_table(preset):
     assert render_source(PRESETS[preset], weights="course", prefill_knobs=table) == text
 
 
+class BucketCheck:
+    """A fake PrefillCheck: its bucket alone."""
+
+    def __init__(self, spec, bucket, device, dtype):
+        self.bucket = bucket
+
+
+def timed_by(time_ms):
+    """A fake GraphBench whose launches all pass and take `time_ms(bucket, knobs)`."""
+
+    class Bench:
+        def __init__(self, check, layers):
+            self.bucket = check.bucket
+
+        def error(self, knobs):
+            return 0.0
+
+        def build(self, knobs):
+            pass
+
+        def time_ms(self, knobs):
+            return time_ms(self.bucket, knobs)
+
+    return Bench
+
+
 def test_the_search_loop_keeps_only_what_moved(tiny_config, monkeypatch):
     """tune() on the CPU with a fake bench and check: 32-key tiles are faster at the heaviest
     bucket alone, the rest ties; the table holds that bucket's tiles alone."""
@@ -413,27 +439,11 @@ def test_the_rules_search_descends_again_from_the_neutral_tiles(tiny_config, mon
     differ = {k for k in tuner.KNOBS if hopper[k] != neutral[k]}
     assert len(differ) >= 2 and "stages" in differ
 
-    class Check:
-        def __init__(self, spec, bucket, device, dtype):
-            self.bucket = bucket
-
-    class Bench:
-        def __init__(self, check, layers):
-            self.bucket = check.bucket
-
-        def error(self, knobs):
-            return 0.0
-
-        def build(self, knobs):
-            pass
-
-        def time_ms(self, knobs):
-            return 0.5 if self.bucket == heaviest and knobs == neutral else 1.0
-
+    bench = timed_by(lambda bucket, knobs: 0.5 if (bucket, knobs) == (heaviest, neutral) else 1.0)
     monkeypatch.setattr(tuner, "shared_memory", lambda device: H200_SHARED)
     monkeypatch.setattr(tuner, "device_capability", lambda device: (9, 0))
     table, results = tuner.tune(
-        tiny_config, 60.0, "cpu", log=lambda line: None, bench=Bench, check=Check
+        tiny_config, 60.0, "cpu", log=lambda line: None, bench=bench, check=BucketCheck
     )
     assert table == {heaviest.tokens: tuner.launch_of(neutral)}
     assert results[0].prior == hopper and results[0].best == neutral
@@ -445,23 +455,9 @@ def test_a_neutral_search_returns_every_bucket_s_tiles(tiny_config, monkeypatch)
     the searched tiles where something did (32-key tiles at the heaviest bucket, here)."""
     heaviest = tuner.prefill_buckets(tiny_config, tuner.graph_buckets())[0]
 
-    class Check:
-        def __init__(self, spec, bucket, device, dtype):
-            self.bucket = bucket
-
-    class Bench:
-        def __init__(self, check, layers):
-            self.bucket = check.bucket
-
-        def error(self, knobs):
-            return 0.0
-
-        def build(self, knobs):
-            pass
-
-        def time_ms(self, knobs):
-            return 0.5 if self.bucket == heaviest and knobs["block_n"] == 32 else 1.0
-
+    bench = timed_by(
+        lambda bucket, knobs: 0.5 if bucket == heaviest and knobs["block_n"] == 32 else 1.0
+    )
     spec = ModelSpec.from_config(tiny_config)
     whole = tuner.prior_table(spec, "neutral")
     assert tuner.prior_table(spec, "hand") == {}  # the hand rules: the launcher's own
@@ -472,7 +468,7 @@ def test_a_neutral_search_returns_every_bucket_s_tiles(tiny_config, monkeypatch)
     monkeypatch.setattr(tuner, "shared_memory", lambda device: H200_SHARED)
     monkeypatch.setattr(tuner, "device_capability", lambda device: (9, 0))  # not used: neutral
     table, results = tuner.tune(
-        tiny_config, 60.0, "cpu", log=lambda line: None, bench=Bench, check=Check,
+        tiny_config, 60.0, "cpu", log=lambda line: None, bench=bench, check=BucketCheck,
         prior="neutral",
     )  # fmt: skip
     assert set(table) == set(whole) and results
