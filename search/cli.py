@@ -164,6 +164,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def configure_logging(level: str) -> None:
+    """Our lines at `level`; matplotlib's own at WARNING unless DEBUG is asked (Optuna's slice
+    plot hands it categories that read as numbers, and it says so at INFO, a line a figure)."""
+    logging.basicConfig(
+        level=getattr(logging, level),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    if level != "DEBUG":
+        logging.getLogger("matplotlib").setLevel(logging.WARNING)
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command's exit code: 0 done, 1 its job failed, 2 a user error (one line; the
     traceback with --debug)."""
@@ -172,11 +184,7 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, args.log_level),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-    )
+    configure_logging(args.log_level)
     args.command_line = shlex.join(argv)
     try:
         return _runner(args.command)[1](args)

@@ -74,3 +74,35 @@ def test_importances_need_enough_feasible_trials(tmp_path, demo_study):
     assert [p.name for p in paths] == ["summary.md"]  # nothing to draw, said so
     md = paths[0].read_text()
     assert "No correct trial" in md and "importances.png`: not drawn (only 0" in md
+
+
+def test_the_commands_log_leaves_matplotlib_s_own_info_lines_out(caplog):
+    """Optuna's slice plot hands matplotlib a categorical knob of numbers (block_size) as
+    strings, and matplotlib says so at INFO, a line a figure, into run.sh's log; the commands'
+    logging keeps matplotlib at WARNING."""
+    import logging
+
+    from optuna.visualization import matplotlib as plots
+
+    from search.cli import configure_logging
+    from search.figures import optuna_figure
+
+    study = optuna.create_study(direction="maximize")
+    for size, value in ((16, 1.0), (64, 2.0), (128, 1.5)):
+        dist = {"block_size": optuna.distributions.CategoricalDistribution([16, 64, 128])}
+        study.add_trial(optuna.trial.create_trial(params={"block_size": size}, distributions=dist,
+                                                  value=value))  # fmt: skip
+    loud = logging.getLogger("matplotlib")
+    before = loud.level
+    said = lambda: [r for r in caplog.records if r.name.startswith("matplotlib")]  # noqa: E731
+    try:
+        with caplog.at_level(logging.INFO):
+            loud.setLevel(logging.NOTSET)
+            optuna_figure(plots.plot_slice, study, params=["block_size"])
+            assert said()  # what run.sh's log printed
+            caplog.clear()
+            configure_logging("INFO")
+            optuna_figure(plots.plot_slice, study, params=["block_size"])
+            assert not said()
+    finally:
+        loud.setLevel(before)
