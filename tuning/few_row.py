@@ -284,10 +284,10 @@ def tune(config: dict, weight_dir: str, variant, budget_s: float = 120.0, device
         until = share_deadline(time.monotonic(), deadline, left)
         values = functools.partial(candidates, kernel)
         knobs = KnobBench(step)
-        again = (prior_launch(kernel, bucket.rows, spec, sm_count, pdl, "neutral"),)
+        neutral = prior_launch(kernel, bucket.rows, spec, sm_count, pdl, "neutral")
+        again = (neutral,) if prior == "hand" else ()  # from the rules, again from neutral
         found = tune_bucket(knobs, priors[key], spec, bucket, sm_count, until, AXES, values,
-                            seeds(kernel, bucket.rows, results), knobs.build,
-                            again if prior == "hand" else ())  # fmt: skip
+                            seeds(kernel, bucket.rows, results), knobs.build, again)  # fmt: skip
         engine.remove(step.ids)
         live[key] = launch_of(found.best)
         results.append((kernel, found))
