@@ -351,8 +351,10 @@ def tune_bucket(
     must match the reference (within the prior's own error, at least float16's 1e-2) and beat
     the point by MARGIN. `seeds` (launches found at other buckets) are tried first, so the
     descent starts from the best of them; `restarts` (another prior's launch) start a descent
-    of their own once the first has ended, and the fastest launch of all is kept. No launch is
-    checked or timed twice. Stops at `deadline` (time.monotonic). `bench`: `error(launch)` and
+    of their own once the first has ended; then, from the fastest launch so far, every pair of
+    axes moves together (a launch no single knob reaches), a pair's win followed by single
+    knobs again, until neither moves. The fastest launch of all is kept; none is checked or
+    timed twice. Stops at `deadline` (time.monotonic). `bench`: `error(launch)` and
     `time_ms(launch)` (StepBench). `build` (launch -> None, its kernels compiled), where given,
     runs on a knob's candidates side by side before they are checked and timed one by one
     (`build_all`)."""
@@ -395,29 +397,50 @@ def tune_bucket(
                 return
             yield launch
 
-    def descend(point: dict, point_ms: float) -> None:
+    def one(axis, point: dict) -> list:
+        """The launches that move `axis` alone from `point` (a win within the axis changes no
+        other knob, so they are known before the first is timed)."""
+        others = values(axis, point, spec, bucket, sm_count)[1:]
+        return [{**point, **knobs_at(axis, value)} for value in others]
+
+    def two(axis, other, point: dict) -> list:
+        """The launches that move both axes from `point` (the second's values those that fit
+        beside the first's)."""
+        return [launch for moved in one(axis, point) for launch in one(other, moved)]
+
+    singles = [functools.partial(one, axis) for axis in axes]
+    pairs = [functools.partial(two, *both) for both in itertools.combinations(axes, 2)]
+
+    def climb(point: dict, point_ms: float, moves: list) -> tuple:
+        """(point, ms): to the faster launch of each move's in turn, pass after pass until a
+        pass moves nothing."""
         moved = True
         while moved and time.monotonic() <= deadline:
             start = point
-            for axis in axes:
-                if time.monotonic() > deadline:
-                    break
-                # each value moves this knob alone: a win within the axis changes no other
-                # knob, so the axis's launches are known before its first is timed
-                others = values(axis, point, spec, bucket, sm_count)[1:]
-                for launch in each([{**point, **knobs_at(axis, value)} for value in others]):
+            for move in moves:
+                for launch in each(move(point)):
                     ms = measure(launch)
                     if ms is not None and ms < point_ms * (1 - MARGIN):
                         point, point_ms = launch, ms
             moved = point != start
+        return point, point_ms
 
     for seed in each([s for s in seeds if s != prior]):
         measure(seed)
-    descend(result.best, result.best_ms)
+    climb(result.best, result.best_ms, singles)
     for start in each([r for r in restarts if known(r) is False]):
         ms = measure(start)
         if ms is not None:
-            descend(start, ms)
+            climb(start, ms, singles)
+    # then from the best of them two knobs at once (the neutral prefill's 128-row blocks win
+    # only at 64-key tiles, from 128-key tiles no single knob reaches them), each pair's win
+    # followed by the single knobs again
+    point, point_ms = result.best, result.best_ms
+    while time.monotonic() <= deadline:
+        start = point
+        point, point_ms = climb(*climb(point, point_ms, pairs), singles)
+        if point == start:
+            break
     if result.best == prior:
         return result
     # the winner timed again beside the prior: a margin won by noise does not stand

@@ -162,16 +162,16 @@ def test_a_knob_that_wins_only_after_another_moved_is_found_in_a_second_pass(cou
 
 
 def test_a_restart_finds_the_optimum_no_single_knob_leads_to(course, fake_bench):
-    """The rules' launch a local optimum (no knob alone is faster), the neutral one on another
-    slope: the descent from it, after the first has ended, finds the fastest, which is kept."""
+    """The rules' launch a local optimum (three knobs must move, more than a pair), the neutral
+    one a knob away from the fastest: the descent from it, after the first has ended, finds the
+    fastest, which is kept."""
     _, spec = course
 
     class TwoSlopes(fake_bench):
         def time_ms(self, knobs):
             self.timed.append(dict(knobs))
-            if (knobs["block_m"], knobs["block_n"]) != (32, 32):
-                return 1.0
-            return 0.6 if knobs["stages"] == 4 else 0.8
+            fastest = (knobs["block_m"], knobs["block_n"], knobs["stages"]) == (32, 32, 4)
+            return 0.6 if fastest else 1.0
 
     prior, neutral = dict(zip(tuner.KNOBS, (64, 64, 4, 3))), dict(zip(tuner.KNOBS, (32, 32, 8, 2)))
     values = lambda *args: tuner.candidates(H200_SHARED, *args)  # noqa: E731
@@ -188,6 +188,37 @@ def test_a_restart_finds_the_optimum_no_single_knob_leads_to(course, fake_bench)
     assert found.best == {**neutral, "stages": 4} and found.best_ms == pytest.approx(0.6)
     stale = run((prior,))  # a restart already tried starts nothing
     assert stale.best == prior and stale.tried == run(()).tried
+
+
+def test_a_launch_two_knobs_away_is_found_by_moving_a_pair(course, fake_bench):
+    """The neutral prior's case at 8,192 tokens: the descent ends at 32-row blocks, 128-key
+    tiles; 128-row blocks are refused there (the H200's shared memory) and lose at the 32-row
+    blocks' 64-key tiles, so no single knob reaches 128 rows at 64-key tiles, the fastest."""
+    _, spec = course
+
+    class Pair(fake_bench):
+        def time_ms(self, knobs):
+            self.timed.append(dict(knobs))
+            tall, keys = knobs["block_m"] == 128, knobs["block_n"]
+            if tall and keys == 64:
+                return 0.35
+            return 1.0 - 0.5 * (keys == 128) + 0.2 * tall
+
+        def error(self, knobs):
+            if knobs["block_m"] == 128 and knobs["block_n"] == 128:
+                raise RuntimeError("out of resource: shared memory")
+            return super().error(knobs)
+
+    bucket = tuner.PrefillBucket(8192, (2048,) * 4, 1, 1.0)
+    prior = dict(zip(tuner.KNOBS, (32, 32, 8, 2)))
+    values = lambda *args: tuner.candidates(H200_SHARED, *args)  # noqa: E731
+    bench = Pair({})
+    found = decode_attention.tune_bucket(
+        bench, prior, spec, bucket, 132, time.monotonic() + 60, tuner.AXES, values
+    )
+    assert found.best == {**prior, "block_m": 128, "block_n": 64} and found.best_ms == 0.35
+    timed = [tuple(sorted(k.items())) for k in bench.timed[1:-2]]  # (the prior, the re-check)
+    assert len(timed) == len(set(timed))  # no launch timed twice
 
 
 def test_a_refused_launch_is_rejected_not_fatal(course, fake_bench):
