@@ -388,14 +388,18 @@ def tune_bucket(
         return ms
 
     def each(launches: list):
-        """The launches to try before the deadline, those new built side by side first."""
+        """The launches to try before the deadline, those new built side by side first, as
+        many at a time as there are build threads (a pair's dozens of launches are not all
+        compiled past the deadline)."""
         launches = [dict(launch) for launch in launches]
-        if build is not None and time.monotonic() <= deadline:
-            build_all(build, [launch for launch in launches if known(launch) is False])
-        for launch in launches:
-            if time.monotonic() > deadline:
-                return
-            yield launch
+        for i in range(0, len(launches), BUILD_THREADS):
+            chunk = launches[i : i + BUILD_THREADS]
+            if build is not None and time.monotonic() <= deadline:
+                build_all(build, [launch for launch in chunk if known(launch) is False])
+            for launch in chunk:
+                if time.monotonic() > deadline:
+                    return
+                yield launch
 
     def one(axis, point: dict) -> list:
         """The launches that move `axis` alone from `point` (a win within the axis changes no

@@ -352,10 +352,40 @@ def test_a_cached_search_is_read_back_for_its_key_alone(tmp_path):
     assert len(runs) == 2 and other[2] != first[2]
 
 
+def test_a_deadline_stops_the_builds_within_one_round_of_threads(course):
+    """A move of dozens of launches (a pair's) is built a round of threads at a time, the
+    deadline checked between rounds: past it, at most one round was built and never checked."""
+    _, spec = course
+    built, checked = [], []
+
+    class Slow:
+        def build(self, knobs):
+            built.append(knobs["x"])
+
+        def error(self, knobs):
+            checked.append(knobs["x"])
+            time.sleep(0.02)
+            return 1e-3
+
+        def time_ms(self, knobs):
+            return 1.0
+
+    def values(axis, current, *rest):
+        return [current["x"]] + [v for v in range(40) if v != current["x"]]
+
+    deadline = time.monotonic() + 0.12
+    found = tuner.tune_bucket(
+        Slow(), {"x": 0}, spec, None, SMS, deadline, ("x",), values, build=Slow().build
+    )
+    assert found.best == {"x": 0} and 0 < found.tried < 39
+    assert len(set(built) - set(checked)) <= tuner.BUILD_THREADS
+
+
 def test_a_knob_s_candidates_are_built_before_the_first_is_checked(course, fake_bench):
-    """With `build`, each move's launches (and the seeds) are all built before the first of
-    them is checked or timed, and each is still checked on its own before it is timed; what a
-    build raised decides nothing: a refused launch is rejected by its check, never timed."""
+    """With `build`, each move's launches (and the seeds) are built side by side, as many as
+    the build threads at a time, before the first of them is checked or timed, and each is
+    still checked on its own before it is timed; what a build raised decides nothing: a
+    refused launch is rejected by its check, never timed."""
     _, spec = course
     bucket = tuner.Bucket(8, 1024, (131,) * 8, 1)
     prior = tuner.prior_launch(spec, 8, 1024, SMS, HOPPER)
@@ -374,7 +404,8 @@ def test_a_knob_s_candidates_are_built_before_the_first_is_checked(course, fake_
             assert knobs in block or knobs not in built  # one candidate: the check builds it)
         last = kind
     moves = len(tuner.AXES) + math.comb(len(tuner.AXES), 2)  # each knob, then each pair
-    assert len(built) > 10 and runs <= moves  # a run a move, not a build a launch
+    # a run a move's launches, as many as the build threads at a time; not a build a launch
+    assert len(built) > 10 and runs <= moves + len(built) // tuner.BUILD_THREADS
     checked = [knobs for kind, knobs in bench.events if kind == "error"]
     timed = [knobs for kind, knobs in bench.events if kind == "time"]
     assert all(knobs in checked for knobs in timed)  # a build is never the check
