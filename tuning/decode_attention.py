@@ -356,8 +356,8 @@ def tune_bucket(
     knobs again, until neither moves. The fastest launch of all is kept; none is checked or
     timed twice. Stops at `deadline` (time.monotonic). `bench`: `error(launch)` and
     `time_ms(launch)` (StepBench). `build` (launch -> None, its kernels compiled), where given,
-    runs on a knob's candidates side by side before they are checked and timed one by one
-    (`build_all`)."""
+    runs on a move's candidates side by side (BUILD_THREADS at a time) before they are checked
+    and timed one by one (`build_all`)."""
     tolerance = max(1e-2, 2 * bench.error(prior))
     prior_ms = bench.time_ms(prior)
     result = Tuned(bucket, dict(prior), dict(prior), prior_ms, prior_ms)
