@@ -137,6 +137,22 @@ def test_the_search_moves_rows_and_warps_together_and_keeps_the_prior_on_ties(co
     assert found.best_ms == pytest.approx(0.7) and found.prior_ms == pytest.approx(1.0)
 
 
+NEUTRAL_8192 = dict(zip(tuner.KNOBS, (32, 32, 8, 2)))  # the neutral prior's launch at 8,192
+
+
+def from_neutral_at_8192(spec, bench):
+    """The search of long_prompts' bucket (4 prompts of 2,048) from the neutral launch, checked
+    to time no launch twice."""
+    bucket = tuner.PrefillBucket(8192, (2048,) * 4, 1, 1.0)
+    values = lambda *args: tuner.candidates(H200_SHARED, *args)  # noqa: E731
+    found = decode_attention.tune_bucket(
+        bench, NEUTRAL_8192, spec, bucket, 132, time.monotonic() + 60, tuner.AXES, values
+    )
+    timed = [tuple(sorted(k.items())) for k in bench.timed[1:-2]]  # (the prior, the re-check)
+    assert len(timed) == len(set(timed))
+    return found
+
+
 def test_a_knob_that_wins_only_after_another_moved_is_found_in_a_second_pass(course, fake_bench):
     """The neutral prior's case at 8192 tokens (one pass left the prefill 11 % slower than the
     rules on long_prompts): from 32-row blocks at 32-key tiles, 128-row blocks lose until the
@@ -149,16 +165,8 @@ def test_a_knob_that_wins_only_after_another_moved_is_found_in_a_second_pass(cou
             tall, wide = knobs["block_m"] == 128, knobs["block_n"] == 128
             return 1.0 - 0.2 * wide - (0.4 if tall and wide else -0.1 if tall else 0.0)
 
-    bucket = tuner.PrefillBucket(8192, (2048,) * 4, 1, 1.0)
-    prior = dict(zip(tuner.KNOBS, (32, 32, 8, 2)))
-    values = lambda *args: tuner.candidates(H200_SHARED, *args)  # noqa: E731
-    bench = Coupled({})
-    found = decode_attention.tune_bucket(
-        bench, prior, spec, bucket, 132, time.monotonic() + 60, tuner.AXES, values
-    )
-    assert found.best == {**prior, "block_m": 128, "block_n": 128} and found.best_ms == 0.4
-    timed = [tuple(sorted(k.items())) for k in bench.timed[1:-2]]  # (the prior, the re-check)
-    assert len(timed) == len(set(timed))  # no launch timed twice
+    found = from_neutral_at_8192(spec, Coupled({}))
+    assert found.best == {**NEUTRAL_8192, "block_m": 128, "block_n": 128} and found.best_ms == 0.4
 
 
 def test_a_restart_finds_the_optimum_no_single_knob_leads_to(course, fake_bench):
@@ -209,16 +217,8 @@ def test_a_launch_two_knobs_away_is_found_by_moving_a_pair(course, fake_bench):
                 raise RuntimeError("out of resource: shared memory")
             return super().error(knobs)
 
-    bucket = tuner.PrefillBucket(8192, (2048,) * 4, 1, 1.0)
-    prior = dict(zip(tuner.KNOBS, (32, 32, 8, 2)))
-    values = lambda *args: tuner.candidates(H200_SHARED, *args)  # noqa: E731
-    bench = Pair({})
-    found = decode_attention.tune_bucket(
-        bench, prior, spec, bucket, 132, time.monotonic() + 60, tuner.AXES, values
-    )
-    assert found.best == {**prior, "block_m": 128, "block_n": 64} and found.best_ms == 0.35
-    timed = [tuple(sorted(k.items())) for k in bench.timed[1:-2]]  # (the prior, the re-check)
-    assert len(timed) == len(set(timed))  # no launch timed twice
+    found = from_neutral_at_8192(spec, Pair({}))
+    assert found.best == {**NEUTRAL_8192, "block_m": 128, "block_n": 64} and found.best_ms == 0.35
 
 
 def test_a_refused_launch_is_rejected_not_fatal(course, fake_bench):
