@@ -1,7 +1,9 @@
 """Two models' decode-attention tables crossed: each model's table is searched on this GPU (the
 hand rules as the prior, cached under --cache-dir), then each model's engine (the fastest
-preset) is checked and timed on every suite with its own table and with the other model's
-(`tuning.decode_attention.transplant`). Each model's own table should win on that model.
+preset) is checked (with the gate the search picks for that model, `--gate auto`) and timed on
+every suite with its own table and with the other model's (`tuning.decode_attention.transplant`).
+Each model's own table should win on that model. What --out holds already (a table, an engine
+checked and timed) is reused, so a run can span calls.
 
     python scripts/cross_knobs.py --model course=target/model_config.json:target/weights \
         --model llama16=scripts/gpu_models/llama16-bf16.json:/tmp/gpu_models/llama16-bf16 \
@@ -49,6 +51,10 @@ def main(argv=None) -> int:
     tables = {}
     for name, (config, weights) in models.items():
         path = out / f"{name}_table.json"
+        if path.is_file():  # an earlier call's search (--out kept between calls)
+            tables[name] = table_from_json(json.loads(path.read_text())["table"])
+            print(f"{name}: {len(tables[name])} buckets, searched before: {path}")
+            continue
         cmd = [sys.executable, "-m", "tuning.decode_attention", "--config", config,
                "--weight-dir", weights, "--preset", PRESET, "--budget", str(args.budget),
                "--cache-dir", args.cache_dir, "--json", str(path)]  # fmt: skip
@@ -61,11 +67,16 @@ def main(argv=None) -> int:
     timed = {}
     for name, (config, weights) in models.items():
         for source in models:
+            done = out / f"{name}_with_{source}_done.json"  # checked and timed by an earlier call
+            if done.is_file():
+                timed[name, source] = tuple(json.loads(done.read_text()))
+                continue
             table = tables[name] if source == name else transplant(tables[source], tables[name])
             engine = render_engine(PRESETS[PRESET], out / f"{name}_with_{source}.py", "", 8.0,
                                    knobs=table)  # fmt: skip
             target = ["--model-config", config, "--weight-dir", weights, "--device", "cuda"]
-            check = [sys.executable, "evaluator/test_correctness.py", "--engine", str(engine)]
+            check = [sys.executable, "evaluator/test_correctness.py", "--engine", str(engine),
+                     "--gate", "auto"]  # fmt: skip
             checked = run([*check, *target], out / f"{name}_with_{source}_check.log", 600)
             report = out / f"{name}_with_{source}.json"
             run([sys.executable, "evaluator/benchmark_throughput.py", "--engine", str(engine),
@@ -73,6 +84,8 @@ def main(argv=None) -> int:
                 out / f"{name}_with_{source}_bench.log", 600)  # fmt: skip
             traces = json.loads(report.read_text())["traces"] if report.is_file() else {}
             timed[name, source] = (checked == 0, traces)
+            if traces:
+                done.write_text(json.dumps(timed[name, source]))
     for name in models:
         other = next(s for s in models if s != name)
         (own_ok, own), (other_ok, theirs) = timed[name, name], timed[name, other]

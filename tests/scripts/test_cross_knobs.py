@@ -24,7 +24,10 @@ def test_each_model_is_timed_with_its_own_table_and_the_others(tmp_path, monkeyp
              "llama16_with_course": 2.5}  # fmt: skip
     tiles = {course: (32, 2, 2), llama: (64, 4, 2)}
 
+    calls = []
+
     def fake_run(cmd, log, timeout_s):
+        calls.append(cmd)
         if "tuning.decode_attention" in cmd:  # a table of the rules, every tile that model's
             config = cmd[cmd.index("--config") + 1]
             spec = ModelSpec.from_config(json.loads(Path(config).read_text()))
@@ -41,10 +44,16 @@ def test_each_model_is_timed_with_its_own_table_and_the_others(tmp_path, monkeyp
         return 0
 
     monkeypatch.setattr(cross, "run", fake_run)
-    code = cross.main(["--model", f"course={course}:unused", "--model", f"llama16={llama}:unused",
-                       "--out", str(tmp_path)])  # fmt: skip
-    assert code == 0
+    argv = ["--model", f"course={course}:unused", "--model", f"llama16={llama}:unused",
+            "--out", str(tmp_path)]  # fmt: skip
+    assert cross.main(argv) == 0
     text = capsys.readouterr().out
+    checks = [c for c in calls if "evaluator/test_correctness.py" in c]
+    assert len(checks) == 4  # a bfloat16 model is checked with the gate its search picks
+    assert all(c[c.index("--gate") + 1] == "auto" for c in checks)
+    calls.clear()  # a second call (the device's next) reuses the tables and the timings
+    assert cross.main(argv) == 0
+    assert calls == [] and capsys.readouterr().out.endswith(text.split("\n\n", 1)[1])
     assert "decode                1.000      1.200       1.200" in text
     assert "decode                2.000      2.500       1.250" in text
     crossed = (tmp_path / "course_with_llama16.py").read_text()
