@@ -8,16 +8,22 @@ under that Triton (`pip install triton==3.0.0` in a venv) to check that the kern
 compile there and do not spill, with the tiles the launchers pick at the public model's decode
 shapes (8 rows, head_dim 192, 4 kv heads) on a GPU that is not Hopper.
 
-    python scripts/compile_check.py [--arch 86] [--json PATH]
+    python scripts/compile_check.py [--arch 86] [--threads 8] [--json PATH]
+
+`--threads`: the kernels built side by side in threads, as the kernel searches build a move's
+launches (tuning/decode_attention.py, `build_all`); each row carries its PTX's hash, so a
+threaded build can be compared with a serial one (each with its own TRITON_CACHE_DIR).
 """
 
 import argparse
+import hashlib
 import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import triton
@@ -146,7 +152,8 @@ def check(name, fn, types, consts, warps, stages, arch, cap=None) -> dict:
     shared = kernel.metadata.shared
     ptx = kernel.asm["ptx"]
     row = {"kernel": name, **consts, "warps": warps, "stages": stages, "cap": cap,
-           "maxnreg": maxnreg, "shared_bytes": shared, **report}  # fmt: skip
+           "maxnreg": maxnreg, "shared_bytes": shared, **report,
+           "ptx_sha1": hashlib.sha1(ptx.encode()).hexdigest()[:16]}  # fmt: skip
     if consts.get("PDL"):
         row.update(pdl_order(ptx))
     return row
@@ -320,11 +327,24 @@ def main() -> int:
         action="store_true",
         help="the programmatic dependent launch build (sm_90+, Triton 3.3+)",
     )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="build the kernels this many at a time in threads, as the kernel searches do",
+    )
     p.add_argument("--json", default=None)
     args = p.parse_args()
+    if args.threads < 1:
+        p.error(f"--threads {args.threads}: at least 1")
     found = cases(args.sms, args.pdl, args.arch)
-    rows = [check(name, fn, types, consts, warps, stages, args.arch, *regs)
-            for name, fn, types, consts, warps, stages, *regs in found]  # fmt: skip
+
+    def one(case: tuple) -> dict:
+        name, fn, types, consts, warps, stages, *regs = case
+        return check(name, fn, types, consts, warps, stages, args.arch, *regs)
+
+    with ThreadPoolExecutor(args.threads) as pool:
+        rows = list(pool.map(one, found))
     for row in rows:
         print(json.dumps(row), flush=True)
     meta = {"triton": triton.__version__, "arch": args.arch, "sms": args.sms, "pdl": args.pdl}
