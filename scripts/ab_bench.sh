@@ -8,7 +8,10 @@
 #                                            # each timed by its own tree's benchmark, alternately,
 #                                            # on the traces of SUITE (public, hidden, serving);
 #                                            # HARNESS=base or head times both engines with that
-#                                            # tree's benchmark instead (engine vs harness)
+#                                            # tree's benchmark instead (engine vs harness);
+#                                            # HEAD_BUDGETS="8 ...": the working tree's engine
+#                                            # also rendered with each memory budget (GiB, as
+#                                            # run.sh writes it), timed as head8, ...
 #
 # Writes one JSON line per round, tree and trace to ${OUT:-.ab}/ab.jsonl and prints the medians.
 set -euo pipefail
@@ -39,14 +42,22 @@ run)
     [ -f target/weights/model.pt ] || "$PY" scripts/generate_toy_weights.py \
         --config target/model_config.json --output target/weights/model.pt > /dev/null
     trees=(.ab/base $(ls -d .ab/rev-* 2>/dev/null || true) .)
+    engines=()  # NAME:TREE, the tree whose benchmark times NAME's engine
     for tree in "${trees[@]}"; do
         (cd "$tree" && PYTHONPATH=$PWD "$PY" -c "
 from variants.presets import PRESETS; from variants.render import render_engine
 render_engine(PRESETS['$PRESET'], '$root/.ab/engine_${tree//[.\/]/}.py')")
+        engines+=("${tree//[.\/]/}:$tree")
+    done
+    for gib in ${HEAD_BUDGETS:-}; do
+        "$PY" -c "
+from variants.presets import PRESETS; from variants.render import render_engine
+render_engine(PRESETS['$PRESET'], '.ab/engine_head$gib.py', '', float('$gib'))"
+        engines+=("head$gib:.")
     done
     for round in $(seq 1 "${2:-3}"); do
-        for tree in "${trees[@]}"; do
-            name=${tree//[.\/]/}
+        for engine in "${engines[@]}"; do
+            name=${engine%%:*} tree=${engine#*:}
             case $HARNESS in base) bench=.ab/base ;; head) bench=. ;; *) bench=$tree ;; esac
             log="$out/ab_${SUITE}_${HARNESS}_${round}_${name:-head}.log"
             rm -f .ab/last.json
