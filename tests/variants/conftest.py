@@ -1,4 +1,5 @@
-"""Fixtures of the variants tests: one torch thread, the tiny ModelSpec, the CPU variant list.
+"""Fixtures of the variants tests: one torch thread, the tiny ModelSpec, the CPU variant list,
+decode steps checked against the reference.
 
 The tensors here are tiny, so a second intra-op thread only adds contention on the 2-core CI
 machine (measured: the same check_engine run took 0.6 s with 1 thread, 5 s with 2 threads on a
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from evaluator.reference_model import ReferenceModel
 from variants.probe import probe_capabilities
 from variants.registry import AXES
 from variants.spec import ModelSpec
@@ -146,3 +148,21 @@ def emulated_decode_graphs(engine, largest, check_ids=None, warm=False, gathered
 @pytest.fixture
 def emulate_decode_graphs():
     return emulated_decode_graphs
+
+
+@pytest.fixture
+def steps_match_reference(sharp_weights):
+    """check(engine, config, prompt, tokens): request 1, prefilled with `prompt`, decodes
+    `tokens` a step each, every step's logits within 1e-4 of the reference's (the sharp
+    weights)."""
+
+    def check(engine, config: dict, prompt: torch.Tensor, tokens=(3, 4)) -> None:
+        ref = ReferenceModel(config, sharp_weights, "cpu")
+        history = prompt.tolist()
+        for token in tokens:
+            out = engine.decode([1], torch.tensor([token]))
+            history.append(token)
+            want = ref.forward(torch.tensor(history)[None])[0, -1].float()
+            assert (out[0] - want).abs().max().item() < 1e-4
+
+    return check

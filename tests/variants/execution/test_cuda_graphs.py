@@ -288,7 +288,13 @@ def test_a_bad_gathered_id_raises_and_leaves_the_requests_as_they_were(
 
 @pytest.mark.parametrize("attention,recaptured", [("triton", []), ("sdpa", [(1, 1024)])])
 def test_a_slab_laid_out_anew_in_place_keeps_the_graphs_that_read_its_table(
-    attention, recaptured, tiny_config, sharp_weights, emulate_decode_graphs, monkeypatch
+    attention,
+    recaptured,
+    tiny_config,
+    sharp_weights,
+    emulate_decode_graphs,
+    monkeypatch,
+    steps_match_reference,
 ):
     """A prompt longer than the slab's slots, under a limit the pool's memory already meets:
     the slots grow longer in place. Graphs that read the cache through its block table (Triton)
@@ -308,7 +314,6 @@ def test_a_slab_laid_out_anew_in_place_keeps_the_graphs_that_read_its_table(
     monkeypatch.setattr(triton_attention, "paged_decode_attention", recording)
 
     config = {**tiny_config, "max_position_embeddings": 2048}
-    ref = ReferenceModel(config, sharp_weights, "cpu")
     variant = Variant(cache="slab", attention=attention, cache_tokens=4 * 512)
     engine = build_engine(config, sharp_weights, "cpu", variant)
     graphs = emulate_decode_graphs(engine, largest=2)
@@ -320,12 +325,7 @@ def test_a_slab_laid_out_anew_in_place_keeps_the_graphs_that_read_its_table(
     )
     engine.prefill([1], [prompt])
     assert (cache.max_len, cache.generation, cache.layout) == (1024, 0, 1)
-    history = prompt.tolist()
-    for token in (3, 4):
-        out = engine.decode([1], torch.tensor([token]))
-        history.append(token)
-        want = ref.forward(torch.tensor(history)[None])[0, -1].float()
-        assert (out[0] - want).abs().max().item() < 1e-4
+    steps_match_reference(engine, config, prompt)
     assert graphs.captured == recaptured
     assert set(block_sizes) <= {(config["max_position_embeddings"], True)}
     assert len(block_sizes) >= (0 if attention == "sdpa" else 2 * config["num_hidden_layers"])
