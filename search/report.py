@@ -162,11 +162,19 @@ RANKING = (
 )
 
 
-def _why(chosen: Record, ranked: list[Record]) -> str:
+NONE_RAN = (
+    "no trial ran: the budget ended before the first (the warm-up and the time kept for "
+    "verification and the sweep took it; a longer --budget-minutes measures the assemblies)"
+)
+
+
+def _why(chosen: Record, ranked: list[Record], ran: bool = True) -> str:
+    """Why `chosen` was written; `ran`: whether any trial ran to a result."""
     if chosen.number < 0:
+        why = "no measured trial passed verification" if ran else NONE_RAN
         return (
-            f"{chosen.name}: a ranked default that was not measured here; no measured trial "
-            "passed verification, so the safest default that passes it was written."
+            f"{chosen.name}: a ranked default that was not measured here; {why}, so the "
+            "safest default that passes verification was written."
         )
     protocol = "full protocol" if chosen.has_full else "screening"
     text = (
@@ -234,6 +242,8 @@ def beyond_presets(chosen: Record, records: list[Record]) -> str:
     correct = [r for r in records if r.status == "ok" and r.feasible]
     queued = [r for r in correct if r.attrs.get("source")]
     sampled = [r for r in correct if not r.attrs.get("source")]
+    if all(r.status == "waiting" for r in records):
+        return f"beyond the presets: {NONE_RAN}"
     tried = sum(1 for r in records if r.status != "waiting" and not r.attrs.get("source"))
     if not tried:
         return "beyond the presets: the sampler ran no trial (the budget went to the presets)"
@@ -292,7 +302,8 @@ def render_log(job, records: list[Record], ranked: list[Record], attempts: list[
     chosen = "NONE: no candidate passed verification; engine.py untouched"
     if done is not None:
         r = done.record
-        chosen = _why(r, ranked) + "\nvariant: " + json.dumps(r.variant, sort_keys=True)
+        ran = any(record.status != "waiting" for record in records)
+        chosen = _why(r, ranked, ran) + "\nvariant: " + json.dumps(r.variant, sort_keys=True)
         chosen += "\n\n" + trace_table(r)
         chosen += "\n\n" + beyond_presets(r, records)
     out.append(_section("chosen", chosen))

@@ -39,3 +39,17 @@ def test_a_run_the_presets_filled_says_so():
     assert "ran no trial" in beyond_presets(queued, [queued, waiting])
     failed = Record(2, "failed", SAMPLED, {"reason": "crash"})
     assert "ran 1 trial(s), none correct" in beyond_presets(queued, [queued, failed])
+
+
+def test_a_run_that_ran_no_trial_says_so_and_what_to_do():
+    """A budget the warm-up and the verification's reserve took whole (a 16-layer model in 4
+    minutes, 2026-12-04): the log says that no trial ran and how to get some, not that the
+    presets took the budget or that measured trials failed verification."""
+    from search.report import _why
+
+    waiting = [Record(n, "waiting", PRESET, {"source": f"preset:{n}"}) for n in range(3)]
+    default = Record(-1, "ok", PRESET, {"name": "slab-fused"}, None)
+    for text in (beyond_presets(default, waiting), _why(default, [], ran=False)):
+        assert "no trial ran" in text and "--budget-minutes" in text
+        assert "went to the presets" not in text and "measured trial passed" not in text
+    assert "no measured trial passed verification" in _why(default, [], ran=True)
