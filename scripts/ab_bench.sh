@@ -9,9 +9,9 @@
 #                                            # on the traces of SUITE (public, hidden, serving);
 #                                            # HARNESS=base or head times both engines with that
 #                                            # tree's benchmark instead (engine vs harness);
-#                                            # HEAD_BUDGETS="8 ...": the working tree's engine
-#                                            # also rendered with each memory budget (GiB, as
-#                                            # run.sh writes it), timed as head8, ...
+#                                            # BUDGET_GIB=8: each engine rendered with that
+#                                            # memory budget, as run.sh writes it, where its
+#                                            # tree's renderer takes one (else none, said)
 #
 # Writes one JSON line per round, tree and trace to ${OUT:-.ab}/ab.jsonl and prints the medians.
 set -euo pipefail
@@ -42,22 +42,19 @@ run)
     [ -f target/weights/model.pt ] || "$PY" scripts/generate_toy_weights.py \
         --config target/model_config.json --output target/weights/model.pt > /dev/null
     trees=(.ab/base $(ls -d .ab/rev-* 2>/dev/null || true) .)
-    engines=()  # NAME:TREE, the tree whose benchmark times NAME's engine
     for tree in "${trees[@]}"; do
         (cd "$tree" && PYTHONPATH=$PWD "$PY" -c "
+import inspect
 from variants.presets import PRESETS; from variants.render import render_engine
-render_engine(PRESETS['$PRESET'], '$root/.ab/engine_${tree//[.\/]/}.py')")
-        engines+=("${tree//[.\/]/}:$tree")
-    done
-    for gib in ${HEAD_BUDGETS:-}; do
-        "$PY" -c "
-from variants.presets import PRESETS; from variants.render import render_engine
-render_engine(PRESETS['$PRESET'], '.ab/engine_head$gib.py', '', float('$gib'))"
-        engines+=("head$gib:.")
+budget = {}
+if '${BUDGET_GIB:-}' and 'memory_budget_gib' in inspect.signature(render_engine).parameters:
+    budget['memory_budget_gib'] = float('${BUDGET_GIB:-0}')
+render_engine(PRESETS['$PRESET'], '$root/.ab/engine_${tree//[.\/]/}.py', **budget)
+print('$tree: memory budget', budget.get('memory_budget_gib', 'none'), 'GiB')")
     done
     for round in $(seq 1 "${2:-3}"); do
-        for engine in "${engines[@]}"; do
-            name=${engine%%:*} tree=${engine#*:}
+        for tree in "${trees[@]}"; do
+            name=${tree//[.\/]/}
             case $HARNESS in base) bench=.ab/base ;; head) bench=. ;; *) bench=$tree ;; esac
             log="$out/ab_${SUITE}_${HARNESS}_${round}_${name:-head}.log"
             rm -f .ab/last.json
