@@ -5,7 +5,8 @@
 #   bash scripts/ab_bench.sh prepare BASE [REV...]  # here: BASE's tree into .ab/base, each REV's
 #                                            # into .ab/rev-REV (a bisection; ignored by git)
 #   bash scripts/ab_bench.sh run [ROUNDS]    # on the GPU (carry .ab): every tree's engine of PRESET,
-#                                            # each timed by its own tree's benchmark, alternately,
+#                                            # each timed by its own tree's benchmark, alternately
+#                                            # (each round starts one tree later),
 #                                            # on the traces of SUITE (public, hidden, serving);
 #                                            # HARNESS=base or head times both engines with that
 #                                            # tree's benchmark instead (engine vs harness);
@@ -53,7 +54,9 @@ render_engine(PRESETS['$PRESET'], '$root/.ab/engine_${tree//[.\/]/}.py', **budge
 print('$tree: memory budget', budget.get('memory_budget_gib', 'none'), 'GiB')")
     done
     for round in $(seq 1 "${2:-3}"); do
-        for tree in "${trees[@]}"; do
+        # each round starts one tree later: no tree always runs after the same one
+        for i in "${!trees[@]}"; do
+            tree=${trees[$(( (i + round - 1) % ${#trees[@]} ))]}
             name=${tree//[.\/]/}
             case $HARNESS in base) bench=.ab/base ;; head) bench=. ;; *) bench=$tree ;; esac
             log="$out/ab_${SUITE}_${HARNESS}_${round}_${name:-head}.log"
@@ -67,7 +70,7 @@ print('$tree: memory budget', budget.get('memory_budget_gib', 'none'), 'GiB')")
             "$PY" -c "
 import json; d = json.load(open('.ab/last.json'))
 for k, t in d['traces'].items():
-    print(json.dumps({'round': $round, 'tree': '${name:-head}', 'trace': k, 'harness': '$HARNESS', 'ms': 1e3 * t['seconds'], 'peak_mib': t.get('peak_mib')}))
+    print(json.dumps({'round': $round, 'tree': '${name:-head}', 'place': $i, 'trace': k, 'harness': '$HARNESS', 'ms': 1e3 * t['seconds'], 'peak_mib': t.get('peak_mib')}))
 " >> "$out/ab.jsonl"
         done
     done

@@ -76,8 +76,11 @@ class Engine:
         runner = self.prefill_runner
         tokens = runner.stage(self, rids, prompts, lengths, deferred)
         try:
-            # room for the call (or CacheFullError, nothing changed yet)
-            self.cache.reserve(rids, lengths, self.lengths)
+            # room for the call and for the token it returns, which the next decode step
+            # writes at position n: a slab grows now, before the prompts are written, not
+            # by moving them at that step (or CacheFullError, nothing changed yet)
+            most = self.spec.max_positions
+            self.cache.reserve(rids, [min(n + 1, most) for n in lengths], self.lengths)
             for rid, n in zip(rids, lengths):  # re-prefill replaces the old state
                 if rid in self.lengths:
                     self.cache.release(rid)

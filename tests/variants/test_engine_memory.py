@@ -337,3 +337,32 @@ def test_a_slab_under_its_limit_takes_fewer_slots_for_a_long_request(tiny_spec):
     with pytest.raises(CacheFullError):
         cache.allocate(9, 5)  # a third slot of 2048 tokens is over the limit
     assert cache.slot_of == {7: 0, 8: 1}
+
+
+@pytest.mark.parametrize("length", [512, 511])
+def test_a_prompt_that_fills_its_slot_grows_the_slab_before_it_is_written(
+    length, tiny_config, sharp_weights, steps_match_reference, monkeypatch
+):
+    """A prompt of exactly a slot's length leaves no room for the token its prefill returns:
+    the slab grows at the prefill, while nothing is written to move, not at the first decode
+    step by moving the prompt (long_prompts' 2,048-token prompts in 2,048-token slots). One
+    token shorter, nothing changes at the prefill. The steps match the reference either way."""
+    from variants.cache.slab import SlabKVCache
+
+    config = {**tiny_config, "max_position_embeddings": 2048}
+    engine = build_engine(config, sharp_weights, "cpu", Variant(cache="slab", cache_tokens=2048))
+    cache = engine.cache
+    assert (cache.slots, cache.max_len) == (4, 512)
+    resized = []  # (slots, slot length, the live requests moved)
+    resize = SlabKVCache._resize
+    monkeypatch.setattr(
+        SlabKVCache,
+        "_resize",
+        lambda self, *a: (resized.append((*a[:2], len(self.slot_of))), resize(self, *a))[1],
+    )
+    prompt = torch.randint(0, config["vocab_size"], (length,), generator=torch.Generator())
+    engine.prefill([1], [prompt])
+    assert resized == ([(4, 1024, 0)] if length == 512 else [])
+    steps_match_reference(engine, config, prompt)
+    # 512: nothing more; 511: the second step's token outgrows the slot, and moves the prompt
+    assert resized == ([(4, 1024, 0)] if length == 512 else [(4, 1024, 1)])
