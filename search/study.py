@@ -118,8 +118,10 @@ def locate_study(storage: str | None, name: str | None, studies_dir="studies"):
             storage, name = remembered["storage"], remembered["study"]
         else:
             names = known_studies(studies_dir)
+            if not names:
+                raise UserError(f"no study in {studies_dir}/ yet: run `bash run.sh` first")
             if len(names) != 1:
-                found = ", ".join(names) or "none"
+                found = ", ".join(names)
                 raise UserError(f"which study? {studies_dir}/ holds: {found}; pass --study NAME")
             name = names[0]
     url = storage or f"sqlite:///{Path(studies_dir) / name}.db"
@@ -134,7 +136,8 @@ def locate_study(storage: str | None, name: str | None, studies_dir="studies"):
     if name not in names:
         there = ", ".join(names) if storage else ", ".join(known_studies(studies_dir))
         where = storage or f"{studies_dir}/"
-        raise UserError(f"no study {name!r} in {where}; studies there: {there or 'none'}")
+        there = there or "none (run `bash run.sh` first)"
+        raise UserError(f"no study {name!r} in {where}; studies there: {there}")
     return optuna.load_study(study_name=name, storage=opened), url
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from search.setup import UserError, resolve_device
-from variants.serving.sampling import SamplingParams, TokenSampler
+from variants.serving.sampling import SEEDS, SamplingParams, TokenSampler
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +106,10 @@ def generate_tokens(engine, prompts, sample, max_new: int, eos_ids, max_position
 def sampling_params(args) -> SamplingParams:
     if args.max_new_tokens < 1:
         raise GenerateError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if not SEEDS[0] <= args.seed <= SEEDS[1]:
+        raise GenerateError(
+            f"--seed must be a 64-bit integer, -2**63 to 2**63 - 1; got {args.seed}"
+        )
     try:
         return SamplingParams(args.temperature, args.top_k, args.top_p)
     except ValueError as exc:  # "temperature must be >= 0, got -1.0"
@@ -180,14 +184,12 @@ def generate_command(args) -> int:
     except (GenerateError, ValueError, KeyError, OSError, ImportError) as exc:
         log.debug("generate failed", exc_info=True)
         text = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        kind = "" if isinstance(exc, GenerateError) else f"{type(exc).__name__}: "
+        kind = "" if isinstance(exc, UserError) else f"{type(exc).__name__}: "
         print(f"error: {kind}{text}", file=sys.stderr)
         return 2
 
 
 def run_generate(args) -> int:
-    from evaluator.engine_loader import EngineLoadError, load_engine_module
-
     params = sampling_params(args)
     device = resolve_device(args.device)
     model = Path(args.model)
@@ -195,14 +197,14 @@ def run_generate(args) -> int:
     tokenizer = load_tokenizer(model)
     texts = args.prompt or [DEFAULT_PROMPT]
     prompts = encode_prompts(model, tokenizer, texts, args.chat)
-    try:
-        module = load_engine_module(args.engine)
-    except EngineLoadError as exc:
-        raise GenerateError(f"{exc}: pass the engine file with --engine") from exc
-    start = time.perf_counter()
+    most = config["max_position_embeddings"]
+    if long := [n for n, p in enumerate(prompts) if len(p) > most]:
+        raise GenerateError(
+            f"prompt {long[0]} has {len(prompts[long[0]])} tokens, and the model's context "
+            f"(max_position_embeddings) is {most}: shorten it to leave room for what it writes"
+        )
+    engine = load_engine(args.engine, config, model, device)
     with torch.no_grad():
-        engine = module.create_engine(config, str(model), device)
-        log.info("create_engine took %.1f s on %s", time.perf_counter() - start, device)
         sampler = TokenSampler(params, args.seed, device=device)
         result = generate_tokens(
             engine, prompts, sampler, args.max_new_tokens, eos_ids(model, config),
@@ -215,6 +217,30 @@ def run_generate(args) -> int:
         print(f"{text}\n{reply}" if args.chat else text + reply)
     print(speed_line(result, device))
     return 0
+
+
+def load_engine(path: str, config: dict, model: Path, device: str):
+    """create_engine of the engine file, loaded as the grader loads it, on the model folder."""
+    from evaluator.engine_loader import EngineLoadError, load_engine_module
+
+    try:
+        module = load_engine_module(path)
+    except EngineLoadError as exc:
+        raise GenerateError(f"{exc}: pass the engine file with --engine") from exc
+    start = time.perf_counter()
+    try:
+        with torch.no_grad():
+            engine = module.create_engine(config, str(model), device)
+    except OSError as exc:  # a file of the folder missing or unreadable: its own message
+        raise GenerateError(str(exc)) from exc
+    except (ValueError, KeyError) as exc:  # the engine's checks of the config and weights
+        text = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        raise GenerateError(
+            f"{path} cannot load {model}: {text} (is the folder's config the one its weights "
+            "were saved with, and the engine written for this model?)"
+        ) from exc
+    log.info("create_engine took %.1f s on %s", time.perf_counter() - start, device)
+    return engine
 
 
 def speed_line(result: Generation, device: str) -> str:

@@ -59,11 +59,16 @@ class Job:
         params = SamplingParams(temperature, body.top_k, body.top_p or 1.0)
         seed = uuid.uuid4().int % 2**62 if body.seed is None else body.seed
         aio = asyncio.get_running_loop()
-        self.ids = []
-        for i, (prompt, n) in enumerate(zip(prompts, max_new)):
-            sampler = TokenSampler(params, seed + i, model.device) if temperature else None
-            post = lambda event, i=i: aio.call_soon_threadsafe(self.events.put_nowait, (i, event))
-            self.ids.append(engine.submit(prompt, n, post, model.eos_ids, sampler))
+        samplers = [TokenSampler(params, seed + i, model.device) if temperature else None
+                    for i in range(len(prompts))]  # fmt: skip
+        self.ids, put = [], self.events.put_nowait
+        try:  # a prompt that cannot be submitted takes back those that were
+            for i, (prompt, n, sampler) in enumerate(zip(prompts, max_new, samplers)):
+                post = lambda event, i=i: aio.call_soon_threadsafe(put, (i, event))
+                self.ids.append(engine.submit(prompt, n, post, model.eos_ids, sampler))
+        except BaseException:
+            self.cancel()
+            raise
 
     async def deltas(self):
         while None in self.reasons:

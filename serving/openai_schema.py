@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from serving.chat_template import ChatTemplateError
+from variants.serving.sampling import SEEDS
 
 
 class APIError(Exception):
@@ -55,7 +56,7 @@ class SamplingBody(BaseModel):
     temperature: float | None = Field(None, ge=0.0, le=2.0)  # None: 1.0, as OpenAI
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0)  # not OpenAI's: vLLM's extra field, 0 is off
-    seed: int | None = None
+    seed: int | None = Field(None, ge=SEEDS[0], le=SEEDS[1])
     stop: Any = Field(default_factory=list)  # a list of strings once validated
     n: int = 1
     stream: bool = False

@@ -11,11 +11,11 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
+from search.setup import UserError
 from serving.generate import (
     GenerateError,
     eos_ids,
+    load_engine,
     load_tokenizer,
     model_config,
     resolve_device,
@@ -59,7 +59,7 @@ def serve_command(args) -> int:
     except (GenerateError, ValueError, KeyError, OSError, ImportError, MemoryError) as exc:
         log.debug("serve failed to start", exc_info=True)
         text = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
-        kind = "" if isinstance(exc, GenerateError) else f"{type(exc).__name__}: "
+        kind = "" if isinstance(exc, UserError) else f"{type(exc).__name__}: "
         print(f"error: {kind}{text}", file=sys.stderr)
         return 2
     import uvicorn
@@ -120,21 +120,6 @@ def load_served_model(args):
         created=int(time.time()),
     )
     return served, config
-
-
-def load_engine(path: str, config: dict, model: str, device: str):
-    """create_engine of the engine file, loaded as the grader loads it."""
-    from evaluator.engine_loader import EngineLoadError, load_engine_module
-
-    try:
-        module = load_engine_module(path)
-    except EngineLoadError as exc:
-        raise GenerateError(f"{exc}: pass the engine file with --engine") from exc
-    start = time.perf_counter()
-    with torch.no_grad():
-        engine = module.create_engine(config, str(model), device)
-    log.info("create_engine took %.1f s on %s", time.perf_counter() - start, device)
-    return engine
 
 
 def chat_renderer_or_none(model: Path):

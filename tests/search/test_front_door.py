@@ -111,8 +111,8 @@ def test_report_and_render_list_the_studies_and_create_nothing(command, tmp_path
     proc = search_cli([*args, "--study", "nope"])
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "no study 'nope' in" in proc.stderr and "studies there: none" in proc.stderr
-    proc = search_cli(args)
-    assert proc.returncode == 2 and "which study?" in proc.stderr
+    proc = search_cli(args)  # nothing run yet: says what to run
+    assert proc.returncode == 2 and "no study in" in proc.stderr and "bash run.sh" in proc.stderr
     assert not studies.exists() and not (REPO_ROOT / "studies" / "nope.db").exists()
 
 

@@ -284,3 +284,18 @@ def test_a_trial_far_behind_the_best_on_a_trace_is_pruned(tmp_path, tiny_config)
     records = st.load_records(study)
     assert [x.status for x in records] == ["ok", "pruned", "pruned"]
     assert not any(x.feasible for x in records[1:])
+
+
+def test_locate_study_names_the_study_or_says_which_to_pass(tmp_path):
+    from search.setup import UserError
+
+    with pytest.raises(UserError, match="no study in .* yet: run `bash run.sh` first"):
+        st.locate_study(None, None, tmp_path)
+    for name in ("a", "b"):
+        optuna.create_study(study_name=name, storage=f"sqlite:///{tmp_path / name}.db")
+    with pytest.raises(UserError, match="which study\\? .* holds: a, b; pass --study NAME"):
+        st.locate_study(None, None, tmp_path)
+    study, url = st.locate_study(None, "b", tmp_path)
+    assert study.study_name == "b" and url == f"sqlite:///{tmp_path / 'b'}.db"
+    st.remember_last_run(tmp_path, url, "b")  # the last run's, without --study
+    assert st.locate_study(None, None, tmp_path)[0].study_name == "b"

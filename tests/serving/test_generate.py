@@ -136,7 +136,10 @@ def test_sampling_is_replayed_by_its_seed(tiny_dir, slab_engine_file, capsys):
     "change, message",
     [
         (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1, got 0"),
-        (["--temperature", "-1"], "--temperature must be >= 0, got -1.0"),
+        (["--temperature", "-1"], "--temperature must be a number >= 0, got -1.0"),
+        (["--temperature", "nan"], "--temperature must be a number >= 0, got nan"),
+        (["--seed", str(2**64)], "--seed must be a 64-bit integer, -2**63 to 2**63 - 1; got"),
+        (["--prompt", "a" * 600], "prompt 0 has 600 tokens, and the model's context"),
         (["--top-k", "-2"], "--top-k must be >= 0, got -2"),
         (["--top-p", "0"], "--top-p must be in (0, 1], got 0.0"),
         (["--device", "tpu"], "--device must be auto, cpu, cuda or cuda:N, got 'tpu'"),
@@ -168,5 +171,22 @@ def test_missing_files_of_the_model_folder(tiny_dir, slab_engine_file, tmp_path,
     (tmp_path / "tokenizer.json").symlink_to(tiny_dir / "tokenizer.json")
     assert main(args + ["--device", "cpu"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"error: FileNotFoundError: no weights in {tmp_path}: expected one of")
+    assert err.startswith(f"error: no weights in {tmp_path}: expected one of")
+    assert err.count("\n") == 1
+
+
+def test_weights_that_do_not_fit_the_config_are_one_line(
+    tiny_dir, slab_engine_file, tmp_path, capsys
+):
+    config = json.loads((tiny_dir / "config.json").read_text())
+    (tmp_path / "config.json").write_text(
+        json.dumps(dict(config, intermediate_size=2 * config["intermediate_size"]))
+    )
+    for name in ("model.pt", "tokenizer.json"):
+        (tmp_path / name).symlink_to(tiny_dir / name)
+    args = ["generate", "--engine", str(slab_engine_file), "--model", str(tmp_path)]
+    assert main(args + ["--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {slab_engine_file} cannot load {tmp_path}: ")
+    assert "has shape" in err and "the one its weights were saved with" in err
     assert err.count("\n") == 1

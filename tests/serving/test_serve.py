@@ -4,6 +4,7 @@ engine's own greedy tokens while joining and leaving the batch; bad input gets a
 message; an engine failure is a 500 for that request only; a client that leaves mid-stream frees
 its request; start-up errors are one line and exit code 2."""
 
+import asyncio
 import http.client
 import json
 import socket
@@ -221,6 +222,8 @@ def test_sixteen_concurrent_requests_equal_the_engines_greedy_tokens(server, gre
          "the prompt has 512 tokens and the model's context is 512: no room for a completion"),
         ("/v1/completions", {"prompt": "x", "temperature": -1}, 400,
          "temperature: Input should be greater than or equal to 0"),
+        ("/v1/completions", {"prompt": ["x", "y"], "seed": 2**63}, 400,
+         "seed: Input should be less than or equal to 9223372036854775807"),
         ("/v1/completions", {"prompt": "x", "stop": 3}, 400,
          "stop: must be a string or a list of strings"),
         ("/v1/completions", {"prompt": "x", "model": "gpt-4"}, 404,
@@ -306,3 +309,32 @@ def test_start_up_errors_are_one_line(smollm2_short_dir, slab_engine_file, tmp_p
             assert main(base + ["--port", "0"] + change) == 2
             err = capsys.readouterr().err
             assert err.count("\n") == 1 and err.startswith("error: ") and message in err
+
+
+def test_a_prompt_that_cannot_be_submitted_takes_back_the_requests_submitted_before_it():
+    from serving.openai_api import Job, ServedModel
+    from serving.openai_schema import CompletionBody
+
+    class Loop:  # submits one prompt, then fails
+        def __init__(self):
+            self.live, self.cancelled = [], []
+
+        def submit(self, prompt, n, post, eos, sampler):
+            if self.live:
+                raise RuntimeError("the engine loop is closed")
+            self.live.append(7)
+            return 7
+
+        def cancel(self, rid):
+            self.cancelled.append(rid)
+
+    model = ServedModel("m", None, None, frozenset(), 512, 256, "cpu")
+    body = CompletionBody(prompt=["a", "b"], seed=2**63 - 1, temperature=1.0)
+    loop = Loop()
+
+    async def make():
+        Job(loop, model, [[1], [2]], [4, 4], body)
+
+    with pytest.raises(RuntimeError, match="closed"):
+        asyncio.run(make())
+    assert loop.cancelled == [7]

@@ -3,9 +3,14 @@
 used by the serving scheduler and the notebooks, not rendered into engines.
 """
 
+import math
 from dataclasses import dataclass
 
 import torch
+
+# A seed is a signed 64-bit integer; a request's prompts draw with seed + 0, + 1, ..., which
+# torch's generator takes up to 2**64 - 1.
+SEEDS = (-(2**63), 2**63 - 1)
 
 
 @dataclass(frozen=True)
@@ -17,8 +22,8 @@ class SamplingParams:
     top_p: float = 1.0
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a number >= 0, got {self.temperature}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
