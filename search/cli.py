@@ -22,6 +22,7 @@ from search.setup import (
     Budget,
     SearchSpace,
     UserError,
+    check_arguments,
     choose_gate,
     device_kind,
     measure_ceilings,
@@ -149,8 +150,15 @@ def _runner(name: str):
     return module, getattr(module, function)
 
 
+class Parser(argparse.ArgumentParser):
+    """A command line argparse refuses is one line, as every user error is (not the usage)."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message}; see `{self.prog} --help`\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m search", description=__doc__)
+    parser = Parser(prog="python -m search", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (_, flags, short) in COMMANDS.items():
         module, function = _runner(name)
@@ -187,12 +195,18 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.log_level)
     args.command_line = shlex.join(argv)
     try:
+        check_arguments(args)
         return _runner(args.command)[1](args)
     except (UserError, TargetError, EngineLoadError) as exc:
         if args.debug:
             raise
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: what is on disk was written whole (write_atomic)
+        if args.debug:
+            raise
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 # --- the main job: `python -m search run` (what `bash run.sh` does) ------------------------------

@@ -7,8 +7,10 @@ from __future__ import annotations
 import atexit
 import importlib.metadata
 import logging
+import math
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -43,6 +45,48 @@ COURSE_GRADER_GIB = 24.0  # the course's grader runs on an RTX 3090: its target'
 # one being built. Each written engine gets this share of the memory budget (MEMORY_BUDGET_GIB).
 ENGINES_ALIVE = 3
 CPU_STRESS_MAX_POSITIONS = 1024  # above this, CPU trials skip the stress case (see gate_cases)
+# a study's name where it names its SQLite file in the studies folder (no --storage)
+STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+# flag: (the least value, whether the least itself is allowed)
+LEAST = {
+    "--budget-minutes": (0, False), "--trial-timeout": (0, False),
+    "--memory-budget-gib": (0, False), "--trials": (1, True), "--remeasure": (0, True),
+    "--heartbeat": (0, True), "--warm-workers": (0, True),
+}  # fmt: skip
+
+
+def check_arguments(args) -> None:
+    """A command's numbers, names and paths as given, before anything is read or written: one
+    line naming the flag and what it takes (the flags a command does not have are skipped)."""
+    given = lambda flag: getattr(args, flag[2:].replace("-", "_"), None)  # noqa: E731
+    for flag, (least, allowed) in LEAST.items():
+        value = given(flag)
+        if value is not None and not (
+            math.isfinite(value) and (value > least or allowed and value == least)
+        ):
+            raise UserError(
+                f"{flag} must be a number {'>=' if allowed else '>'} {least}, got {value}"
+            )
+    for flag in ("--model-config", "--weight-dir"):
+        if (value := given(flag)) is not None and not value.strip():
+            raise UserError(
+                f"{flag} is empty (an unset shell variable?): give a path or leave it out"
+            )
+    name = given("--study")
+    if name is not None and given("--storage") is None and not STUDY_NAME.fullmatch(name):
+        raise UserError(
+            f"--study {name!r}: a study stored in the studies folder is named by letters, digits, "
+            "'.', '_' and '-' (up to 128; its file is studies/NAME.db)"
+        )
+    if (renderer := given("--renderer")) is not None:
+        from search.trial import load_renderer
+
+        try:
+            load_renderer(renderer)
+        except Exception as exc:  # a module, file or function that is not there
+            raise UserError(
+                f"--renderer {renderer}: {exc!r}; give module:function or FILE.py:function"
+            ) from None
 
 
 def resolve_device(text: str) -> str:
@@ -54,6 +98,8 @@ def resolve_device(text: str) -> str:
         device = None
     if device is None or device.type not in ("cuda", "cpu"):
         raise UserError(f"--device must be auto, cpu, cuda or cuda:N, got {text!r}")
+    if device.type == "cpu" and device.index is not None:
+        raise UserError(f"--device {text}: the CPU takes no index; use --device cpu")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"--device {text}, but torch sees no CUDA device; use --device cpu")
     count = torch.cuda.device_count() if device.type == "cuda" else 0
@@ -116,6 +162,7 @@ def set_up(job) -> None:
     )
     job.environment = describe_environment(job.device)
     job.memory_budget_gib, why = memory_budget_gib(args, job.device)
+    check_weights_fit(job.target, job.device, job.memory_budget_gib, why)
     job.notes.append(
         f"memory budget {job.memory_budget_gib:g} GiB ({why}): an assembly whose peak in the "
         "grader's pattern (a warm-up engine and two repeats alive) exceeds it is rejected; the "
@@ -219,13 +266,27 @@ def device_memory_gib(device: str) -> float:
 def memory_budget_gib(args, device: str) -> tuple[float, str]:
     """--memory-budget-gib; else the course's grader's GPU for the course's target (no
     --model-config); else this device's memory."""
-    if args.memory_budget_gib is not None:
-        if args.memory_budget_gib <= 0:
-            raise UserError(f"--memory-budget-gib must be > 0, got {args.memory_budget_gib}")
+    if args.memory_budget_gib is not None:  # (a number > 0: check_arguments)
         return args.memory_budget_gib, "--memory-budget-gib"
     if args.model_config is None:
         return COURSE_GRADER_GIB, "the course's target: its grader is a 24 GB RTX 3090"
     return round(device_memory_gib(device), 1), "this device's memory"
+
+
+def check_weights_fit(target, device: str, budget_gib: float, why: str) -> None:
+    """Each of the grader's live engines (a third of the budget) must hold the model's weights
+    in the dtype it computes in here, with room for a cache; else no trial could run."""
+    spec = ModelSpec.from_config(target.config)
+    dtype = spec.compute_dtype(device)
+    weights_gib = target.numel * torch.empty((), dtype=dtype).element_size() / 2**30
+    if weights_gib >= budget_gib / ENGINES_ALIVE:
+        need = math.ceil(10 * ENGINES_ALIVE * 1.25 * weights_gib) / 10
+        raise UserError(
+            f"the memory budget of {budget_gib:g} GiB ({why}) leaves each of the grader's "
+            f"{ENGINES_ALIVE} live engines {budget_gib / ENGINES_ALIVE:.3g} GiB, less than the "
+            f"model's weights ({weights_gib:.3g} GiB in {str(dtype).removeprefix('torch.')} on "
+            f"{device}): give --memory-budget-gib {need:g} or more"
+        )
 
 
 def gate_cases(job, kind: str) -> tuple[str, ...]:
@@ -249,7 +310,15 @@ def gate_cases(job, kind: str) -> tuple[str, ...]:
 
 def objective_traces(job, kind: str) -> tuple[str, ...]:
     if job.args.traces:
-        return tuple(t.strip() for t in job.args.traces.split(",") if t.strip())
+        from evaluator.benchmark_traces import get_trace
+
+        names = tuple(t.strip() for t in job.args.traces.split(",") if t.strip())
+        for name in names or [""]:
+            try:
+                get_trace(name, job.target.config)
+            except KeyError as exc:  # "unknown trace 'x'; known: ..."
+                raise UserError(f"--traces: {exc.args[0]}") from None
+        return names
     if kind == "cpu":
         job.notes.append(
             "CPU: the objective times " + ", ".join(CPU_OBJECTIVE_TRACES) + " (the continuous"

@@ -173,9 +173,22 @@ def open_storage(url: str, heartbeat_s: int | None = None):
                 return optuna.storages.RDBStorage(url, **kwargs)
         except ImportError as exc:
             raise _missing_driver(url, exc) from exc
+        except Exception as exc:  # a scheme SQLAlchemy does not know, a file it cannot open
+            raise _unusable(url, exc) from None
     path = journal_path(url)
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    return optuna.storages.JournalStorage(JournalFileBackend(path))
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        return optuna.storages.JournalStorage(JournalFileBackend(path))
+    except OSError as exc:
+        raise _unusable(url, exc) from None
+
+
+def _unusable(url: str, exc: Exception) -> UserError:
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+    return UserError(
+        f"cannot open the storage {url} ({reason}); give sqlite:///PATH.db, "
+        "postgresql://USER@HOST/DB or a journal file's path, in a writable folder that exists"
+    )
 
 
 def _missing_driver(url: str, exc: ImportError):

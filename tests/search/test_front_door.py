@@ -48,7 +48,22 @@ def _bad_weights(folder, tiny_config):
         ("missing-key", "weight 'layers.1.self_attn.k_proj.weight' is missing"),
         ("heads", "is not a multiple of num_key_value_heads 3; fix the config"),
         ("device-gpu", "--device must be auto, cpu, cuda or cuda:N, got 'gpu'"),
-        ("budget", "--memory-budget-gib must be > 0"),
+        ("budget", "--memory-budget-gib must be a number > 0, got 0.0"),
+        ("budget-nan", "--budget-minutes must be a number > 0, got nan"),
+        ("trials", "--trials must be a number >= 1, got 0"),
+        ("weights-too-big", "leaves each of the grader's 3 live engines 0.000333 GiB, less than"),
+        ("not-a-number", "argument --budget-minutes: invalid float value: 'abc'; see `python -m"),
+        ("storage-scheme", "cannot open the storage foo://x (Can't load plugin: sqlalchemy"),
+        ("storage-folder", "unable to open database file); give sqlite:///PATH.db"),
+        ("study-path", "--study '../escape': a study stored in the studies folder is named by"),
+        ("empty-config", "--model-config is empty (an unset shell variable?)"),
+        ("weights-file", "is a file: pass its folder"),
+        ("cpu-index", "--device cpu:0: the CPU takes no index; use --device cpu"),
+        ("traces", "--traces: unknown trace 'bogus'; known: public_correctness, stress"),
+        ("renderer", "--renderer nosuch:fn: ModuleNotFoundError"),
+        ("eps", "rms_norm_eps must be a positive number, got -1; fix the config"),
+        ("size-string", "head_dim must be a whole number, got '24'; fix the config"),
+        ("truncated", "(PytorchStreamReader failed reading zip archive: failed finding central"),
     ],
 )
 def test_a_users_mistake_is_one_line_exit_2_and_nothing_written(
@@ -68,8 +83,31 @@ def test_a_users_mistake_is_one_line_exit_2_and_nothing_written(
         config.write_text(json.dumps({**tiny_config, "num_key_value_heads": 3}))
     elif case == "device-gpu":
         extra = ["--device", "gpu"]
-    elif case == "budget":
-        extra = ["--memory-budget-gib", "0"]
+    elif case == "eps":
+        config.write_text(json.dumps({**tiny_config, "rms_norm_eps": -1}))
+    elif case == "size-string":
+        config.write_text(json.dumps({**tiny_config, "head_dim": "24"}))
+    elif case == "truncated":
+        data = (model / "model.pt").read_bytes()
+        (model / "model.pt").write_bytes(data[: len(data) // 2])
+    elif case == "empty-config":
+        config = ""
+    elif case == "weights-file":
+        weights = model / "model.pt"
+    else:
+        extra = {
+            "budget": ["--memory-budget-gib", "0"],
+            "budget-nan": ["--budget-minutes", "nan"],
+            "trials": ["--trials", "0"],
+            "weights-too-big": ["--memory-budget-gib", "0.001"],
+            "not-a-number": ["--budget-minutes", "abc"],
+            "storage-scheme": ["--storage", "foo://x"],
+            "storage-folder": ["--storage", f"sqlite:///{tmp_path}/none/x.db"],
+            "study-path": ["--study", "../escape"],
+            "cpu-index": ["--device", "cpu:0"],
+            "traces": ["--traces", "prefill,bogus"],
+            "renderer": ["--renderer", "nosuch:fn"],
+        }[case]
     before = {p: p.stat().st_mtime_ns for p in model.iterdir()}
     args = ["--model-config", str(config), "--weight-dir", str(weights), "--device", "cpu", *extra]
     proc, seconds, ws, studies = _run(search_cli, tmp_path, *args)
@@ -78,7 +116,8 @@ def test_a_users_mistake_is_one_line_exit_2_and_nothing_written(
     assert lines[-1].startswith("error: ") and message in lines[-1], proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     assert seconds < 30
-    assert not ws.exists() and not studies.exists()
+    assert not ws.exists() and not studies.exists() and not (tmp_path / "none").exists()
+    assert not (REPO_ROOT / "escape.db").exists()
     assert {p: p.stat().st_mtime_ns for p in model.iterdir()} == before
     if case == "no-weights":
         assert list(weights.iterdir()) == []
@@ -197,3 +236,14 @@ def test_a_wrong_engine_is_on_no_pareto_front(tiny_config):
     wrong = {"status": "infeasible", "reason": "wrong", "tol_share": 3.0, "max_abs_err": 0.1}
     outcome = outcome_from_result(wrong, Variant(), runner, "quick")
     assert outcome.values == (0.0, float("inf")) and outcome.constraint > 0
+
+
+def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
+    from search import cli
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.RunJob, "run", interrupted)
+    assert cli.main(["run", "--device", "cpu"]) == 130
+    assert capsys.readouterr().err == "interrupted\n"

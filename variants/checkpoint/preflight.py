@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,9 +24,9 @@ import torch
 from evaluator.engine_loader import EngineLoadError, default_target_paths, load_model_config
 from evaluator.toy_weights import save_toy_weights
 from variants.checkpoint.formats import Checkpoint, find_weight_file
-from variants.checkpoint.hf_config import reads_as_course
+from variants.checkpoint.hf_config import course_keys, reads_as_course
 from variants.checkpoint.reader import course_layout, weights_format
-from variants.spec import ModelSpec
+from variants.spec import SIZE_KEYS, ModelSpec
 
 log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -59,6 +60,7 @@ class Target:
     # "course": the course's config keys and a course-layout model.pt (the engine's readers)
     weights_format: str = "any"
     fingerprint: str = ""  # of the weight files' contents (sampled), see `weights_fingerprint`
+    numel: int = 0  # the stored tensors' elements
 
     def describe(self) -> dict:
         return {
@@ -77,6 +79,8 @@ def resolve_target(model_config: str | None, weight_dir: str | None) -> Target:
     config_path = Path(model_config) if model_config else default_config
     # a Hugging Face folder holds both the config and the weights
     weights = Path(weight_dir or (config_path.parent if model_config else default_weights))
+    if weights.is_file():
+        raise TargetError(f"--weight-dir {weights} is a file: pass its folder, {weights.parent}")
     embedded = default_config.resolve() == (REPO_ROOT / "target" / "model_config.json").resolve()
     config = _read_config(config_path)
     notes = [f"model config found at {config_path}"] if model_config is None else []
@@ -94,11 +98,26 @@ def _read_config(path: Path) -> dict:
     try:
         config = load_model_config(path)
         ModelSpec.from_config(config)
+        _check_types(config)
     except EngineLoadError as exc:
         raise TargetError(f"{exc}; pass --model-config with a model's config.json") from None
     except (ValueError, TypeError) as exc:
         raise TargetError(f"model config {path}: {exc}; fix the config") from None
     return config
+
+
+def _check_types(config: dict) -> None:
+    """Sizes are whole numbers and the norm's epsilon and RoPE's base positive numbers as the
+    config gives them: "16" or 16.0 would read as 16 in ModelSpec and fail where a tool reads
+    the config itself."""
+    keys = course_keys(config)
+    for key in SIZE_KEYS.values():
+        if type(keys[key]) is not int:
+            raise ValueError(f"{key} must be a whole number, got {keys[key]!r}")
+    for key in ("rms_norm_eps", "rope_theta"):
+        value = keys.get(key, 1.0)
+        if type(value) not in (int, float) or not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{key} must be a positive number, got {value!r}")
 
 
 def _has_weights(folder: Path) -> bool:
@@ -120,6 +139,7 @@ def check_weights(target: Target) -> None:
     target.weights_file = path
     spec = ModelSpec.from_config(target.config)
     shapes = stored_shapes(path)
+    target.numel = sum(t.numel() for t in shapes.values() if isinstance(t, torch.Tensor))
     course = weights_format(spec, path, shapes) == "course" and reads_as_course(target.config)
     target.weights_format = "course" if course else "any"
     try:
@@ -153,7 +173,12 @@ def stored_shapes(path: str) -> dict:
                 }
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:  # a file of another kind, truncated or refused: say which
-        raise TargetError(f"cannot read the weights in {path}: {exc}") from None
+        text = str(exc).strip()  # its first sentence (torch's go on for lines)
+        reason = text.splitlines()[0].split(". ")[0].rstrip(".") if text else repr(exc)
+        raise TargetError(
+            f"cannot read the weights in {path} ({reason}); re-export them, or pass --weight-dir "
+            "with the model's weights"
+        ) from None
     if not isinstance(state, dict):
         raise TargetError(f"{path} holds a {type(state).__name__}, expected a state dict")
     return {
