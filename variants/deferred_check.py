@@ -13,8 +13,8 @@ A CUDA graph can run the check itself (`in_graph`): its min/max, copy and event 
 the graph, where they cost no launches of their own. The event must then be an external one, a
 node of the graph recorded at each replay, so the read still waits only for the check and not for
 the whole step (measured on the H200: 4-13 us against a 1 ms graph). The Triton stacks' graphs
-write the extremes from a kernel straight into the pinned buffer instead (kernels/prompt_gather.py,
-then `record`): the min/max, copy node and clamp held the step's first layer back 17 us."""
+write the extremes from a kernel straight into the pinned buffer instead (the gathered embedding's
+kernel, then `record_written`): the min/max, copy node and clamp held the first layer back 17 us."""
 
 import inspect
 
@@ -60,7 +60,7 @@ class DeferredRangeCheck:
 
     def record_written(self) -> None:
         """The check's event alone, after a kernel of the current stream wrote the extremes
-        straight into `host` (kernels/prompt_gather.py)."""
+        straight into `host` (the gathered embedding's kernel)."""
         self.event.record(torch.cuda.current_stream(self.index))
 
     def wait(self) -> None:

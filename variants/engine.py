@@ -58,8 +58,8 @@ class Engine:
         # them waits for the GPU queue); True checks before any state changes, with that wait.
         self.check_device_tokens = device.type != "cuda"
         self.token_check = DeferredRangeCheck(device, in_graph=True)
-        # How a call's forward pass runs: op by op (EagerRunner), or by the graph runners
-        # (execution/cuda_graphs.py, prefill_graphs.py) that assemble_engine installs, which
+        # How a call's forward pass runs: op by op (EagerRunner), or by the CUDA-graph runners
+        # (DecodeGraphs, PrefillGraphs) that assemble_engine installs where it has them, which
         # fall back to `eager` for a call they do not cover. Runners hold no reference back to the
         # engine (it is passed to them), so its last reference frees it and its cache without
         # the cyclic collector; its graphs go when the next engine's runners are made.

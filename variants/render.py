@@ -427,8 +427,8 @@ def render_source(
     budget = None if memory_budget_gib is None else round(float(memory_budget_gib), 2)
     tail = (
         f"# {'-' * 20} create_engine {'-' * 20}\n"
-        "# The choices this engine was assembled from (variants/variant.py; the registry lists\n"
-        "# the others), each resolved into the components create_engine wires:\n"
+        "# The choices this engine was assembled from (one value per axis of the search), each\n"
+        "# resolved into the components create_engine wires:\n"
         f"{choices}"
         "#\n"
         "# The most memory (GiB) one engine holds: weights, KV cache, CUDA graphs. Its KV cache\n"
@@ -478,8 +478,8 @@ def _with_map(variant, kernels: str, after: str) -> str:
     about = [
         f"Standalone inference engine, variant {variant.name}",
         "",
-        "Rendered by variants/render.py from the component library; it imports only torch (and",
-        "triton where a chosen component needs it). Where it came from, when a study wrote it:",
+        "Rendered from the autotuner's component library; it imports only torch (and triton",
+        "where a chosen component needs it). Where it came from, when a study wrote it:",
         "the comment at the end. It reads top-down: the choices and create_engine, the engine,",
         "the chosen components, then what they use. Its sections, by first line: line {map}.",
     ]

@@ -40,7 +40,7 @@ def check_token_tensor(t, what: str, device) -> torch.Tensor:
 
 def check_token_range(tokens: torch.Tensor, vocab: int, what: str) -> None:
     """One host read of min and max together; on CUDA it waits for the queue (the engine
-    defers it instead where it can: variants/deferred_check.py)."""
+    defers it instead where it can: DeferredRangeCheck)."""
     lo, hi = torch.stack(torch.aminmax(tokens)).tolist()
     if message := range_error(lo, hi, vocab, what):
         raise ValueError(message)

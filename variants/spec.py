@@ -1,9 +1,8 @@
 """ModelSpec: the validated model config, the one place that reads `model_config.json` keys.
 
 It reads the course's keys; a missing or inconsistent one is an error that names it. A Hugging
-Face config is first given the course's keys by checkpoint/hf_config.py (`dtype`,
-`rope_parameters`, LLaMA's defaults, refusals by name); an engine written for a config in the
-course's keys alone carries checkpoint/course_config.py in its place.
+Face config is first given the course's keys (`course_keys`: `dtype`, `rope_parameters`,
+LLaMA's defaults, refusals by name).
 """
 
 from dataclasses import dataclass, field
@@ -45,7 +44,7 @@ class ModelSpec:
     rms_norm_eps: float
     rope_theta: float
     config_dtype: torch.dtype
-    # the config as given: what a checkpoint reader may need of it (checkpoint/hf_llama.py)
+    # the config as given: what a checkpoint reader may need of it (a tied head, for one)
     config: dict | None = field(default=None, compare=False, repr=False)
 
     @classmethod

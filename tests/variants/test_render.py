@@ -495,3 +495,27 @@ def test_the_engine_holds_only_what_its_assembly_reaches(variant):
     assert defined and not unused
     if not kernels:
         assert "PinnedRing" not in defined  # the graph runners' pinned buffers
+
+
+# A written engine is read without the repository: its comments name no document, tool or
+# library file it does not contain (the scripts that measure a tile rule's table excepted).
+ELSEWHERE = re.compile(
+    r"docs/|search/|tuning/|evaluator/|PERF\b|\brun \d+|(?<![\w/])([\w/]+\.py)\b"
+)
+
+
+@pytest.mark.parametrize("weights", ["course", "any"])
+def test_an_engine_names_nothing_it_does_not_contain(weights):
+    from variants.presets import PRESETS
+
+    for name, variant in PRESETS.items():
+        lines = render_source(variant, memory_budget_gib=8.0, weights=weights).splitlines()
+        modules = {m for line in lines for m in re.findall(r"^# -+ variants/(\S+\.py) -+$", line)}
+        for n, line in enumerate(lines, 1):
+            if re.match(r"^#( -+|\s+\d+) +variants/", line):  # the map and the section marks
+                continue
+            for found in ELSEWHERE.finditer(line):
+                file = found.group(1)
+                inside = file and any(f"/{m}".endswith(f"/{file}") for m in modules)
+                if not (inside or file == "engine.py" or file and file.startswith("scripts/")):
+                    pytest.fail(f"{name} ({weights}), line {n} names {found.group()}: {line}")

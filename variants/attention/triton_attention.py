@@ -21,12 +21,12 @@ class TritonAttention:
 
     def __init__(self, spec, dtype, knobs: dict | None = None, prefill_knobs: dict | None = None):
         """`knobs`: (rows, context) -> the decode kernel's launch (paged_decode_attention's
-        options) at each decode graph bucket, found on this GPU by the kernel search
-        (tuning/decode_attention.py); its contexts are the graphs' context buckets. Without
+        options) at each decode graph bucket, found on this GPU by the autotuner's kernel
+        search; its contexts are the graphs' context buckets. Without
         it, or for a call no bucket covers, the rules launch (decode_attention_rules.py).
         `prefill_knobs`: tokens -> the prefill kernel's launch (varlen_prefill_attention's
         `tiles`) at the prefill graph buckets where the search found one faster than the rules
-        (tuning/prefill_attention.py); a call of another size launches by the rules."""
+        (the kernel search); a call of another size launches by the rules."""
         self.scale = 1.0 / math.sqrt(spec.head_dim)
         self.kv_heads = spec.num_kv_heads
         self.knobs = knobs or {}

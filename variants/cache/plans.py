@@ -20,5 +20,5 @@ class CachePlan:
     segments: list | None = None  # (rid, first position, count) per request, in call order
     # the index tensors (and the step's positions) were written before the step's first kernel;
     # False: by that kernel (a graph's inputs kernel), so the kernel after it reads them only
-    # after its PDL wait (kernels/pdl.py)
+    # after its PDL wait, where the kernels launch with one
     staged: bool = True

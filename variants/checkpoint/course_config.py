@@ -1,7 +1,7 @@
-"""The course's own `model_config.json`: the keys course-contract.md lists, read as they are. An
-engine rendered for a target whose config holds those keys alone carries this reader in the
-place of the library's (hf_config.py, which also reads Hugging Face's); any other key, which
-might change the model, is refused by name, never ignored."""
+"""The course's own `model_config.json`: the keys the course's contract lists, read as they are
+(this engine was written for a config that holds those keys alone; a Hugging Face config needs
+an engine written for one); any other key, which might change the model, is refused by name,
+never ignored."""
 
 from variants.spec import SIZE_KEYS
 

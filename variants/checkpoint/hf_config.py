@@ -1,9 +1,7 @@
 """Hugging Face LLaMA configs in the course's keys: `torch_dtype` from `dtype` as transformers
 >= 4.56 writes it, `rope_theta` from `rope_parameters` (transformers 5), `head_dim` and
 `num_key_value_heads` by LLaMA's defaults; what the engine cannot compute (biases, scaled RoPE,
-another activation) is refused by name. The library's config reader, and the written engine's
-unless its target's config is in the course's keys alone (course_config.py, the renderer's
-choice: search/setup.py)."""
+another activation) is refused by name."""
 
 
 def config_dtype_name(config: dict) -> str:

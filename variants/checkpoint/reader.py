@@ -1,8 +1,6 @@
 """Any checkpoint in the course layout: the course `model.pt`, safetensors (single or sharded)
 and `.bin` files (formats.py), with the Hugging Face LLaMA conventions undone (hf_llama.py):
-the `model.` prefix, a tied head, rotate-half q/k rows. The library's reader, and the written
-engine's unless its target is a course-layout `model.pt` (then course_file.py, the renderer's
-choice: `weights_format`)."""
+the `model.` prefix, a tied head, rotate-half q/k rows."""
 
 import os
 

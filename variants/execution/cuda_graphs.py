@@ -5,7 +5,7 @@ static buffers filled by one pinned host-to-device copy; a batch pads to the nex
 rows that write only the cache's scratch slot; backends that read a gathered context also get
 context-length buckets. With the Triton stacks' gathered embedding the graph's first kernel
 reads the call's ids where they are and its metadata from pinned memory, as the prefill graphs
-do (kernels/prompt_gather.py): the host queues neither a copy nor the ids' copy kernel.
+do (`gathered_embedding`): the host queues neither a copy nor the ids' copy kernel.
 Captured in create_engine; needs CUDA and a slab or paged cache. `GraphRunner` is what this
 runner and the prefill graphs' share: the capture, the pool they follow, the ids' check."""
 
@@ -94,7 +94,7 @@ class GraphRunner:
     GRAPH_TABLES = ("graphs",)  # its attributes that hold graphs
 
     def __init__(self, engine, gathered_embedding=None):
-        """`gathered_embedding`: the Triton stacks' (kernels/prompt_gather.py); the graphs then
+        """`gathered_embedding`: the Triton stacks' kernel, where they have one; the graphs then
         read a call's ids where they are, their first kernel gathering, checking and embedding
         them, and its metadata from one pinned buffer."""
         self.cache, self.token_check, self.device = engine.cache, engine.token_check, engine.device
@@ -192,7 +192,7 @@ class DecodeGraphs(GraphRunner):
         # Per batch bucket b, one buffer: positions [b], write slots [b], context lengths [b],
         # then the [b, width] row table; a call fills it with one pinned copy, or (gathering)
         # writes it into the pinned buffer, followed by the call's row count and each row's
-        # source (prompt_gather.py), that the graph's first kernel reads.
+        # source, that the graph's first kernel reads.
         self.metas = {b: torch.zeros(b * (3 + width), dtype=torch.long, device=self.device)
                       for b in self.batches}  # fmt: skip
         self._buffers(big, big * (4 + width) + 1, big * (3 + width))

@@ -9,7 +9,7 @@ Padding tokens write the cache's scratch slot, belong to no prompt and reach no 
 Calls beyond the largest bucket or with more prompts than the table holds run eagerly.
 With the Triton stacks' gathered embedding (and events a graph can record) the graph reads a
 call's prompts where they are and its metadata from pinned memory, in its first kernel
-(kernels/prompt_gather.py): the host neither concatenates the prompts nor queues a copy.
+(`gathered_embedding`): the host neither concatenates the prompts nor queues a copy.
 Needs CUDA, a slab or paged pool and our Triton attention."""
 
 import array
@@ -212,7 +212,7 @@ class PrefillGraphs(GraphRunner):
         if t not in self.graphs and t not in self.asked:
             # The pool moved: the bucket's first call since runs eagerly, its second captures
             # it. A capture runs the bucket twice (to choose kernels, then the upload), which
-            # costs more than one eager pass unless the bucket comes back (docs/PERF.md).
+            # costs more than one eager pass unless the bucket comes back.
             self.asked.add(t)
             return self._eager(engine, rids, lengths, tokens)
         if self.gather:

@@ -8,7 +8,7 @@ passed its own wait (`wait_previous`), so only one kernel runs ahead: a second o
 would compete with the attention's reads (a slower step on the H200). Before its wait a
 program may read nothing an earlier kernel writes and write nothing at all: it only asks for
 its weight bytes (`prefetch_l2`, a hint that cannot change a result) or, staged, loads them
-(staged_dot.py: no kernel writes a weight). After the wait everything earlier in the stream is
+(no kernel writes a weight). After the wait everything earlier in the stream is
 complete and visible.
 
 Needs compute capability >= 9.0 and a Triton with grid dependency control and the `launch_pdl`

@@ -250,8 +250,8 @@ def varlen_prefill_attention(
     head whatever the lengths, as a CUDA graph needs; max_seqlen is then unused. The tiles
     follow the packed token count (`prefill_tiles`): a graph's schedule is built for its
     bucket. `tiles` = (BLOCK_M, BLOCK_N, warps, stages) overrides `prefill_tiles` and
-    `prefill_stages` (a table of the kernel search, tuning/prefill_attention.py): a schedule
-    must then be built for its BLOCK_M, as the prefill graphs build a bucket's from the table."""
+    `prefill_stages` (a table of the autotuner's kernel search): a schedule must then be built
+    for its BLOCK_M, as the prefill graphs build a bucket's from the table."""
     tokens, heads, d = q.shape
     kv_heads = k.shape[1]
     group = heads // kv_heads

@@ -34,7 +34,7 @@ def run_fused_stack(
     starts while the kernel before runs and prefetches its weights into L2 (kernels/pdl.py), for
     decode steps of up to PDL_MAX_ROWS rows. Hopper and newer, with the Triton attention.
     `knobs`: (kernel, rows) -> that kernel's `tiles` and `split_k` at a step of that many rows,
-    found on this GPU by the kernel search (tuning/few_row.py); the rules' launch elsewhere."""
+    found on this GPU by the autotuner's kernel search; the rules' launch elsewhere."""
     if batch is not None or x.shape[0] > (PDL_MAX_ROWS if pdl else FUSED_MAX_ROWS):
         return run_triton_stack(engine, x, positions, plan, batch, pdl=pdl)
     spec, cache = engine.spec, engine.cache
