@@ -7,9 +7,6 @@ size) fit the L2 of the GPUs we target (50 MB on the H200, 6 MB on an RTX 3090: 
 of them stay). The prefetch is PTX `prefetch.global.L2`, one 128-byte line a lane; Triton's
 interpreter cannot run inline PTX, so callers make it a constexpr choice off there."""
 
-import functools
-
-import torch
 import triton
 import triton.language as tl
 
@@ -36,20 +33,6 @@ def prefetch_at(ptrs):
         "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False,
         pack=1,
     )  # fmt: skip
-
-
-@functools.cache
-def _l2_bytes(device: torch.device) -> int:
-    return getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
-
-
-def l2_holds(device, nbytes: int) -> bool:
-    """Whether the GPU's L2 holds nbytes twice over: prefetched bytes must stay until read, and
-    a decode step streams far more than that (an RTX 3090's 6 MB L2 holds no layer of the
-    public model: there a prefetch would only evict). False off CUDA or where torch does not
-    report the L2 size."""
-    device = torch.device(device)
-    return device.type == "cuda" and _l2_bytes(device) >= 2 * nbytes
 
 
 @triton.jit
