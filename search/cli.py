@@ -504,6 +504,12 @@ def worker(args) -> int:
         raise UserError("name the shared storage of the study with --storage")
     if args.study is None and not args.model_config:
         raise UserError("name the study to add trials to with --study (or give --model-config)")
+    path = st.storage_file(args.storage)
+    if path is not None and not path.is_file() and not args.model_config:  # (opening creates it)
+        raise UserError(
+            f"no storage at {path}: a worker adds trials to a study that `python -m search run "
+            f"--storage {args.storage}` made there"
+        )
     storage = st.open_storage(args.storage, heartbeat_s=args.heartbeat)
     name = args.study
     known = name is not None and name in optuna.get_all_study_names(storage)

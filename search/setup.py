@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -51,8 +52,16 @@ STUDY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 LEAST = {
     "--budget-minutes": (0, False), "--trial-timeout": (0, False),
     "--memory-budget-gib": (0, False), "--trials": (1, True), "--remeasure": (0, True),
-    "--heartbeat": (0, True), "--warm-workers": (0, True),
+    "--heartbeat": (0, True), "--warm-workers": (0, True), "--top": (1, True),
+    "--time-limit": (0, False),
 }  # fmt: skip
+ENGINE_START = b'"""Standalone inference engine'  # a rendered engine's first bytes
+# command: its flags that name a file (or a folder) it writes
+OUTPUTS = {
+    "render": ("--output", "file"),
+    "report": ("--out", "folder"),
+    "sweep": ("--out", "file"),
+}
 
 
 def check_arguments(args) -> None:
@@ -77,6 +86,13 @@ def check_arguments(args) -> None:
         raise UserError(
             f"--study {name!r}: a study stored in the studies folder is named by letters, digits, "
             "'.', '_' and '-' (up to 128; its file is studies/NAME.db)"
+        )
+    flag, kind = OUTPUTS.get(getattr(args, "command", None), (None, None))
+    if flag and given(flag) is not None:
+        check_output(flag, Path(given(flag)), kind, engine=args.command == "render")
+    if (sweep := given("--sweep")) is not None and not os.path.isfile(sweep):
+        raise UserError(
+            f"--sweep {sweep}: no such file; give the JSON `python -m search sweep` wrote"
         )
     if (renderer := given("--renderer")) is not None:
         from search.trial import load_renderer
@@ -271,6 +287,33 @@ def memory_budget_gib(args, device: str) -> tuple[float, str]:
     if args.model_config is None:
         return COURSE_GRADER_GIB, "the course's target: its grader is a 24 GB RTX 3090"
     return round(device_memory_gib(device), 1), "this device's memory"
+
+
+def check_output(flag: str, path: Path, kind: str, engine: bool = False) -> None:
+    """A file (or folder) a command will write: not the other kind, in a folder it can create or
+    write; an `engine` output replaces only an engine file (a user's other file is read, never
+    written)."""
+    wrong = path.is_dir() if kind == "file" else path.exists() and not path.is_dir()
+    if wrong:
+        raise UserError(
+            f"{flag} {path} is a {'folder' if kind == 'file' else 'file'}: give a {kind} path"
+        )
+    existing = path.parent if kind == "file" else path
+    while not existing.exists():
+        existing = existing.parent
+    try:  # (a probe, not os.access: root passes the mode bits where the kernel refuses)
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".write-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise UserError(
+            f"{flag} {path}: cannot write in {existing} ({exc.strerror}); give a path in a "
+            "writable folder"
+        ) from None
+    if engine and path.is_file() and not path.read_bytes()[:64].startswith(ENGINE_START):
+        raise UserError(
+            f"{flag} {path} exists and is not an engine file: give a new path (it is left as it is)"
+        )
 
 
 def check_weights_fit(target, device: str, budget_gib: float, why: str) -> None:

@@ -87,6 +87,8 @@ LAST_RUN = "last_run.json"  # in the studies folder: the study the last `run` wr
 def remember_last_run(studies_dir: str | Path, url: str, name: str) -> None:
     path = Path(studies_dir) / LAST_RUN
     path.parent.mkdir(parents=True, exist_ok=True)
+    if url.startswith("sqlite:///"):  # found from any folder, not only the one run ran in
+        url = f"sqlite:///{Path(url.removeprefix('sqlite:///')).resolve()}"
     path.write_text(json.dumps({"storage": url, "study": name}) + "\n")
 
 

@@ -87,8 +87,9 @@ def _ints(text: str) -> list[int]:
 
 
 def _study_and_out(args):
-    """(variants, default output path, model config, weight dir) from --study, or Nones."""
-    if not (args.storage or args.study):
+    """(variants, default output path, model config, weight dir) from --study (without it or
+    --variant, the last run's), or Nones."""
+    if args.variant and not (args.storage or args.study):
         return None, Path(SWEEP_FILE), args.model_config, args.weight_dir
     from search.report import default_report_dir
     from search.study import locate_study

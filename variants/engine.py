@@ -266,7 +266,7 @@ def assemble_engine(
     capture=None, capture_prefill=None, dtype="config", fuse_qkv=True, fuse_gate_up=True,
     memory_budget_gib=None,
 ):  # fmt: skip
-    """Build an engine from its chosen components; the standalone file calls this too.
+    """Build an engine from its chosen components (create_engine passes them).
     `cache_cls(spec, device, dtype, limit_bytes=...)` makes the KV cache (its first size is
     bound to it) and `attention_cls(spec, dtype)` the attention; `stack`, `wrap` and `head` are
     the Engine's;

@@ -247,3 +247,32 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
     monkeypatch.setattr(cli.RunJob, "run", interrupted)
     assert cli.main(["run", "--device", "cpu"]) == 130
     assert capsys.readouterr().err == "interrupted\n"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["render", "--output", "{user_file}"], "exists and is not an engine file: give a new"),
+        (["render", "--output", "{tmp}"], "is a folder: give a file path"),
+        (["render", "--output", "/proc/x/engine.py"], "cannot write in /proc ("),
+        (["report", "--out", "{user_file}"], "is a file: give a folder path"),
+        (["report", "--top", "0"], "--top must be a number >= 1, got 0"),
+        (["report", "--sweep", "{tmp}/none.json"], "no such file; give the JSON"),
+        (["sweep", "--variant", "safest", "--time-limit", "-5"], "--time-limit must be a number >"),
+        (["sweep", "--variant", "safest", "--out", "{tmp}"], "is a folder: give a file path"),
+        (["worker", "--storage", "{tmp}/none.journal", "--study", "s"], "no storage at "),
+    ],
+)  # fmt: skip
+def test_an_output_or_a_number_a_command_cannot_use_is_one_line(
+    args, message, tmp_path, search_cli
+):
+    user_file = tmp_path / "notes.txt"
+    user_file.write_text("a user's file\n")
+    names = {"tmp": str(tmp_path), "user_file": str(user_file)}
+    studies = tmp_path / "studies"
+    proc = search_cli([*(a.format(**names) for a in args), "--studies-dir", str(studies)])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: ")
+    assert message.format(**names) in proc.stderr
+    assert user_file.read_text() == "a user's file\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]  # nothing else written
