@@ -25,6 +25,8 @@ from evaluator.benchmark import time_trace  # noqa: E402
 from evaluator.benchmark_traces import SUITES  # noqa: E402
 from evaluator.engine_loader import (  # noqa: E402
     EngineLoadError,
+    OneLineParser,
+    check_cli,
     check_weight_dir,
     default_target_paths,
     load_engine_module,
@@ -42,7 +44,7 @@ log = logging.getLogger("benchmark_throughput")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     config_path, weight_dir = default_target_paths(REPO_ROOT)
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--engine", required=True, help="engine file defining create_engine")
     p.add_argument("--model-config", default=str(config_path), help="model_config.json")
     p.add_argument("--weight-dir", default=str(weight_dir), help="directory holding model.pt")
@@ -64,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
     )
     try:
+        check_cli(args, positive=["bandwidth_gbs", "tflops"])
         if args.repeat < 1 or args.warmup < 0:
             raise EngineLoadError("--repeat must be >= 1 and --warmup >= 0")
         module = load_engine_module(args.engine)
@@ -83,15 +86,20 @@ def main(argv: list[str] | None = None) -> int:
     dtype_bytes = dtype_bytes_for(config, device)
     rows = {}
     for trace in tqdm(traces, desc="traces", disable=not sys.stderr.isatty()):
-        result = time_trace(
-            module.create_engine,
-            config,
-            weight_dir,
-            device,
-            trace,
-            warmup=args.warmup,
-            repeat=args.repeat,
-        )
+        try:
+            result = time_trace(
+                module.create_engine,
+                config,
+                weight_dir,
+                device,
+                trace,
+                warmup=args.warmup,
+                repeat=args.repeat,
+            )
+        except Exception as exc:  # the engine's fault, reported as the judge reports one
+            log.debug("trace %s failed", trace.name, exc_info=True)
+            print(f"FAILED trace {trace.name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
         floor_s = trace_floor_seconds(trace, config, ceilings, dtype_bytes)
         result["floor_s"] = floor_s
         result["floor_efficiency"] = floor_efficiency(floor_s, result["seconds"])

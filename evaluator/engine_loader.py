@@ -6,9 +6,11 @@ process. Errors are `EngineLoadError` with a one-line reason, for the command-li
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import itertools
 import json
+import math
 import os
 from pathlib import Path
 from types import ModuleType
@@ -86,3 +88,37 @@ def check_weight_dir(weight_dir: str | os.PathLike) -> str:
     except (FileNotFoundError, ValueError) as exc:
         raise EngineLoadError(str(exc)) from exc
     return str(weight_dir)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """A command line argparse refuses is one line, as every user error is (not the usage)."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message}; see `{self.prog} --help`\n")
+
+
+def check_cli(args, positive=(), at_least=()) -> None:
+    """The evaluators' flags before anything runs, EngineLoadError naming the first that is
+    wrong: --device a torch device, --json a file path in a folder that exists, each flag of
+    `positive` (name, as argparse stores it) > 0 and of `at_least` ((name, least)) >= least."""
+    import torch
+
+    try:
+        torch.device(args.device)
+    except RuntimeError:
+        raise EngineLoadError(
+            f"--device must be cpu, cuda or cuda:N, got {args.device!r}"
+        ) from None
+    for name, least, strict in [(n, 0, True) for n in positive] + [
+        (n, m, False) for n, m in at_least
+    ]:
+        value = getattr(args, name)
+        if value is not None and not (
+            math.isfinite(value) and (value > least or not strict and value == least)
+        ):
+            flag = "--" + name.replace("_", "-")
+            raise EngineLoadError(f"{flag} must be {'>' if strict else '>='} {least}, got {value}")
+    if args.json_path:
+        path = Path(args.json_path)
+        if path.is_dir() or not path.parent.is_dir():
+            raise EngineLoadError(f"--json {path}: give a file path in a folder that exists")

@@ -26,6 +26,8 @@ import torch  # noqa: E402
 from evaluator.correctness import CASES, check_engine  # noqa: E402
 from evaluator.engine_loader import (  # noqa: E402
     EngineLoadError,
+    OneLineParser,
+    check_cli,
     check_weight_dir,
     default_target_paths,
     load_engine_module,
@@ -40,7 +42,7 @@ log = logging.getLogger("test_correctness")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     config_path, weight_dir = default_target_paths(REPO_ROOT)
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--engine", required=True, help="engine file defining create_engine")
     p.add_argument("--model-config", default=str(config_path), help="model_config.json")
     p.add_argument("--weight-dir", default=str(weight_dir), help="directory holding model.pt")
@@ -102,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = [c.strip() for c in args.cases.split(",") if c.strip()] if args.cases else None
     cases = cases or ["public"] + (["stress"] if args.stress else [])
     try:
+        check_cli(args, at_least=[("atol", 0), ("rtol", 0), ("stress_positions", 16)])
         unknown = [c for c in cases if c not in CASES]
         if unknown:
             raise EngineLoadError(f"unknown case(s) {unknown}; known: {', '.join(CASES)}")

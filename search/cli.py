@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
+from evaluator.engine_loader import OneLineParser
 from search.report import default_report_dir, render_log
 from search.setup import (
     DEFAULT_TRIAL_TIMEOUT_S,
@@ -150,15 +151,8 @@ def _runner(name: str):
     return module, getattr(module, function)
 
 
-class Parser(argparse.ArgumentParser):
-    """A command line argparse refuses is one line, as every user error is (not the usage)."""
-
-    def error(self, message: str):
-        self.exit(2, f"error: {message}; see `{self.prog} --help`\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="python -m search", description=__doc__)
+    parser = OneLineParser(prog="python -m search", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (_, flags, short) in COMMANDS.items():
         module, function = _runner(name)

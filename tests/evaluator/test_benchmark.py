@@ -111,6 +111,20 @@ def test_benchmark_cli_rejects_a_missing_engine_as_a_file(tmp_path):
     assert run.stderr.startswith("error: engine file not found") and run.stderr.count("\n") == 1
 
 
+def test_benchmark_cli_says_a_failing_engine_and_bad_flags_in_one_line(
+    tiny_weights, tmp_path, capsys
+):
+    engine = tmp_path / "raises.py"
+    engine.write_text("def create_engine(c, w, d):\n    raise RuntimeError('boom')\n")
+    args = ["--engine", str(engine), "--device", "cpu", "--suite", "public"]
+    args += ["--model-config", str(CONFIG_PATH), "--weight-dir", tiny_weights]
+    assert cli.main(args) == 1  # the engine's fault: a result, not a user error
+    err = capsys.readouterr().err
+    assert err == "FAILED trace prefill: RuntimeError: boom\n"
+    assert cli.main([*args, "--bandwidth-gbs", "0"]) == 2
+    assert capsys.readouterr().err == "error: --bandwidth-gbs must be > 0, got 0.0\n"
+
+
 HEAVY = """
 import json, sys
 import torch

@@ -1,5 +1,6 @@
 """The correctness gate: a correct engine passes, each planted fault fails in the right place."""
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -173,3 +174,26 @@ def test_cli_rejects_bad_input(tiny_weights, tmp_path, capsys, engine_text, conf
     assert cli.main([*args, "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--atol", "-1"], "--atol must be >= 0, got -1.0"),
+        (["--rtol", "nan"], "--rtol must be >= 0, got nan"),
+        (["--stress", "--stress-positions", "0"], "--stress-positions must be >= 16, got 0"),
+        (["--json", "{tmp}/none/report.json"], "give a file path in a folder that exists"),
+        (["--json", "{tmp}"], "give a file path in a folder that exists"),
+        (["--device", "bogus"], "--device must be cpu, cuda or cuda:N, got 'bogus'"),
+        (["--cases", "public", "--bogus"], "unrecognized arguments: --bogus; see `"),
+    ],
+)
+def test_cli_rejects_bad_flags_before_running(tiny_weights, tmp_path, capsys, flags, message):
+    args = ["--engine", str(ENGINES / "reprefill_appends_engine.py"), "--weight-dir", tiny_weights]
+    args += ["--model-config", str(CONFIG_PATH), "--device", "cpu"]
+    with pytest.raises(SystemExit) if "--bogus" in flags else contextlib.nullcontext():
+        assert cli.main([*args, *(f.format(tmp=tmp_path) for f in flags)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert captured.err.startswith("error: ") and message in captured.err
+    assert list(tmp_path.iterdir()) == []
