@@ -8,6 +8,7 @@ import importlib
 import importlib.util
 import inspect
 import logging
+import os
 import shlex
 import sys
 import time
@@ -196,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader of the output left (`report | head`): nothing to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (no flush error at exit)
+        return 0
     except KeyboardInterrupt:  # Ctrl-C: what is on disk was written whole (write_atomic)
         if args.debug:
             raise

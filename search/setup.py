@@ -101,7 +101,8 @@ def check_arguments(args) -> None:
             load_renderer(renderer)
         except Exception as exc:  # a module, file or function that is not there
             raise UserError(
-                f"--renderer {renderer}: {exc!r}; give module:function or FILE.py:function"
+                f"--renderer {renderer}: {type(exc).__name__}: {exc}; give module:function or "
+                "FILE.py:function"
             ) from None
 
 
