@@ -261,7 +261,7 @@ def header(job, record: Record) -> str:
         f"model: {target.config_path}",
         f"weights: {target.weights_file}, read as {target.weights_format} "
         "(course: a course-layout model.pt only; any: every format)",
-        f"{FINGERPRINT}{target.fingerprint}",
+        f"{FINGERPRINT}{model_fingerprint(target)}",
         f"variant: {record.name}",
     ]
     if job.study_name:
@@ -275,11 +275,18 @@ def header(job, record: Record) -> str:
     return "\n".join(lines)
 
 
-FINGERPRINT = "weights fingerprint: "  # a header line: which weights the engine was verified on
+FINGERPRINT = "model fingerprint: "  # a header line: the weights and config it was verified on
+
+
+def model_fingerprint(target) -> str:
+    """The weights' fingerprint and the config's: an engine verified on one model's weights
+    under another config is not this model's."""
+    config = hashlib.blake2b(json.dumps(target.config, sort_keys=True).encode(), digest_size=5)
+    return f"{target.fingerprint}-c{config.hexdigest()}"
 
 
 def engine_fingerprint(path: Path) -> str | None:
-    """The weights fingerprint in an engine file's header (None: none there)."""
+    """The model fingerprint in an engine file's header (None: none there)."""
     try:
         text = path.read_text(errors="replace")
     except OSError:
@@ -291,16 +298,16 @@ def engine_fingerprint(path: Path) -> str | None:
 
 
 def set_aside(job) -> str:
-    """After a run that wrote nothing: an engine.py verified on these weights stays, any other
-    moves to engine.stale.py; says which."""
+    """After a run that wrote nothing: an engine.py verified on this model (its weights and
+    config) stays, any other moves to engine.stale.py; says which."""
     engine = job.workspace / "engine.py"
     if not engine.is_file():
         return "no engine.py is in place"
-    if engine_fingerprint(engine) == job.target.fingerprint:
-        return f"the earlier {engine} (verified on these weights) stays in place"
+    if engine_fingerprint(engine) == model_fingerprint(job.target):
+        return f"the earlier {engine} (verified on this model's weights and config) stays in place"
     stale = engine.with_name("engine.stale.py")
     engine.replace(stale)
-    return f"the earlier {engine}, not verified on these weights, moved to {stale.name}"
+    return f"the earlier {engine}, not verified on this model, moved to {stale.name}"
 
 
 def common_failure(records: list[Record], attempts) -> str:

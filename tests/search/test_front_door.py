@@ -11,7 +11,13 @@ import pytest
 import torch
 
 from evaluator.toy_weights import make_toy_weights
-from search.write import FINGERPRINT, common_failure, engine_fingerprint, set_aside
+from search.write import (
+    FINGERPRINT,
+    common_failure,
+    engine_fingerprint,
+    model_fingerprint,
+    set_aside,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -155,15 +161,17 @@ def test_report_and_render_list_the_studies_and_create_nothing(command, tmp_path
     assert not studies.exists() and not (REPO_ROOT / "studies" / "nope.db").exists()
 
 
-def test_set_aside_keeps_an_engine_of_these_weights_and_moves_another(tmp_path):
+def test_set_aside_keeps_an_engine_of_this_model_and_moves_another(tmp_path):
     ws = tmp_path / "ws"
     ws.mkdir()
     engine = ws / "engine.py"
-    job = SimpleNamespace(workspace=ws, target=SimpleNamespace(fingerprint="abc"))
-    engine.write_text(f"x = 1\n\n# {FINGERPRINT}abc\n")
-    assert engine_fingerprint(engine) == "abc"
+    job = SimpleNamespace(workspace=ws, target=SimpleNamespace(fingerprint="abc", config={"a": 1}))
+    ours = model_fingerprint(job.target)
+    engine.write_text(f"x = 1\n\n# {FINGERPRINT}{ours}\n")
+    assert engine_fingerprint(engine) == ours and ours.startswith("abc-c")
     assert "stays in place" in set_aside(job) and engine.is_file()
-    engine.write_text(f"x = 1\n\n# {FINGERPRINT}def\n")
+    other_config = model_fingerprint(SimpleNamespace(fingerprint="abc", config={"a": 2}))
+    engine.write_text(f"x = 1\n\n# {FINGERPRINT}{other_config}\n")  # these weights, not it
     assert "moved to engine.stale.py" in set_aside(job)
     assert not engine.exists() and (ws / "engine.stale.py").is_file()
     assert set_aside(job) == "no engine.py is in place"
