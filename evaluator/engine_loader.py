@@ -97,6 +97,11 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"error: {message}; see `{self.prog} --help`\n")
 
 
+def out_of_range(value, least, inclusive: bool) -> bool:
+    """A flag's number that is not finite or below `least` (or at it, unless `inclusive`)."""
+    return not (math.isfinite(value) and (value > least or inclusive and value == least))
+
+
 def check_cli(args, positive=(), at_least=()) -> None:
     """The evaluators' flags before anything runs, EngineLoadError naming the first that is
     wrong: --device a torch device, --json a file path in a folder that exists, each flag of
@@ -109,15 +114,12 @@ def check_cli(args, positive=(), at_least=()) -> None:
         raise EngineLoadError(
             f"--device must be cpu, cuda or cuda:N, got {args.device!r}"
         ) from None
-    for name, least, strict in [(n, 0, True) for n in positive] + [
-        (n, m, False) for n, m in at_least
+    for name, least, inclusive in [(n, 0, False) for n in positive] + [
+        (n, m, True) for n, m in at_least
     ]:
-        value = getattr(args, name)
-        if value is not None and not (
-            math.isfinite(value) and (value > least or not strict and value == least)
-        ):
-            flag = "--" + name.replace("_", "-")
-            raise EngineLoadError(f"{flag} must be {'>' if strict else '>='} {least}, got {value}")
+        if (value := getattr(args, name)) is not None and out_of_range(value, least, inclusive):
+            flag, sign = "--" + name.replace("_", "-"), ">=" if inclusive else ">"
+            raise EngineLoadError(f"{flag} must be {sign} {least}, got {value}")
     if args.json_path:
         path = Path(args.json_path)
         if path.is_dir() or not path.parent.is_dir():

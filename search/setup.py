@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from evaluator.engine_loader import out_of_range
 from evaluator.gate_choice import select_gate
 from search.trial import CPU_OBJECTIVE_TRACES, OBJECTIVE_TRACES, PRUNE_SHARE, TrialRunner
 from tuning.phase import LEADER_TIMINGS, LEAST_S, search_share_s
@@ -69,10 +70,7 @@ def check_arguments(args) -> None:
     line naming the flag and what it takes (the flags a command does not have are skipped)."""
     given = lambda flag: getattr(args, flag[2:].replace("-", "_"), None)  # noqa: E731
     for flag, (least, allowed) in LEAST.items():
-        value = given(flag)
-        if value is not None and not (
-            math.isfinite(value) and (value > least or allowed and value == least)
-        ):
+        if (value := given(flag)) is not None and out_of_range(value, least, allowed):
             raise UserError(
                 f"{flag} must be a number {'>=' if allowed else '>'} {least}, got {value}"
             )
