@@ -217,13 +217,23 @@ def run(args) -> int:
     return RunJob(args).run()
 
 
+def launched_s_ago() -> float:
+    """Seconds since run.sh began (AUTOTUNER_STARTED_AT: its checks, not its installs), which
+    the budget counts; 0 without it, or where it is not of the last ten minutes."""
+    try:
+        ago = time.time() - float(os.environ.get("AUTOTUNER_STARTED_AT", ""))
+    except ValueError:
+        return 0.0
+    return ago if 0.0 <= ago <= 600.0 else 0.0
+
+
 class RunJob:
     """One run's state: `set_up` fills in the device, target, space, budget and runner; the
     search the study and its storage; the later phases read them and add notes for the log."""
 
     def __init__(self, args):
         self.args = args
-        self.start = time.monotonic()
+        self.start = time.monotonic() - launched_s_ago()
         self.phases: dict[str, float] = {}  # seconds per phase, for the results log
         self.notes: list[str] = []
         self.workspace = Path(args.workspace)
@@ -254,6 +264,7 @@ class RunJob:
         leaders, the kernel search, verify-and-write, a short shape sweep of the leaders, the
         figures and the results log. A study whose verified best stands (no newer trials) is
         not searched again: its best is rendered, re-verified and written in seconds."""
+        self.phases["start-up"] = time.monotonic() - self.start  # run.sh's checks, the imports
         with self.phase("set-up"):
             set_up(self)
         with self.phase("search"):
@@ -272,6 +283,8 @@ class RunJob:
         done = installed(attempts)
         if done is not None:
             remember(self, done.record)
+            if standing is None and self.study is not None:  # the next run's estimate
+                self.study.set_user_attr("verify_seconds", round(done.verification.seconds, 1))
             log.info("wrote %s: %s", self.workspace / "engine.py", done.record.name)
             if self.study is not None:
                 from sweep.command import sweep_leaders
@@ -383,6 +396,7 @@ def search_with_optuna(job) -> tuple[list[Record], Record | None]:
         st.remember_last_run(args.studies_dir, url, name)
     st.fail_stale_trials(study, older_than_s=2 * job.trial_timeout + 120)
     records = st.load_records(study)
+    job.budget.verify_s = study.user_attrs.get("verify_seconds")  # as this study measured it
     best = standing_best(job, study, records)
     if best is not None:
         job.notes.append(
@@ -557,7 +571,7 @@ def worker(args) -> int:
         engine_budget_gib=gib / ENGINES_ALIVE if gib else None,
     )
     minutes = args.budget_minutes or 24 * 60
-    budget = Budget(start + 60 * minutes, timeout, reserve_trials=0.0)
+    budget = Budget(start + 60 * minutes, timeout)
     ran = st.optimize(study, space, runner, budget, n_trials=args.trials)
     log.info("worker done: %d trial(s) run here; the study now has %d", ran, len(study.trials))
     return 0

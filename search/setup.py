@@ -167,7 +167,9 @@ def set_up(job) -> None:
         job.deadline,
         job.trial_timeout,
         total_s=job.budget_s,
-        after_s=PIPELINE_LIMIT_S[kind],
+        leaders=getattr(args, "remeasure", 0),
+        verify=True,
+        after_s=PIPELINE_LIMIT_S[kind] + WRAP_UP_S,
         kept_s=job.kernel_search_s,
         kept_trials=LEADER_TIMINGS if kernels else 0.0,
     )
@@ -212,17 +214,30 @@ def scratch_dir(prefix: str) -> str:
     return path
 
 
+# What the steps after the search take, in typical trials (a median trial's seconds). A
+# leader's full-protocol run is about one and a half (SmolLM2 on this CPU: 15.5 s against a
+# 12.3 s trial); the verification, until a study has measured its own, about three (34.7 s
+# there: every correctness case from a cold reference, then a benchmark, each a fresh process).
+REMEASURE_TRIALS = 1.5
+VERIFY_TRIALS = 3.0
+# the shape sweep's process start, the figures and results.log (2.8 s on this CPU)
+WRAP_UP_S = 5.0
+
+
 @dataclass
 class Budget:
-    """The loop's deadline and the reserve after it: `reserve_trials` typical trials (three
-    leaders re-measured, the verification) plus `after_s` (the shape sweep), at most
-    `max_reserve_share` of the budget; then `kept_s` plus `kept_trials` typical trials (the
-    kernel search and its leader's timings) whatever the share."""
+    """The loop's deadline and the reserve after it: `leaders` full-protocol runs, the
+    verification (with `verify`: `verify_s` as the study measured it, else VERIFY_TRIALS
+    typical trials) and `after_s` (the shape sweep), at most `max_reserve_share` of the budget;
+    then `kept_s` plus `kept_trials` typical trials (the kernel search and its leader's
+    timings) whatever the share."""
 
     deadline: float  # time.monotonic() value
     trial_timeout_s: float
     total_s: float = 0.0
-    reserve_trials: float = 4.0
+    leaders: int = 0
+    verify: bool = False
+    verify_s: float | None = None
     max_reserve_share: float = 0.35
     first_guess_s: float = 20.0
     after_s: float = 0.0
@@ -232,10 +247,17 @@ class Budget:
     def typical_trial_s(self, durations: list[float]) -> float:
         return statistics.median(durations) if durations else self.first_guess_s
 
+    def verify_estimate_s(self, durations: list[float]) -> float:
+        """Seconds the verification is expected to take (0 without one)."""
+        if not self.verify:
+            return 0.0
+        return self.verify_s or VERIFY_TRIALS * self.typical_trial_s(durations)
+
     def time_for_trial(self, durations: list[float]) -> float | None:
         """Seconds the next trial may take, or None when the budget is spent."""
         typical = self.typical_trial_s(durations)
-        wanted = self.reserve_trials * typical + self.after_s
+        wanted = self.leaders * REMEASURE_TRIALS * typical + self.after_s
+        wanted += self.verify_estimate_s(durations)
         reserve = min(wanted, self.max_reserve_share * self.total_s)
         reserve += self.kept_s + self.kept_trials * typical
         left = self.deadline - time.monotonic() - reserve

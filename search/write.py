@@ -10,13 +10,12 @@ import json
 import logging
 import os
 import shutil
-import statistics
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from search.setup import device_kind
+from search.setup import REMEASURE_TRIALS, WRAP_UP_S, device_kind
 from search.trial import Record, run_child, tail
 from variants.presets import ranked_defaults
 from variants.variant import Variant
@@ -193,7 +192,7 @@ def remeasure(job, records: list[Record]) -> None:
         if record.has_full:
             continue
         # no gate, but a fresh engine per repeat: about one screening trial, with a margin
-        expected = 1.5 * (record.attrs.get("trial_seconds") or 30.0)
+        expected = REMEASURE_TRIALS * (record.attrs.get("trial_seconds") or 30.0)
         if job.seconds_left() - after < expected:
             log.info("no time left to re-measure trial %d with the full protocol", record.number)
             break
@@ -227,18 +226,19 @@ def remeasure(job, records: list[Record]) -> None:
 
 
 def after_remeasure_s(job, kernels: bool = True) -> float:
-    """What the steps after the re-measurement need at the least: the verification (about one
-    typical trial), the shape sweep at its least and, with `kernels`, the kernel search and its
-    leader's timings."""
+    """What the steps after the re-measurement need at the least: the verification (the
+    budget's estimate), the shape sweep at its least with the wrap-up and, with `kernels`, the
+    kernel search and its leader's timings."""
     from sweep.command import least_sweep_s
-
-    durations = job.runner.durations
-    typical = statistics.median(durations) if durations else 20.0  # (Budget's first guess)
-    need = typical + least_sweep_s(device_kind(job.device))
     from tuning.phase import LEADER_TIMINGS
 
+    durations = job.runner.durations
+    need = job.budget.verify_estimate_s(durations) + least_sweep_s(device_kind(job.device))
+    need += WRAP_UP_S
     search_s = getattr(job, "kernel_search_s", 0.0)
-    return need + (search_s + LEADER_TIMINGS * typical if kernels and search_s else 0.0)
+    if kernels and search_s:
+        need += search_s + LEADER_TIMINGS * job.budget.typical_trial_s(durations)
+    return need
 
 
 def candidates(job, records: list[Record], ranked: list[Record]) -> list[Record]:

@@ -4,6 +4,7 @@ import time
 
 import pytest
 
+from search.cli import launched_s_ago
 from search.study import Budget
 
 
@@ -11,17 +12,20 @@ def budget(total_s: float, trial_timeout_s: float = 1000.0, **kw) -> Budget:
     return Budget(time.monotonic() + total_s, trial_timeout_s, total_s=total_s, **kw)
 
 
-def test_the_reserve_is_four_typical_trials_and_the_sweep():
-    b = budget(1200.0, trial_timeout_s=300.0, after_s=90.0)
-    # typical trial 20 s: 80 s for the re-measure and verification, 90 s for the sweep
+def test_the_reserve_is_the_leaders_the_verification_and_the_sweep():
+    b = budget(1200.0, trial_timeout_s=300.0, leaders=3, verify=True, after_s=90.0)
+    # typical trial 20 s: 90 s for three leaders' full protocol, 60 s for the verification (three
+    # trials until the study has measured one), 90 s for the sweep
     assert b.time_for_trial([20.0, 19.0, 21.0]) == 300.0  # the trial limit, far from the end
-    b = budget(600.0, after_s=90.0)  # 35 % of 600 s is 210 s: the whole 170 s is kept
-    assert b.time_for_trial([20.0]) == pytest.approx(600.0 - 170.0, abs=1.0)
-    assert budget(600.0).time_for_trial([20.0]) == pytest.approx(600.0 - 80.0, abs=1.0)
+    b = budget(1000.0, leaders=3, verify=True, after_s=90.0)  # 35 % is 350 s: 240 s kept
+    assert b.time_for_trial([20.0]) == pytest.approx(1000.0 - 240.0, abs=1.0)
+    b = budget(1000.0, leaders=3, verify=True, verify_s=100.0)  # as the study measured it
+    assert b.time_for_trial([20.0]) == pytest.approx(1000.0 - 190.0, abs=1.0)
+    assert budget(600.0).time_for_trial([20.0]) == pytest.approx(600.0, abs=1.0)  # a worker's
 
 
 def test_the_reserve_never_takes_more_than_its_share_of_a_short_budget():
-    b = budget(240.0, after_s=90.0)  # 4 x 20 + 90 = 170 s wanted, 35 % of 240 s = 84 s kept
+    b = budget(240.0, leaders=3, verify=True, after_s=90.0)  # 240 s wanted, 35 % = 84 s kept
     assert b.time_for_trial([20.0]) == pytest.approx(240.0 - 84.0, abs=1.0)
 
 
@@ -34,6 +38,18 @@ def test_no_trial_when_less_than_three_quarters_of_one_is_left():
 def test_the_kernel_search_keeps_its_share_beyond_the_capped_reserve():
     # a 5-minute budget: the trials' reserve is capped at 35 % (105 s); the kernel search's 30 s
     # and the leader's three typical timings (60 s) are kept on top of it
-    b = budget(300.0, after_s=90.0, kept_s=30.0, kept_trials=3.0)
+    b = budget(300.0, leaders=3, verify=True, after_s=90.0, kept_s=30.0, kept_trials=3.0)
     assert b.time_for_trial([20.0]) == pytest.approx(300.0 - 105.0 - 30.0 - 60.0, abs=1.0)
-    assert budget(300.0, after_s=90.0).time_for_trial([20.0]) == pytest.approx(195.0, abs=1.0)
+    b = budget(300.0, leaders=3, verify=True, after_s=90.0)
+    assert b.time_for_trial([20.0]) == pytest.approx(195.0, abs=1.0)
+
+
+def test_the_budget_counts_from_run_sh_s_start(monkeypatch):
+    monkeypatch.setenv("AUTOTUNER_STARTED_AT", str(time.time() - 30.0))
+    assert launched_s_ago() == pytest.approx(30.0, abs=1.0)
+    # not set, not a time, in the future or long past (a stale export): the process's own start
+    for stamp in ("", "soon", str(time.time() + 60.0), str(time.time() - 3600.0)):
+        monkeypatch.setenv("AUTOTUNER_STARTED_AT", stamp)
+        assert launched_s_ago() == 0.0
+    monkeypatch.delenv("AUTOTUNER_STARTED_AT")
+    assert launched_s_ago() == 0.0

@@ -98,6 +98,8 @@ def test_planted_failures_are_recorded_and_the_engine_is_correct(planted):
     assert best["variant"] == PLANTED["fast"].to_dict()
     full = study.user_attrs["full_protocol"]
     assert full[str(trials["fast"].number)]["full_tps_decode"] > 0
+    # the verification's seconds, which the next run's budget reserves for it
+    assert 0 < study.user_attrs["verify_seconds"] < planted["seconds"]
 
     # The pipeline verified the engine with the evaluator's CLI in a fresh process (the log
     # holds its output); test_run_sh.py checks a written engine independently once more.
@@ -143,6 +145,8 @@ def test_results_log_names_every_trial_and_the_choice(planted):
     assert "planted crash in create_engine" in text and "timed out after" in text
     assert "optuna-dashboard " + planted["storage"] in text
     assert "test_correctness.py: exit 0" in text
+    phases = text.split("== time per phase ==")[1].split("==")[0]
+    assert re.search(r"^start-up: \d+\.\d s$", phases, re.M), phases  # before the set-up
     # where a trial's time goes, phase by phase (the child's start-up, the gate, the timing)
     rate = next(line for line in text.splitlines() if line.startswith("a trial's time"))
     for phase in ("start-up", "render", "import", "reference", "correctness", "benchmark"):

@@ -2,6 +2,7 @@
 
 from types import SimpleNamespace
 
+from search.setup import Budget
 from search.trial import Record
 from search.write import after_remeasure_s, remeasure
 from variants.variant import Variant
@@ -31,6 +32,7 @@ def job(device: str, left: float, durations=(19.0, 20.0, 18.0, 22.0)):
         device=device,
         runner=FakeRunner(clock, list(durations)),
         args=SimpleNamespace(remeasure=3),
+        budget=Budget(0.0, 300.0, leaders=3, verify=True),
         seconds_left=lambda: clock.left,
         study=None,
         notes=[],
@@ -56,11 +58,15 @@ def leaders(n: int = 3) -> list[Record]:
     ]
 
 
-def test_after_the_remeasure_a_gpu_job_keeps_a_trial_and_the_least_sweep():
-    # the median trial (19.5 s) for the verification, 20 s of shapes and 28 s of builds
-    assert after_remeasure_s(job("cuda:0", 100.0)) == 19.5 + 48.0
-    assert after_remeasure_s(job("cuda", 100.0, durations=())) == 20.0 + 48.0
-    assert after_remeasure_s(job("cpu", 100.0)) == 19.5 + 10.0
+def test_after_the_remeasure_a_job_keeps_its_verification_and_the_least_sweep():
+    # three median trials (19.5 s) for the verification, 20 s of shapes and 28 s of builds on
+    # a GPU, 10 s of shapes on a CPU, 5 s to wrap up
+    assert after_remeasure_s(job("cuda:0", 100.0)) == 3 * 19.5 + 48.0 + 5.0
+    assert after_remeasure_s(job("cuda", 100.0, durations=())) == 3 * 20.0 + 48.0 + 5.0
+    assert after_remeasure_s(job("cpu", 100.0)) == 3 * 19.5 + 10.0 + 5.0
+    measured = job("cpu", 100.0)
+    measured.budget.verify_s = 34.7  # the study's own verification
+    assert after_remeasure_s(measured) == 34.7 + 10.0 + 5.0
 
 
 def test_a_short_budget_skips_the_remeasure_rather_than_overrunning():
@@ -73,14 +79,14 @@ def test_a_short_budget_skips_the_remeasure_rather_than_overrunning():
     assert not any("full_tokens_per_s" in r.attrs for r in records)
     assert short.notes == [
         "full-protocol re-measure: 3 leader(s) keep their screening numbers; the verification "
-        "and the shape sweep need the budget's last 68 s"
+        "and the shape sweep need the budget's last 112 s"
     ]
 
 
 def test_the_leaders_are_remeasured_while_the_later_steps_still_fit():
-    # 67.5 s kept for later and 30 s expected a leader: 62.5 s free before the first, 42.5 s
+    # 111.5 s kept for later and 30 s expected a leader: 62.5 s free before the first, 42.5 s
     # before the second, 22.5 s before the third.
-    roomy = job("cuda", 130.0)
+    roomy = job("cuda", 174.0)
     records = leaders()
     remeasure(roomy, records)
     assert roomy.runner.runs == [Variant.from_dict(records[i].variant).name for i in (0, 1)]
