@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+from evaluator.engine_loader import OneLineParser, out_of_range  # noqa: E402
 
 # The child: cap the GPU memory, then run the script as `python script args` would.
 CAPPED = """
@@ -55,7 +57,7 @@ def run_capped(script: Path, args: list[str], cap_gib: float, timeout_s: float) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--skeleton", required=True, help="a checkout of the course's stage3 skeleton")
     p.add_argument("--engine", required=True, help="the engine file to grade")
     p.add_argument("--model-config", default=str(REPO_ROOT / "target" / "model_config.json"))
@@ -67,9 +69,19 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     evaluator = Path(args.skeleton) / "evaluator"
     scripts = [evaluator / "test_correctness.py", evaluator / "benchmark_throughput.py"]
-    missing = [str(s) for s in scripts if not s.is_file()]
-    if missing:
-        print(f"error: not a stage3 skeleton: missing {', '.join(missing)}", file=sys.stderr)
+    problem = None
+    if missing := [str(s) for s in scripts if not s.is_file()]:
+        problem = f"not a stage3 skeleton: missing {', '.join(missing)}"
+    elif not Path(args.engine).is_file():
+        problem = f"--engine {args.engine}: no such file"
+    elif out_of_range(args.memory_cap_gib, 0, True):
+        problem = f"--memory-cap-gib must be a number >= 0, got {args.memory_cap_gib}"
+    elif out_of_range(args.timeout, 0, False):
+        problem = f"--timeout must be a number of seconds > 0, got {args.timeout}"
+    elif args.json_path and not Path(args.json_path).resolve().parent.is_dir():
+        problem = f"--json {args.json_path}: its folder does not exist"
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     common = ["--engine", str(Path(args.engine).resolve()), "--device", args.device]
     common += ["--model-config", args.model_config, "--weight-dir", args.weight_dir]

@@ -168,7 +168,7 @@ def set_up(job) -> None:
         job.trial_timeout,
         total_s=job.budget_s,
         leaders=getattr(args, "remeasure", 0),
-        verify=True,
+        verify_trials=VERIFY_TRIALS[kind],
         after_s=PIPELINE_LIMIT_S[kind] + WRAP_UP_S,
         kept_s=job.kernel_search_s,
         kept_trials=LEADER_TIMINGS if kernels else 0.0,
@@ -216,10 +216,12 @@ def scratch_dir(prefix: str) -> str:
 
 # What the steps after the search take, in typical trials (a median trial's seconds). A
 # leader's full-protocol run is about one and a half (SmolLM2 on this CPU: 15.5 s against a
-# 12.3 s trial); the verification, until a study has measured its own, about three (34.7 s
-# there: every correctness case from a cold reference, then a benchmark, each a fresh process).
+# 12.3 s trial). The verification, until a study has measured its own: on a CPU about three
+# (34.7 s there: every correctness case from a cold reference, the stress case at a long
+# context, then a benchmark, each a fresh process), on a GPU about one and a half (the H200's
+# studies in docs/: 32.5 s against about 23, 56.2 against about 50).
 REMEASURE_TRIALS = 1.5
-VERIFY_TRIALS = 3.0
+VERIFY_TRIALS = {"cpu": 3.0, "cuda": 1.5}
 # the shape sweep's process start, the figures and results.log (2.8 s on this CPU)
 WRAP_UP_S = 5.0
 
@@ -227,16 +229,16 @@ WRAP_UP_S = 5.0
 @dataclass
 class Budget:
     """The loop's deadline and the reserve after it: `leaders` full-protocol runs, the
-    verification (with `verify`: `verify_s` as the study measured it, else VERIFY_TRIALS
-    typical trials) and `after_s` (the shape sweep), at most `max_reserve_share` of the budget;
-    then `kept_s` plus `kept_trials` typical trials (the kernel search and its leader's
-    timings) whatever the share."""
+    verification (`verify_s` as the study measured it, else `verify_trials` typical trials; 0:
+    none) and `after_s` (the shape sweep), at most `max_reserve_share` of the budget but never
+    less than the verification and the sweep; then `kept_s` plus `kept_trials` typical trials
+    (the kernel search and its leader's timings)."""
 
     deadline: float  # time.monotonic() value
     trial_timeout_s: float
     total_s: float = 0.0
     leaders: int = 0
-    verify: bool = False
+    verify_trials: float = 0.0
     verify_s: float | None = None
     max_reserve_share: float = 0.35
     first_guess_s: float = 20.0
@@ -249,16 +251,16 @@ class Budget:
 
     def verify_estimate_s(self, durations: list[float]) -> float:
         """Seconds the verification is expected to take (0 without one)."""
-        if not self.verify:
+        if not self.verify_trials:
             return 0.0
-        return self.verify_s or VERIFY_TRIALS * self.typical_trial_s(durations)
+        return self.verify_s or self.verify_trials * self.typical_trial_s(durations)
 
     def time_for_trial(self, durations: list[float]) -> float | None:
         """Seconds the next trial may take, or None when the budget is spent."""
         typical = self.typical_trial_s(durations)
-        wanted = self.leaders * REMEASURE_TRIALS * typical + self.after_s
-        wanted += self.verify_estimate_s(durations)
-        reserve = min(wanted, self.max_reserve_share * self.total_s)
+        needed = self.verify_estimate_s(durations) + self.after_s
+        wanted = needed + self.leaders * REMEASURE_TRIALS * typical
+        reserve = max(min(wanted, self.max_reserve_share * self.total_s), needed)
         reserve += self.kept_s + self.kept_trials * typical
         left = self.deadline - time.monotonic() - reserve
         if left < 0.75 * typical:

@@ -229,8 +229,10 @@ LEAST_GPU_S = MIN_GPU_LIMIT_S + 28.0
 
 def sweep_leaders(job, reuse: bool) -> list[str]:
     """Sweep the study's best (up to 3) distinct correct variants in a child process into
-    `<study dir>/sweep.json`, next to the report; returns notes for results.log. `reuse`: keep
-    an existing sweep.json of the same variants and device (a resumed study). Never raises.
+    `<study dir>/sweep.json`, next to the report; returns notes for results.log. An existing
+    sweep.json of the same variants and device stays where `reuse` (a resumed study) or where
+    it measured every shape (a `sweep` command's, fuller than a run's time-limited one). Never
+    raises.
     The child gets the variants by value and skips the probe: it then imports neither Optuna
     nor torch._dynamo, a few seconds less on a CPU."""
     from search.report import default_report_dir
@@ -243,8 +245,8 @@ def sweep_leaders(job, reuse: bool) -> list[str]:
         left_out = "" if PIPELINE_COMPILE[kind] else " (torch.compile variants left out on a CPU)"
         if not wanted:
             return [f"shape sweep: no variant to sweep{left_out}"]
-        if reuse and _same_sweep(out, wanted, job.device):
-            return [f"shape sweep: kept {out} (same variants, same device)"]
+        if kept := _kept_sweep(out, wanted, job.device, reuse):
+            return [f"shape sweep: kept {out} ({kept})"]
         cmd = [sys.executable, "-m", "search", "sweep", "--out", str(out.resolve()), "--no-probe"]
         for name, variant in chosen:
             cmd += ["--variant", f"{name}={json.dumps(variant.to_dict())}"]
@@ -285,17 +287,20 @@ def sweep_limit(kind: str, seconds_left: float) -> float:
     return max(MIN_GPU_LIMIT_S, min(PIPELINE_LIMIT_S["cuda"], seconds_left))
 
 
-def _same_sweep(path: Path, variants: list[dict], device: str) -> bool:
+def _kept_sweep(path: Path, variants: list[dict], device: str, reuse: bool) -> str | None:
+    """Why the sweep at `path` stays (see sweep_leaders), or None to sweep again."""
     try:
         old = json.loads(path.read_text())
     except (OSError, ValueError):
-        return False
+        return None
     entries = old.get("variants") or []
-    return (
-        old.get("device") == device
-        and [v.get("variant") for v in entries] == variants
-        and not any(v.get("error") for v in entries)
-    )
+    same = old.get("device") == device and [v.get("variant") for v in entries] == variants
+    if not same or any(v.get("error") for v in entries):
+        return None
+    if reuse:
+        return "same variants, same device"
+    cut = [s for v in entries for s in v.get("skipped") or [] if s.get("why") == "time limit"]
+    return None if cut else "same variants, same device, every shape measured"
 
 
 def write_json(path: Path, data: dict) -> None:

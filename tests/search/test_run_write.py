@@ -32,7 +32,7 @@ def job(device: str, left: float, durations=(19.0, 20.0, 18.0, 22.0)):
         device=device,
         runner=FakeRunner(clock, list(durations)),
         args=SimpleNamespace(remeasure=3),
-        budget=Budget(0.0, 300.0, leaders=3, verify=True),
+        budget=Budget(0.0, 300.0, leaders=3, verify_trials=3.0),
         seconds_left=lambda: clock.left,
         study=None,
         notes=[],

@@ -1,6 +1,9 @@
-"""The shape sweep after the search: its time limit follows what is left of the budget."""
+"""The shape sweep after the search: its time limit follows what is left of the budget, and a
+fuller sweep of the same variants is not replaced by it."""
 
-from sweep.command import sweep_limit
+import json
+
+from sweep.command import _kept_sweep, sweep_limit
 
 
 def test_a_gpu_sweep_gets_what_is_left_within_20_to_90_s():
@@ -13,3 +16,30 @@ def test_a_gpu_sweep_gets_what_is_left_within_20_to_90_s():
 def test_a_cpu_sweep_always_gets_10_s():
     assert sweep_limit("cpu", 500.0) == 10.0
     assert sweep_limit("cpu", -30.0) == 10.0
+
+
+def test_a_full_sweep_of_the_same_variants_stays_and_a_cut_one_is_swept_again(tmp_path):
+    a, b = {"cache": "slab"}, {"cache": "paged"}
+    path = tmp_path / "sweep.json"
+
+    def write(skipped, device="cpu", error=None):
+        entry = {"variant": a, "skipped": skipped, **({"error": error} if error else {})}
+        path.write_text(json.dumps({"device": device, "variants": [entry, {"variant": b}]}))
+
+    write([])  # a `sweep` command's: every shape measured
+    assert _kept_sweep(path, [a, b], "cpu", reuse=False) == (
+        "same variants, same device, every shape measured"
+    )
+    write([{"kind": "decode", "batch": 64, "why": "out of memory"}])  # (not a cut)
+    assert _kept_sweep(path, [a, b], "cpu", reuse=False) is not None
+    write([{"kind": "prefill", "length": 2048, "why": "time limit"}])  # a run's, cut short
+    assert _kept_sweep(path, [a, b], "cpu", reuse=False) is None
+    assert _kept_sweep(path, [a, b], "cpu", reuse=True) == "same variants, same device"
+    write([])
+    assert _kept_sweep(path, [b, a], "cpu", reuse=True) is None  # other leaders
+    assert _kept_sweep(path, [a, b], "cuda:0", reuse=True) is None  # another device
+    write([], error="RuntimeError")
+    assert _kept_sweep(path, [a, b], "cpu", reuse=True) is None
+    path.write_text("{not json")
+    assert _kept_sweep(path, [a, b], "cpu", reuse=True) is None
+    assert _kept_sweep(tmp_path / "none.json", [a, b], "cpu", reuse=True) is None
