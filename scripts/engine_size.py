@@ -9,7 +9,8 @@ decodes, a removal and a re-prefill execute.
 
 `--weights course` (the default) measures the engine run.sh writes for the course's model (its
 config in the course's keys, its weights a course-layout model.pt: the engine carries those
-readers alone), `--weights any` one that reads Hugging Face configs and every weight format;
+readers alone), `--weights safetensors` one for a Hugging Face folder with one safetensors file
+(SmolLM2's), `--weights any` one that reads Hugging Face configs and every weight format;
 `--modules` lists each module's code lines.
 """
 
@@ -75,6 +76,12 @@ def statement_share(variant: Variant, weights: str) -> float:
     config = json.loads(CONFIG.read_text())
     folder = Path(tempfile.mkdtemp())
     save_toy_weights(config, folder / "model.pt", seed=1)
+    if weights == "safetensors":  # the same tensors in the file that engine reads
+        from safetensors.torch import save_file
+
+        state = torch.load(folder / "model.pt", weights_only=True)
+        (folder / "model.pt").unlink()
+        save_file({k: v.contiguous() for k, v in state.items()}, folder / "model.safetensors")
     path = render_engine(variant, folder / "engine.py", weights=weights)
     cov = coverage.Coverage(include=[str(path)], data_file=None)
     cov.start()
@@ -103,7 +110,7 @@ def main() -> None:
     parser.add_argument("--modules", action="store_true", help="also the code lines per module")
     parser.add_argument(
         "--weights",
-        choices=["course", "any"],
+        choices=["course", "safetensors", "any"],
         default="course",
         help="the config and weight readers the engine carries (default: course)",
     )

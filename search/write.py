@@ -260,7 +260,8 @@ def header(job, record: Record) -> str:
         "Written by `bash run.sh` (python -m search run), " + time.strftime("%Y-%m-%d %H:%M:%S"),
         f"model: {target.config_path}",
         f"weights: {target.weights_file}, read as {target.weights_format} "
-        "(course: a course-layout model.pt only; any: every format)",
+        "(course: a course-layout model.pt only; safetensors: one safetensors file; any: "
+        "every format)",
         f"{FINGERPRINT}{model_fingerprint(target)}",
         f"variant: {record.name}",
     ]

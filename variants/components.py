@@ -38,6 +38,7 @@ KERNEL_ORDER = tuple(
 READERS = {
     "any": ("variants.checkpoint.hf_config", "variants.checkpoint.reader"),
     "course": ("variants.checkpoint.course_config", "variants.checkpoint.course_file"),
+    "safetensors": ("variants.checkpoint.hf_config", "variants.checkpoint.safetensors_file"),
 }
 
 CACHES = {

@@ -62,7 +62,9 @@ def test_run_sh_on_smollm2_reads_the_folder_and_writes_an_engine_that_writes_its
     before = _digest(smollm2_dir)
     engine_file = run_sh(smollm2_dir, tmp_path, child_env, "--trials", "1", "--remeasure", "0")
     assert _digest(smollm2_dir) == before  # read, never written
-    assert "def read_checkpoint" in engine_file.read_text()  # safetensors: the full reader
+    text = engine_file.read_text()  # one safetensors file: its reader alone
+    assert "def read_safetensors_weights" in text and "def read_checkpoint" not in text
+    assert "read as safetensors" in text
     config = json.loads((smollm2_dir / "config.json").read_text())
     engine = load_engine_module(engine_file).create_engine(config, str(smollm2_dir), "cpu")
     tokenizer = Tokenizer.from_file(str(smollm2_dir / "tokenizer.json"))

@@ -183,6 +183,34 @@ def test_rendered_engine_loads_save_pretrained_output(untied, untied_dir, tmp_pa
     assert run_against_hf(engine, untied, seed=4) == 0
 
 
+def test_an_engine_for_one_safetensors_file_reads_it_and_carries_no_other_format(
+    untied, untied_dir, tmp_path
+):
+    """Rendered for a target whose weights are one safetensors file (SmolLM2's folder): the
+    same logits as transformers, a tied head and a file of another name read, and none of the
+    other formats' readers carried; weights in another format are one line naming the cure."""
+    config, folder = untied_dir
+    variant = Variant(cache="slab", attention="sdpa")
+    path = render_engine(variant, tmp_path / "lean" / "engine.py", weights="safetensors")
+    text, general = path.read_text(), render_engine(variant, tmp_path / "engine.py").read_text()
+    for name in ("def read_checkpoint", "def read_sharded_weights", "def read_pickled_weights"):
+        assert name not in text and name in general
+    assert "def rope_theta_of" in text and "def convert_rotate_half_qk" in text
+    module = load_engine_module(path)
+    assert run_against_hf(module.create_engine(config, folder, "cpu"), untied, seed=5) == 0
+
+    tied = random_llama(tie=True, seed=6)
+    tied_config, _ = saved(tied, tmp_path / "tied")
+    (tmp_path / "tied" / "model.safetensors").rename(tmp_path / "tied" / "weights.safetensors")
+    engine = module.create_engine(tied_config, str(tmp_path / "tied"), "cpu")
+    assert run_against_hf(engine, tied, seed=6) == 0
+
+    (tmp_path / "bin").mkdir()
+    torch.save(untied.state_dict(), tmp_path / "bin" / "pytorch_model.bin")
+    with pytest.raises(FileNotFoundError, match="reads one safetensors file, the format it was"):
+        module.create_engine(config, str(tmp_path / "bin"), "cpu")
+
+
 def test_config_without_llama_name_skips_the_conversion_and_misses(untied, untied_dir):
     """The conversion is what makes HF weights match: a config claiming the course's
     interleaved `tiny_llama` loads the same file unconverted, and the logits are far off."""

@@ -36,7 +36,8 @@ def test_a_hugging_face_folder_is_read_and_left_as_it_is(tiny_config, tmp_path, 
     assert _tree_digest(folder) == before
     assert target.weight_dir == folder.resolve()
     assert target.weights_file.endswith("model.safetensors") and len(target.fingerprint) == 16
-    assert target.weights_format == "any"  # the written engine carries every format's reader
+    # the written engine carries the reader of one safetensors file, no other format's
+    assert target.weights_format == "safetensors"
 
 
 def test_the_fingerprint_tells_other_weights_of_one_shape_apart(tiny_config, tmp_path):

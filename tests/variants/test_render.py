@@ -504,7 +504,7 @@ ELSEWHERE = re.compile(
 )
 
 
-@pytest.mark.parametrize("weights", ["course", "any"])
+@pytest.mark.parametrize("weights", ["course", "safetensors", "any"])
 def test_an_engine_names_nothing_it_does_not_contain(weights):
     from variants.presets import PRESETS
 

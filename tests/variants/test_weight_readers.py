@@ -1,5 +1,5 @@
-"""The two weight readers an engine can carry: the course's model.pt alone, or every format;
-`weights_format` says which a target needs, from its file's name and tensors."""
+"""The weight readers an engine can carry: the course's model.pt alone, one safetensors file,
+or every format; `weights_format` says which a target needs, from its file's name and tensors."""
 
 import pytest
 import torch
@@ -31,7 +31,9 @@ def test_the_course_reader_names_a_missing_weight(tiny_spec, course_dir):
         course_file.course_state_dict(tiny_spec, str(course_dir))
 
 
-def test_anything_but_a_course_layout_model_pt_needs_the_full_reader(tiny_config, course_dir):
+def test_anything_but_a_course_model_pt_or_one_safetensors_needs_the_full_reader(
+    tiny_config, course_dir
+):
     spec = ModelSpec.from_config(tiny_config)
     state = torch.load(course_dir / "model.pt", weights_only=True)
     path = str(course_dir / "model.pt")
@@ -39,6 +41,9 @@ def test_anything_but_a_course_layout_model_pt_needs_the_full_reader(tiny_config
     tied = {k: v for k, v in state.items() if k != "lm_head.weight"}
     assert reader.weights_format(spec, path, prefixed) == "any"
     assert reader.weights_format(spec, path, tied) == "any"
-    assert reader.weights_format(spec, str(course_dir / "model.safetensors"), state) == "any"
+    for name in ("model.safetensors", "weights.safetensors"):
+        assert reader.weights_format(spec, str(course_dir / name), state) == "safetensors"
+    for name in ("model.safetensors.index.json", "pytorch_model.bin", "weights.pt"):
+        assert reader.weights_format(spec, str(course_dir / name), state) == "any"
     tie_config = ModelSpec.from_config({**tiny_config, "tie_word_embeddings": True})
     assert reader.weights_format(tie_config, path, state) == "any"

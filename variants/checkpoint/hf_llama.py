@@ -4,7 +4,11 @@ Keys lose the `model.` prefix (`lm_head.weight` has none in HF). HF's q/k rows p
 (j, j + d/2) per head for rotate-half RoPE; reordering them to pairs (2j, 2j+1) lets the
 interleaved RoPE compute the same scores (the inverse of convert_llama_weights_to_hf's permute)."""
 
+import os
+
 import torch
+
+from variants.checkpoint.checks import check_state_dict
 
 HF_PREFIX = "model."
 # Configs that name Hugging Face's LLaMA: its checkpoints pair q/k dims (j, j + d/2)
@@ -52,3 +56,25 @@ def convert_rotate_half_qk(spec, state: dict) -> None:
         for name, heads in (("q_proj", spec.num_heads), ("k_proj", spec.num_kv_heads)):
             key = f"layers.{n}.self_attn.{name}.weight"
             state[key] = rotate_half_to_interleaved(state[key], heads, spec.head_dim)
+
+
+def uses_rotate_half(spec, path: str, prefixed: bool) -> bool:
+    """HF LLaMA checkpoints (config says llama) are rotate-half; the course's `model.pt` with
+    unprefixed keys is interleaved by the course contract, whatever the config's model_type."""
+    course_file = os.path.basename(path) == "model.pt" and not prefixed
+    return rope_layout_of(spec.config) == "rotate_half" and not course_file
+
+
+def course_layout(spec, checkpoint) -> dict:
+    """`checkpoint`'s tensors (a formats.Checkpoint, its state handed over) in the course
+    layout: prefix stripped, lm_head tied when the config says so or the checkpoint has none,
+    checked, q/k rows in interleaved order."""
+    state, prefixed = strip_model_prefix(checkpoint.state)
+    checkpoint.state = None
+    if spec.tie_word_embeddings or "lm_head.weight" not in state:
+        if "embed_tokens.weight" in state:  # else the check names the missing embedding
+            state["lm_head.weight"] = state["embed_tokens.weight"]
+    check_state_dict(spec, state)
+    if uses_rotate_half(spec, checkpoint.path, prefixed):
+        convert_rotate_half_qk(spec, state)
+    return state

@@ -25,7 +25,8 @@ from evaluator.engine_loader import EngineLoadError, default_target_paths, load_
 from evaluator.toy_weights import save_toy_weights
 from variants.checkpoint.formats import Checkpoint, find_weight_file
 from variants.checkpoint.hf_config import course_keys, reads_as_course
-from variants.checkpoint.reader import course_layout, weights_format
+from variants.checkpoint.hf_llama import course_layout
+from variants.checkpoint.reader import weights_format
 from variants.spec import SIZE_KEYS, ModelSpec
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,8 @@ _ST_DTYPES = {
 READERS = {
     "course": "the course's config keys and a course-layout model.pt only (its readers: "
     "variants/checkpoint/course_config.py, course_file.py)",
+    "safetensors": "Hugging Face configs and one safetensors file only "
+    "(variants/checkpoint/hf_config.py, safetensors_file.py)",
     "any": "Hugging Face configs and any weight format (variants/checkpoint/hf_config.py, "
     "reader.py)",
 }
@@ -57,7 +60,8 @@ class Target:
     config: dict
     notes: list[str] = field(default_factory=list)
     weights_file: str = ""
-    # "course": the course's config keys and a course-layout model.pt (the engine's readers)
+    # the engine's readers (READERS): "course" (the course's config keys and a course-layout
+    # model.pt), "safetensors" (one safetensors file) or "any"
     weights_format: str = "any"
     fingerprint: str = ""  # of the weight files' contents (sampled), see `weights_fingerprint`
     numel: int = 0  # the stored tensors' elements
@@ -130,7 +134,8 @@ def _has_weights(folder: Path) -> bool:
 def check_weights(target: Target) -> None:
     """The weights found and their names and shapes checked against the config, from the files'
     headers; fills in `target.weights_file` and `target.weights_format` ("course" where the
-    course's readers read the weights and the config as the library's do)."""
+    course's readers read the weights and the config as the library's do, "safetensors" for one
+    safetensors file)."""
     try:
         path = find_weight_file(target.weight_dir)
     except (FileNotFoundError, ValueError) as exc:
@@ -140,8 +145,9 @@ def check_weights(target: Target) -> None:
     spec = ModelSpec.from_config(target.config)
     shapes = stored_shapes(path)
     target.numel = sum(t.numel() for t in shapes.values() if isinstance(t, torch.Tensor))
-    course = weights_format(spec, path, shapes) == "course" and reads_as_course(target.config)
-    target.weights_format = "course" if course else "any"
+    found = weights_format(spec, path, shapes)
+    course = found == "course" and reads_as_course(target.config)
+    target.weights_format = found if found != "course" or course else "any"
     try:
         course_layout(spec, Checkpoint(dict(shapes), path))
     except (KeyError, ValueError) as exc:
