@@ -174,8 +174,12 @@ def set_up(job) -> None:
         kept_trials=LEADER_TIMINGS if kernels else 0.0,
     )
     job.notes.append(
-        f"budget {minutes:g} min, trial limit {job.trial_timeout:.0f} s; a screened trial stops "
-        f"at the first trace it runs under {PRUNE_SHARE:g} of the best trial's speed (pruned)"
+        f"budget {minutes:g} min from run.sh's start, trial limit {job.trial_timeout:.0f} s; the "
+        f"trials stop where the verification ({VERIFY_TRIALS[kind]:g} typical trials until the "
+        f"study has timed one), the sweep and, within {job.budget.max_reserve_share:.0%} of the "
+        "budget, the leaders' full-protocol runs still fit; a screened trial stops at the first "
+        "trace it runs under "
+        f"{PRUNE_SHARE:g} of the best trial's speed (pruned)"
     )
     job.environment = describe_environment(job.device)
     job.memory_budget_gib, why = memory_budget_gib(args, job.device)
