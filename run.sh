@@ -57,6 +57,6 @@ if [[ " $* " != *" --help "* && " $* " != *" -h "* ]]; then
     fi
     [[ $absent == " " ]] || started=${EPOCHREALTIME:-$(date +%s)}
 fi
-export AUTOTUNER_STARTED_AT=$started
+export AUTOTUNER_STARTED_AT=${started/,/.}  # (a locale may write a decimal comma)
 
 exec "$PYTHON" -m search run "$@"
