@@ -167,7 +167,7 @@ def set_up(job) -> None:
         job.deadline,
         job.trial_timeout,
         total_s=job.budget_s,
-        leaders=getattr(args, "remeasure", 0),
+        leader_trials=getattr(args, "remeasure", 0) * REMEASURE_TRIALS[kind],
         verify_trials=VERIFY_TRIALS[kind],
         after_s=PIPELINE_LIMIT_S[kind] + WRAP_UP_S,
         kept_s=job.kernel_search_s,
@@ -219,12 +219,13 @@ def scratch_dir(prefix: str) -> str:
 
 
 # What the steps after the search take, in typical trials (a median trial's seconds). A
-# leader's full-protocol run is about one and a half (SmolLM2 on this CPU: 15.5 s against a
-# 12.3 s trial). The verification, until a study has measured its own: on a CPU about three
-# (34.7 s there: every correctness case from a cold reference, the stress case at a long
-# context, then a benchmark, each a fresh process), on a GPU about one and a half (the H200's
-# studies in docs/: 32.5 s against about 23, 56.2 against about 50).
-REMEASURE_TRIALS = 1.5
+# leader's full-protocol run (no gate, a fresh engine a repeat): on a CPU about one and a half
+# (SmolLM2 on this CPU: 15.5 s against a 12.3 s trial), on a GPU about one (the H200's studies
+# in docs/: 18 s against about 23). The verification, until a study has measured its own: on a
+# CPU about three (34.7 s there: every correctness case from a cold reference, the stress case
+# at a long context, then a benchmark, each a fresh process), on a GPU about one and a half
+# (32.5 s against about 23, 56.2 against about 50).
+REMEASURE_TRIALS = {"cpu": 1.5, "cuda": 1.0}
 VERIFY_TRIALS = {"cpu": 3.0, "cuda": 1.5}
 # the shape sweep's process start, the figures and results.log (2.8 s on this CPU)
 WRAP_UP_S = 5.0
@@ -232,16 +233,16 @@ WRAP_UP_S = 5.0
 
 @dataclass
 class Budget:
-    """The loop's deadline and the reserve after it: `leaders` full-protocol runs, the
-    verification (`verify_s` as the study measured it, else `verify_trials` typical trials; 0:
-    none) and `after_s` (the shape sweep), at most `max_reserve_share` of the budget but never
-    less than the verification and the sweep; then `kept_s` plus `kept_trials` typical trials
-    (the kernel search and its leader's timings)."""
+    """The loop's deadline and the reserve after it: the leaders' full-protocol runs
+    (`leader_trials` typical trials), the verification (`verify_s` as the study measured it,
+    else `verify_trials` typical trials; 0: none) and `after_s` (the shape sweep), at most
+    `max_reserve_share` of the budget but never less than the verification and the sweep; then
+    `kept_s` plus `kept_trials` typical trials (the kernel search and its leader's timings)."""
 
     deadline: float  # time.monotonic() value
     trial_timeout_s: float
     total_s: float = 0.0
-    leaders: int = 0
+    leader_trials: float = 0.0
     verify_trials: float = 0.0
     verify_s: float | None = None
     max_reserve_share: float = 0.35
@@ -263,7 +264,7 @@ class Budget:
         """Seconds the next trial may take, or None when the budget is spent."""
         typical = self.typical_trial_s(durations)
         needed = self.verify_estimate_s(durations) + self.after_s
-        wanted = needed + self.leaders * REMEASURE_TRIALS * typical
+        wanted = needed + self.leader_trials * typical
         reserve = max(min(wanted, self.max_reserve_share * self.total_s), needed)
         reserve += self.kept_s + self.kept_trials * typical
         left = self.deadline - time.monotonic() - reserve

@@ -186,13 +186,13 @@ def remeasure(job, records: list[Record]) -> None:
     """The `--remeasure` leaders timed with the grader's full protocol in the time the steps
     after it leave; their `full_*` numbers go into the records and the study."""
     after = after_remeasure_s(job)
-    leaders = rank(records)[: job.args.remeasure]
+    leaders, kind = rank(records)[: job.args.remeasure], device_kind(job.device)
     measured: dict[int, dict] = {}
     for record in leaders:
         if record.has_full:
             continue
         # no gate, but a fresh engine per repeat: about one screening trial, with a margin
-        expected = REMEASURE_TRIALS * (record.attrs.get("trial_seconds") or 30.0)
+        expected = REMEASURE_TRIALS[kind] * (record.attrs.get("trial_seconds") or 30.0)
         if job.seconds_left() - after < expected:
             log.info("no time left to re-measure trial %d with the full protocol", record.number)
             break

@@ -13,26 +13,30 @@ def budget(total_s: float, trial_timeout_s: float = 1000.0, **kw) -> Budget:
 
 
 def test_the_reserve_is_the_leaders_the_verification_and_the_sweep():
-    b = budget(1200.0, trial_timeout_s=300.0, leaders=3, verify_trials=3.0, after_s=90.0)
+    b = budget(1200.0, trial_timeout_s=300.0, leader_trials=4.5, verify_trials=3.0, after_s=90.0)
     # typical trial 20 s: 90 s for three leaders' full protocol, 60 s for the verification (three
     # trials until the study has measured one), 90 s for the sweep
     assert b.time_for_trial([20.0, 19.0, 21.0]) == 300.0  # the trial limit, far from the end
-    b = budget(1000.0, leaders=3, verify_trials=3.0, after_s=90.0)  # 35 % is 350 s: 240 s kept
+    b = budget(
+        1000.0, leader_trials=4.5, verify_trials=3.0, after_s=90.0
+    )  # 35 % is 350 s: 240 s kept
     assert b.time_for_trial([20.0]) == pytest.approx(1000.0 - 240.0, abs=1.0)
-    b = budget(1000.0, leaders=3, verify_trials=3.0, verify_s=100.0)  # as the study measured it
+    b = budget(
+        1000.0, leader_trials=4.5, verify_trials=3.0, verify_s=100.0
+    )  # as the study measured it
     assert b.time_for_trial([20.0]) == pytest.approx(1000.0 - 190.0, abs=1.0)
     assert budget(600.0).time_for_trial([20.0]) == pytest.approx(600.0, abs=1.0)  # a worker's
 
 
 def test_the_reserve_never_takes_more_than_its_share_of_a_short_budget():
-    b = budget(240.0, leaders=3, verify_trials=3.0, after_s=15.0)
+    b = budget(240.0, leader_trials=4.5, verify_trials=3.0, after_s=15.0)
     assert b.time_for_trial([20.0]) == pytest.approx(240.0 - 84.0, abs=1.0)  # 165 s wanted
     # ... but never less than the verification and the sweep, which no run goes without:
     # 3 x 30 + 15 s, the leaders' full-protocol runs dropped
     assert b.time_for_trial([30.0]) == pytest.approx(240.0 - 105.0, abs=1.0)
     # a model whose trial takes a minute on a 5-minute budget: after the first trial, what is
     # left is the verification's (3 minutes) and the sweep's
-    b = budget(300.0 - 62.0, leaders=3, verify_trials=3.0, after_s=15.0)
+    b = budget(300.0 - 62.0, leader_trials=4.5, verify_trials=3.0, after_s=15.0)
     b.total_s = 300.0
     assert b.time_for_trial([60.0]) is None
 
@@ -46,9 +50,11 @@ def test_no_trial_when_less_than_three_quarters_of_one_is_left():
 def test_the_kernel_search_keeps_its_share_beyond_the_capped_reserve():
     # a 5-minute budget: the trials' reserve is capped at 35 % (105 s); the kernel search's 30 s
     # and the leader's three typical timings (60 s) are kept on top of it
-    b = budget(300.0, leaders=3, verify_trials=3.0, after_s=15.0, kept_s=30.0, kept_trials=3.0)
+    b = budget(
+        300.0, leader_trials=4.5, verify_trials=3.0, after_s=15.0, kept_s=30.0, kept_trials=3.0
+    )
     assert b.time_for_trial([20.0]) == pytest.approx(300.0 - 105.0 - 30.0 - 60.0, abs=1.0)
-    b = budget(300.0, leaders=3, verify_trials=3.0, after_s=15.0)
+    b = budget(300.0, leader_trials=4.5, verify_trials=3.0, after_s=15.0)
     assert b.time_for_trial([20.0]) == pytest.approx(195.0, abs=1.0)
 
 

@@ -32,7 +32,7 @@ def job(device: str, left: float, durations=(19.0, 20.0, 18.0, 22.0)):
         device=device,
         runner=FakeRunner(clock, list(durations)),
         args=SimpleNamespace(remeasure=3),
-        budget=Budget(0.0, 300.0, leaders=3, verify_trials=3.0),
+        budget=Budget(0.0, 300.0, leader_trials=4.5, verify_trials=3.0),
         seconds_left=lambda: clock.left,
         study=None,
         notes=[],
@@ -84,9 +84,9 @@ def test_a_short_budget_skips_the_remeasure_rather_than_overrunning():
 
 
 def test_the_leaders_are_remeasured_while_the_later_steps_still_fit():
-    # 111.5 s kept for later and 30 s expected a leader: 62.5 s free before the first, 42.5 s
-    # before the second, 22.5 s before the third.
-    roomy = job("cuda", 174.0)
+    # 111.5 s kept for later and 20 s expected a leader (a GPU's full protocol: one trial): 52.5
+    # s free before the first, 32.5 s before the second, 12.5 s before the third.
+    roomy = job("cuda", 164.0)
     records = leaders()
     remeasure(roomy, records)
     assert roomy.runner.runs == [Variant.from_dict(records[i].variant).name for i in (0, 1)]
