@@ -178,8 +178,7 @@ def set_up(job) -> None:
         f"trials stop where the verification ({VERIFY_TRIALS[kind]:g} typical trials until the "
         f"study has timed one), the sweep and, within {job.budget.max_reserve_share:.0%} of the "
         "budget, the leaders' full-protocol runs still fit; a screened trial stops at the first "
-        "trace it runs under "
-        f"{PRUNE_SHARE:g} of the best trial's speed (pruned)"
+        f"trace it runs under {PRUNE_SHARE:g} of the best trial's speed (pruned)"
     )
     job.environment = describe_environment(job.device)
     job.memory_budget_gib, why = memory_budget_gib(args, job.device)

@@ -145,9 +145,9 @@ def check_weights(target: Target) -> None:
     spec = ModelSpec.from_config(target.config)
     shapes = stored_shapes(path)
     target.numel = sum(t.numel() for t in shapes.values() if isinstance(t, torch.Tensor))
-    found = weights_format(spec, path, shapes)
-    course = found == "course" and reads_as_course(target.config)
-    target.weights_format = found if found != "course" or course else "any"
+    target.weights_format = weights_format(spec, path, shapes)
+    if target.weights_format == "course" and not reads_as_course(target.config):
+        target.weights_format = "any"  # the course's weights under another config's keys
     try:
         course_layout(spec, Checkpoint(dict(shapes), path))
     except (KeyError, ValueError) as exc:
