@@ -12,7 +12,9 @@
 #                                            # tree's benchmark instead (engine vs harness);
 #                                            # BUDGET_GIB=8: each engine rendered with that
 #                                            # memory budget, as run.sh writes it, where its
-#                                            # tree's renderer takes one (else none, said)
+#                                            # tree's renderer takes one (else none, said);
+#                                            # BENCH_ARGS: more flags for the benchmark (the
+#                                            # ceilings given: --bandwidth-gbs 4008 --tflops 768)
 #
 # Writes one JSON line per round, tree and trace to ${OUT:-.ab}/ab.jsonl and prints the medians.
 set -euo pipefail
@@ -65,7 +67,7 @@ print('$tree: memory budget', budget.get('memory_budget_gib', 'none'), 'GiB')")
             (cd "$bench" && PYTHONPATH=$PWD "$PY" evaluator/benchmark_throughput.py \
                 --engine "$root/.ab/engine_$name.py" --model-config "$root/target/model_config.json" \
                 --weight-dir "$root/target/weights" --device cuda --suite "$SUITE" \
-                --json "$root/.ab/last.json" > "$log" 2>&1) \
+                --json "$root/.ab/last.json" ${BENCH_ARGS:-} > "$log" 2>&1) \
                 || { echo "error: ${name:-head}'s benchmark failed: $log" >&2; continue; }
             "$PY" -c "
 import json; d = json.load(open('.ab/last.json'))

@@ -172,13 +172,21 @@ def set_up(job) -> None:
         after_s=PIPELINE_LIMIT_S[kind] + WRAP_UP_S,
         kept_s=job.kernel_search_s,
         kept_trials=LEADER_TIMINGS if kernels else 0.0,
+        kept_after=KERNEL_SEARCH_AFTER,
     )
     job.notes.append(
         f"budget {minutes:g} min from run.sh's start, trial limit {job.trial_timeout:.0f} s; the "
         f"trials stop where the verification ({VERIFY_TRIALS[kind]:g} typical trials until the "
         f"study has timed one), the sweep and, within {job.budget.max_reserve_share:.0%} of the "
-        "budget, the leaders' full-protocol runs still fit; a screened trial stops at the first "
-        f"trace it runs under {PRUNE_SHARE:g} of the best trial's speed (pruned)"
+        "budget, the leaders' full-protocol runs still fit"
+        + (
+            f" (and, once {KERNEL_SEARCH_AFTER} trials are timed, the kernel search's "
+            f"{job.kernel_search_s:.0f} s and its leader's timings)"
+            if kernels
+            else ""
+        )
+        + f"; a screened trial stops at the first trace it runs under {PRUNE_SHARE:g} of the "
+        "best trial's speed (pruned)"
     )
     job.environment = describe_environment(job.device)
     job.memory_budget_gib, why = memory_budget_gib(args, job.device)
@@ -226,6 +234,9 @@ def scratch_dir(prefix: str) -> str:
 # (32.5 s against about 23, 56.2 against about 50).
 REMEASURE_TRIALS = {"cpu": 1.5, "cuda": 1.0}
 VERIFY_TRIALS = {"cpu": 3.0, "cuda": 1.5}
+# The trials timed before the kernel search's time is kept in the reserve: it searches a
+# leader's kernels, and on a short budget the trials that find the leader come first.
+KERNEL_SEARCH_AFTER = 3
 # the shape sweep's process start, the figures and results.log (2.8 s on this CPU)
 WRAP_UP_S = 5.0
 
@@ -236,7 +247,9 @@ class Budget:
     (`leader_trials` typical trials), the verification (`verify_s` as the study measured it,
     else `verify_trials` typical trials; 0: none) and `after_s` (the shape sweep), at most
     `max_reserve_share` of the budget but never less than the verification and the sweep; then
-    `kept_s` plus `kept_trials` typical trials (the kernel search and its leader's timings)."""
+    `kept_s` plus `kept_trials` typical trials (the kernel search and its leader's timings)
+    once `kept_after` trials are timed: a search needs a leader, and on a short budget the
+    first trials come before it (it then runs in what is left, or says there was no time)."""
 
     deadline: float  # time.monotonic() value
     trial_timeout_s: float
@@ -249,6 +262,7 @@ class Budget:
     after_s: float = 0.0
     kept_s: float = 0.0
     kept_trials: float = 0.0
+    kept_after: int = 0
 
     def typical_trial_s(self, durations: list[float]) -> float:
         return statistics.median(durations) if durations else self.first_guess_s
@@ -265,7 +279,8 @@ class Budget:
         needed = self.verify_estimate_s(durations) + self.after_s
         wanted = needed + self.leader_trials * typical
         reserve = max(min(wanted, self.max_reserve_share * self.total_s), needed)
-        reserve += self.kept_s + self.kept_trials * typical
+        if len(durations) >= self.kept_after:
+            reserve += self.kept_s + self.kept_trials * typical
         left = self.deadline - time.monotonic() - reserve
         if left < 0.75 * typical:
             return None

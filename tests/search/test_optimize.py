@@ -58,6 +58,21 @@ def test_the_kernel_search_keeps_its_share_beyond_the_capped_reserve():
     assert b.time_for_trial([20.0]) == pytest.approx(195.0, abs=1.0)
 
 
+def test_the_first_trials_come_before_the_kernel_search_s_reserve():
+    # a GPU's 4-minute run, 182 s left after its warm-up: the verification, the sweep and the
+    # kernel search's share with its leader's timings (209 s) left no trial; the search needs a
+    # leader, so its time is kept from the third timed trial on
+    kw = dict(leader_trials=3.0, verify_trials=1.5, after_s=95.0, kept_s=24.0, kept_trials=3.0)
+    b = budget(182.0, kept_after=3, **kw)
+    b.total_s = 240.0
+    assert b.time_for_trial([]) == pytest.approx(182.0 - 125.0, abs=1.0)
+    assert b.time_for_trial([23.0, 23.0]) is not None
+    assert b.time_for_trial([23.0, 23.0, 23.0]) is None  # 182 s left: 129.5 + 24 + 69 kept
+    b = budget(182.0, **kw)  # (kept from the start: no trial at all)
+    b.total_s = 240.0
+    assert b.time_for_trial([]) is None
+
+
 def test_the_budget_counts_from_run_sh_s_start(monkeypatch):
     monkeypatch.setenv("AUTOTUNER_STARTED_AT", str(time.time() - 30.0))
     assert launched_s_ago() == pytest.approx(30.0, abs=1.0)
