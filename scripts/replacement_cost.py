@@ -16,6 +16,10 @@ each of three ways of making the next engine, medians of many repeats, and each 
 - `parked`: as `assign`, but the last engine's graphs are taken out of it before the
   assignment and destroyed before the next engine is made (outside any timed pass): what an
   engine would gain by handing its graphs to the next one's construction to free.
+- `deferred`: as `parked`, but the whole last engine is held until the next engine is made and
+  freed there: what an engine would gain by leaving its whole free (cache, weights, graphs) to
+  the next `create_engine` (the pattern's peak is the same: that engine is alive while the
+  next is made in every mode).
 
 If `assign` is slower than the other two, the time goes to freeing the last engine; the
 per-call columns say which call pays it. The cyclic collector is off throughout, as in
@@ -43,7 +47,7 @@ from evaluator.traces import materialize  # noqa: E402
 from variants.presets import PRESETS  # noqa: E402
 from variants.render import render_engine  # noqa: E402
 
-MODES = ("assign", "settled", "kept", "idle", "busy", "parked")
+MODES = ("assign", "settled", "kept", "idle", "busy", "parked", "deferred")
 
 
 def sync(device: torch.device) -> None:
@@ -70,10 +74,12 @@ def measure(create, config, weights, device, calls, mode: str, repeat: int) -> d
     for _ in range(repeat):
         if mode in ("kept", "idle"):
             kept.append(engine)
-        parked.clear()  # the engine before last's graphs, destroyed before the next is made
+        parked.clear()  # the engine before last (or its graphs), freed before the next is made
         new = create(config, weights, str(device))
         if mode == "parked":
             parked.extend(take_graphs(engine))
+        if mode == "deferred":
+            parked.append(engine)
         start = time.perf_counter()
         engine = new  # the last engine is freed here (unless kept)
         frees.append(time.perf_counter() - start)
