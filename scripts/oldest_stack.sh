@@ -57,4 +57,5 @@ exec "$PY" -m pytest -m "not gpu" -p no:cacheprovider \
     tests/variants/layers/test_block.py tests/variants/layers/test_projections.py \
     tests/variants/layers/test_rmsnorm.py tests/variants/layers/test_rope.py \
     tests/variants/test_engine.py tests/variants/test_weights.py tests/variants/test_spec.py \
+    tests/variants/test_hf_checkpoint.py tests/variants/test_weight_readers.py \
     "$@"

