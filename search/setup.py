@@ -155,7 +155,7 @@ def set_up(job) -> None:
     job.budget_s = 60 * minutes
     job.deadline = job.start + job.budget_s
     job.trial_timeout = args.trial_timeout or DEFAULT_TRIAL_TIMEOUT_S[kind]
-    from sweep.command import PIPELINE_LIMIT_S
+    from sweep.command import sweep_reserve_s
 
     # kept after the search: the shape sweep, and on a GPU the leader's kernel search
     kernels = kind == "cuda" and getattr(args, "kernel_search", False)
@@ -169,7 +169,7 @@ def set_up(job) -> None:
         total_s=job.budget_s,
         leader_trials=getattr(args, "remeasure", 0) * REMEASURE_TRIALS[kind],
         verify_trials=VERIFY_TRIALS[kind],
-        after_s=PIPELINE_LIMIT_S[kind] + WRAP_UP_S,
+        after_s=sweep_reserve_s(kind, job.budget_s) + WRAP_UP_S,
         kept_s=job.kernel_search_s,
         kept_trials=LEADER_TIMINGS if kernels else 0.0,
         kept_after=KERNEL_SEARCH_AFTER,

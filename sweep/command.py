@@ -213,18 +213,21 @@ def leaders(best: dict, records: list[Record], top: int, compile: bool = True):
 
 # run.sh: the defaults on a GPU, adding shapes for at most 90 s (less when the budget is nearly
 # spent, never under 20 s: the figures need a few shapes); on a CPU small shapes for 10 s, and no
-# torch.compile variant (its build alone took 12 s on the tiny test model).
+# torch.compile variant (its build alone took 12 s on the tiny test model). The trials leave it a
+# tenth of a GPU's budget within those bounds: a short budget's time goes to trials, not figures.
 PIPELINE_SETTINGS = {
     "cpu": ["--batches", "1,2,4", "--lengths", "16,64", "--repeats", "2"],
     "cuda": [],
 }
 PIPELINE_LIMIT_S = {"cpu": 10.0, "cuda": 90.0}
 MIN_GPU_LIMIT_S = 20.0
+SWEEP_SHARE = 0.1
 PIPELINE_COMPILE = {"cpu": False, "cuda": True}
 PIPELINE_TIMEOUT_S = {"cpu": 120.0, "cuda": 400.0}  # engine builds come on top of the limit
-# The least the sweep takes on a GPU: its 20 s of shapes and its engines' builds, 28 s on an H200
-# (48 s in all at the 20 s limit).
-LEAST_GPU_S = MIN_GPU_LIMIT_S + 28.0
+# The sweep's engines' builds on a GPU, on top of its shapes' limit (28 s on an H200: 48 s in
+# all at the 20 s limit), and what follows it (the figures, results.log)
+BUILDS_GPU_S, AFTER_SWEEP_S = 28.0, 5.0
+LEAST_GPU_S = MIN_GPU_LIMIT_S + BUILDS_GPU_S
 
 
 def sweep_leaders(job, reuse: bool) -> list[str]:
@@ -279,12 +282,21 @@ def least_sweep_s(kind: str) -> float:
     return PIPELINE_LIMIT_S["cpu"] if kind == "cpu" else LEAST_GPU_S
 
 
-def sweep_limit(kind: str, seconds_left: float) -> float:
-    """Seconds of shapes for the sweep: on a GPU what is left of the job's budget, within
-    20-90 s; on a CPU always 10."""
+def sweep_reserve_s(kind: str, total_s: float) -> float:
+    """What the trials leave the sweep in a budget of `total_s`: on a GPU its share, at least
+    what it takes at the least and at most its limit; on a CPU its limit."""
     if kind == "cpu":
         return PIPELINE_LIMIT_S["cpu"]
-    return max(MIN_GPU_LIMIT_S, min(PIPELINE_LIMIT_S["cuda"], seconds_left))
+    return max(LEAST_GPU_S, min(PIPELINE_LIMIT_S["cuda"], SWEEP_SHARE * total_s))
+
+
+def sweep_limit(kind: str, seconds_left: float) -> float:
+    """Seconds of shapes for the sweep: on a GPU what is left of the job's budget once its
+    builds and the steps after it are counted, within 20-90 s; on a CPU always 10."""
+    if kind == "cpu":
+        return PIPELINE_LIMIT_S["cpu"]
+    shapes_s = seconds_left - BUILDS_GPU_S - AFTER_SWEEP_S
+    return max(MIN_GPU_LIMIT_S, min(PIPELINE_LIMIT_S["cuda"], shapes_s))
 
 
 def _kept_sweep(path: Path, variants: list[dict], device: str, reuse: bool) -> str | None:

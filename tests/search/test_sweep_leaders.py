@@ -3,14 +3,21 @@ fuller sweep of the same variants is not replaced by it."""
 
 import json
 
-from sweep.command import _kept_sweep, sweep_limit
+from sweep.command import _kept_sweep, sweep_limit, sweep_reserve_s
 
 
 def test_a_gpu_sweep_gets_what_is_left_within_20_to_90_s():
     assert sweep_limit("cuda", 500.0) == 90.0
-    assert sweep_limit("cuda", 45.0) == 45.0
+    assert sweep_limit("cuda", 78.0) == 45.0  # its builds (28 s) and the wrap-up (5 s) after
     assert sweep_limit("cuda", 3.0) == 20.0  # the figures need a few shapes
     assert sweep_limit("cuda", -30.0) == 20.0  # already over the budget
+
+
+def test_the_trials_leave_a_gpu_sweep_a_tenth_of_the_budget_within_its_bounds():
+    assert sweep_reserve_s("cuda", 1200.0) == 90.0  # the default 20 minutes: its limit
+    assert sweep_reserve_s("cuda", 600.0) == 60.0
+    assert sweep_reserve_s("cuda", 240.0) == 48.0  # 4 minutes: its least (20 s and the builds)
+    assert sweep_reserve_s("cpu", 240.0) == 10.0
 
 
 def test_a_cpu_sweep_always_gets_10_s():
