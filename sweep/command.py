@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from search.setup import UserError, device_kind, resolve_device
+from search.setup import WRAP_UP_S, UserError, device_kind, resolve_device
 from search.trial import Record, run_child, tail, write_atomic
 from search.write import rank
 from variants.checkpoint.preflight import resolve_target
@@ -225,8 +225,8 @@ SWEEP_SHARE = 0.1
 PIPELINE_COMPILE = {"cpu": False, "cuda": True}
 PIPELINE_TIMEOUT_S = {"cpu": 120.0, "cuda": 400.0}  # engine builds come on top of the limit
 # The sweep's engines' builds on a GPU, on top of its shapes' limit (28 s on an H200: 48 s in
-# all at the 20 s limit), and what follows it (the figures, results.log)
-BUILDS_GPU_S, AFTER_SWEEP_S = 28.0, 5.0
+# all at the 20 s limit)
+BUILDS_GPU_S = 28.0
 LEAST_GPU_S = MIN_GPU_LIMIT_S + BUILDS_GPU_S
 
 
@@ -295,7 +295,7 @@ def sweep_limit(kind: str, seconds_left: float) -> float:
     builds and the steps after it are counted, within 20-90 s; on a CPU always 10."""
     if kind == "cpu":
         return PIPELINE_LIMIT_S["cpu"]
-    shapes_s = seconds_left - BUILDS_GPU_S - AFTER_SWEEP_S
+    shapes_s = seconds_left - BUILDS_GPU_S - WRAP_UP_S  # (the figures, results.log)
     return max(MIN_GPU_LIMIT_S, min(PIPELINE_LIMIT_S["cuda"], shapes_s))
 
 
