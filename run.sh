@@ -21,6 +21,11 @@ pip_install() {
 }
 
 importable() { "$PYTHON" -c "import $1" >/dev/null 2>&1; }
+# Installed, without importing it (transformers takes seconds to import).
+findable() {
+    "$PYTHON" -c "import importlib.util as u, sys; sys.exit(u.find_spec(sys.argv[1]) is None)" \
+        "$1" 2>/dev/null
+}
 
 # The modules named that do not import, a line each: one interpreter for all (one each took
 # seconds of the budget, torch imported again and again).
@@ -33,6 +38,18 @@ for name in sys.argv[1:]:
     except Exception:
         print(name)
 ' "$@" 2>/dev/null
+}
+
+# Whether the target is a Hugging Face folder (its weights are not the course's model.pt), whose
+# judge is transformers' own model of its architecture.
+hf_folder() {
+    local config="" weights="" prev=""
+    for arg in "$@"; do
+        case $prev in --model-config) config=$arg ;; --weight-dir) weights=$arg ;; esac
+        case $arg in --model-config=*) config=${arg#*=} ;; --weight-dir=*) weights=${arg#*=} ;; esac
+        prev=$arg
+    done
+    [[ -n $config && ! -e ${weights:-$(dirname "$config")}/model.pt ]]
 }
 
 # The budget is the user's wall clock: it counts from here, or from the end of an install.
@@ -50,6 +67,11 @@ if [[ " $* " != *" --help "* && " $* " != *" -h "* ]]; then
             pip_install "$pkg" || say "could not install $pkg (offline?); going on without it"
         fi
     done
+    if hf_folder "$@" && ! findable transformers; then
+        say "transformers is missing (the judge of a Hugging Face folder): installing it"
+        pip_install transformers || say "could not install transformers (offline?)"
+        absent+="transformers "
+    fi
     if [[ $absent =~ \ (evaluator|variants|search|sweep)\  ]]; then
         # `python -m` from the repository root finds the packages anyway; this makes the
         # installed project point here too, without touching its dependencies.

@@ -15,7 +15,6 @@ import os
 from pathlib import Path
 from types import ModuleType
 
-from variants.checkpoint.formats import find_weight_file
 
 CONFIG_KEYS = (
     "vocab_size",
@@ -26,6 +25,9 @@ CONFIG_KEYS = (
     "num_key_value_heads",
     "max_position_embeddings",
 )
+
+# the course's model.pt, and the files transformers loads a folder from
+WEIGHT_SUFFIXES = (".pt", ".safetensors", ".bin")
 
 _load_count = itertools.count()
 
@@ -81,12 +83,19 @@ def default_target_paths(repo_root: Path) -> tuple[Path, Path]:
 
 
 def check_weight_dir(weight_dir: str | os.PathLike) -> str:
-    """`weight_dir` as a string when the engine's loader finds weights there: `model.pt`, or a
-    Hugging Face folder's safetensors (variants/checkpoint/formats.py)."""
-    try:
-        find_weight_file(weight_dir)
-    except (FileNotFoundError, ValueError) as exc:
-        raise EngineLoadError(str(exc)) from exc
+    """`weight_dir` as a string when it holds weights the judge reads: the course's `model.pt`,
+    or a Hugging Face folder's safetensors or `.bin` files."""
+    path = Path(weight_dir)
+    if not path.exists():
+        raise EngineLoadError(f"no weights: {path} does not exist")
+    if path.is_file():
+        path = path.parent
+    found = [f.name for f in path.iterdir() if f.is_file() and f.suffix in WEIGHT_SUFFIXES]
+    if not found:
+        raise EngineLoadError(
+            f"no weights in {path}: expected the course's model.pt or a Hugging Face folder's "
+            f"{', '.join('*' + s for s in WEIGHT_SUFFIXES[1:])} files"
+        )
     return str(weight_dir)
 
 

@@ -11,8 +11,7 @@ from pathlib import Path
 import torch
 
 from evaluator.gates import CourseGate, Gate, NoiseGate
-from variants.checkpoint.hf_config import config_dtype_name
-from variants.spec import dtype_from_name
+from evaluator.reference_model import config_dtype_name, dtype_named
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 COURSE_CONFIG_PATHS = (
@@ -35,7 +34,7 @@ def is_course_target(config_path: str | os.PathLike, config: dict) -> bool:
     """The course's model: its config path (`/target` or this repo's `target/`) and float16."""
     path = Path(config_path).resolve()
     at_course_path = any(path == p.resolve() for p in COURSE_CONFIG_PATHS)
-    return at_course_path and dtype_from_name(config_dtype_name(config)) == torch.float16
+    return at_course_path and dtype_named(config_dtype_name(config)) == torch.float16
 
 
 def select_gate(config_path: str | os.PathLike, config: dict) -> tuple[Gate, str]:
@@ -50,7 +49,7 @@ def select_gate(config_path: str | os.PathLike, config: dict) -> tuple[Gate, str
             "reference)"
         )
     gate = NoiseGate()
-    if dtype_from_name(dtype) == torch.float16:
+    if dtype_named(dtype) == torch.float16:
         where = "is not the course's target"
     else:
         where = f"is a {dtype} model, the course's check is for float16"

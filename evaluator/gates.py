@@ -20,8 +20,7 @@ import torch
 
 from evaluator.case_rows import CaseRows, Row
 from evaluator.noise import CaseNoise, NoiseNumbers, measure_noise, noise_key, save_whole
-from evaluator.reference_model import ReferenceModel, compute_dtype_for
-from variants.spec import dtype_from_name
+from evaluator.reference_model import compute_dtype_for, dtype_named, load_reference
 
 # The calibrated multiple and greedy margin (docs/CORRECTNESS_GATE.md, scripts/calibrate_gate.py).
 NOISE_MULTIPLE = 4.0
@@ -114,20 +113,20 @@ class CoursePrepared:
     checks of other processes too. The model is loaded on the first row not kept."""
 
     gate: CourseGate
-    model_args: tuple  # (config, weight_dir, device) of the ReferenceModel
+    model_args: tuple  # (config, weight_dir, device) of the reference (`load_reference`)
     rows_by_case: dict[str, CaseRows]
     noise: dict[str, CaseNoise] | None
     kept: dict = field(default_factory=dict)  # (case, life, position) -> float32 CPU logits
     path: Path | None = None
     stored: int = 0  # how many of `kept` the cache file holds
-    model: ReferenceModel | None = None
+    model: object = None  # the reference, loaded on the first row not kept
 
     def reference(self, case: str, row: Row) -> torch.Tensor:
         """As the grader computes it: the request alone, batch 1, over its full history."""
         key = (case, row.life, row.position)
         if key not in self.kept:
             if self.model is None:
-                self.model = ReferenceModel(*self.model_args)
+                self.model = load_reference(*self.model_args)
             history = self.rows_by_case[case].history(row)
             self.kept[key] = self.model.forward(history[None])[0, -1].float().cpu()
         return self.kept[key]
@@ -204,7 +203,7 @@ class NoiseGate:
     name: ClassVar[str] = "noise"
 
     def model_dtype(self, config: dict, device) -> torch.dtype:
-        return dtype_from_name(self.dtype) if self.dtype else compute_dtype_for(config, device)
+        return dtype_named(self.dtype) if self.dtype else compute_dtype_for(config, device)
 
     def prepare(
         self, config, weight_dir, device, rows_by_case: dict, cache_dir=None

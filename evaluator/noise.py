@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from evaluator.case_rows import CaseRows, reference_rows
-from evaluator.reference_model import ReferenceModel
+from evaluator.reference_model import load_reference
 
 # Row noise is heavy-tailed where attention is sharp: an honest engine's worst row reached 3.5x
 # the median row noise of the reference's, 2.2x its 90th percentile (docs/CORRECTNESS_GATE.md).
@@ -111,7 +111,7 @@ def _load(path: Path) -> dict[str, CaseNoise]:
 def _measure(config, weight_dir, device, model_dtype, rows_by_case) -> dict[str, CaseNoise]:
     computed = []
     for dtype in (precise_dtype_for(model_dtype, device), model_dtype):
-        model = ReferenceModel(config, weight_dir, device, dtype)
+        model = load_reference(config, weight_dir, device, dtype)
         computed.append({case: reference_rows(model, r) for case, r in rows_by_case.items()})
         del model  # one model in memory at a time
     precise_rows, model_rows = computed

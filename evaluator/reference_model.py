@@ -1,8 +1,10 @@
-"""The judge: the course's reference LLaMA-style model, written straight from the contract.
+"""The judge's references. For the course's format (`model_config.json` + `model.pt`) the course's
+LLaMA-style model, written straight from the contract, its weights read by the few lines below;
+for a Hugging Face folder transformers' own model of its architecture (`hf_reference.py`).
+Nothing here shares code with the engines it judges.
 
 Every request is computed alone over its full history, in float16/bfloat16 on CUDA and float32 on
-CPU, or in the dtype asked for (the noise gate's float32/float64 reference). Weights come from
-`variants.checkpoint.reader.course_state_dict`, the engines' reader too; nothing else of ours.
+CPU, or in the dtype asked for (the noise gate's float32/float64 reference).
 """
 
 from __future__ import annotations
@@ -11,12 +13,35 @@ import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from variants.checkpoint.reader import course_state_dict
-from variants.spec import ModelSpec
+COURSE_WEIGHTS = "model.pt"
+DTYPES = {"float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
+DTYPES |= {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+DTYPES |= {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32}
+
+
+class NoReference(ValueError):
+    """The judge cannot build a reference for this model; the message is one line and the fix."""
+
+
+def dtype_named(name) -> torch.dtype:
+    """A config's or a flag's dtype name (`torch.` prefix and case ignored)."""
+    key = str(name).replace("torch.", "").lower()
+    if key not in DTYPES:
+        raise ValueError(f"unsupported dtype {name!r}; expected one of {sorted(DTYPES)}")
+    return DTYPES[key]
+
+
+def config_dtype_name(config: dict) -> str:
+    """`torch_dtype`, or `dtype` as transformers >= 4.56 writes it; float16 when neither."""
+    for key in ("torch_dtype", "dtype"):
+        if config.get(key) is not None:
+            return str(config[key])
+    return "float16"
 
 
 def compute_dtype_for(config: dict, device: str | torch.device) -> torch.dtype:
@@ -24,10 +49,87 @@ def compute_dtype_for(config: dict, device: str | torch.device) -> torch.dtype:
     `torch.` prefix; `dtype` as newer Hugging Face configs write it); anywhere else float32."""
     if torch.device(device).type != "cuda":
         return torch.float32
-    name = config.get("torch_dtype") or config.get("dtype") or "float16"
-    if str(name).lower().replace("torch.", "") in ("bfloat16", "bf16"):
+    if str(config_dtype_name(config)).lower().replace("torch.", "") in ("bfloat16", "bf16"):
         return torch.bfloat16
     return torch.float16
+
+
+def is_course_format(weight_dir: str | os.PathLike) -> bool:
+    """The course's format: its weights are a `model.pt` (the folder's, or that file)."""
+    path = Path(weight_dir)
+    return path.name == COURSE_WEIGHTS if path.is_file() else (path / COURSE_WEIGHTS).is_file()
+
+
+def load_reference(config: dict, weight_dir, device="cpu", dtype: torch.dtype | None = None):
+    """The reference for a model: the course's math for its format, else transformers' model of
+    the folder (`hf_reference.TransformersReference`); raises NoReference with the fix."""
+    if is_course_format(weight_dir):
+        return ReferenceModel(config, weight_dir, device, dtype)
+    from evaluator.hf_reference import TransformersReference  # imports transformers
+
+    return TransformersReference(config, weight_dir, device, dtype)
+
+
+def check_judgeable(config: dict, weight_dir) -> str:
+    """What judges this model, in words, before anything is computed; NoReference when nothing
+    can (transformers missing, an architecture it does not know)."""
+    if is_course_format(weight_dir):
+        return "the course's reference model (the contract's math, its model.pt)"
+    from evaluator.hf_reference import transformers_model_class
+
+    return f"transformers' own {transformers_model_class(config).__name__}"
+
+
+def course_weights(config: dict, weight_dir) -> dict:
+    """The course's `model.pt`: a plain state dict of float tensors, the contract's names and
+    shapes (the head tied to the embedding where the config says so)."""
+    path = Path(weight_dir)
+    path = path if path.is_file() else path / COURSE_WEIGHTS
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise NoReference(f"cannot read {path} as a state dict of tensors ({exc})") from None
+    if not isinstance(state, dict):
+        raise NoReference(f"{path} holds a {type(state).__name__}, not a state dict")
+    if config.get("tie_word_embeddings") and "embed_tokens.weight" in state:
+        state.setdefault("lm_head.weight", state["embed_tokens.weight"])
+    for name, shape in course_shapes(config).items():
+        tensor = state.get(name)
+        if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != shape:
+            got = list(tensor.shape) if isinstance(tensor, torch.Tensor) else "missing"
+            raise NoReference(f"{path}: {name} is {got}, the contract says {list(shape)}")
+    return state
+
+
+def course_sizes(config: dict) -> dict:
+    """The contract's keys, with its defaults."""
+    heads, hidden = int(config["num_attention_heads"]), int(config["hidden_size"])
+    params = config.get("rope_parameters") or {}
+    return {
+        "layers": int(config["num_hidden_layers"]),
+        "heads": heads,
+        "kv_heads": int(config.get("num_key_value_heads") or heads),
+        "head_dim": int(config.get("head_dim") or hidden // heads),
+        "eps": float(config.get("rms_norm_eps", 1e-5)),
+        "theta": float(config.get("rope_theta") or params.get("rope_theta") or 10000.0),
+    }
+
+
+def course_shapes(config: dict) -> dict:
+    """Every weight's name and shape, as the contract lists them."""
+    s, h = course_sizes(config), int(config["hidden_size"])
+    v, i = int(config["vocab_size"]), int(config["intermediate_size"])
+    q, kv = s["heads"] * s["head_dim"], s["kv_heads"] * s["head_dim"]
+    per_layer = {
+        "input_layernorm": (h,), "post_attention_layernorm": (h,),
+        "self_attn.q_proj": (q, h), "self_attn.k_proj": (kv, h), "self_attn.v_proj": (kv, h),
+        "self_attn.o_proj": (h, q),
+        "mlp.gate_proj": (i, h), "mlp.up_proj": (i, h), "mlp.down_proj": (h, i),
+    }  # fmt: skip
+    shapes = {"embed_tokens.weight": (v, h), "norm.weight": (h,), "lm_head.weight": (v, h)}
+    for n in range(s["layers"]):
+        shapes |= {f"layers.{n}.{name}.weight": shape for name, shape in per_layer.items()}
+    return shapes
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -83,17 +185,17 @@ class ReferenceModel:
         device: str | torch.device = "cpu",
         dtype: torch.dtype | None = None,
     ):
-        spec = ModelSpec.from_config(config)
+        sizes = course_sizes(config)
         self.config = config
         self.device = torch.device(device)
         self.compute_dtype = dtype if dtype is not None else compute_dtype_for(config, self.device)
-        self.num_layers = spec.num_layers
-        self.num_heads = spec.num_heads
-        self.num_kv_heads = spec.num_kv_heads
-        self.head_dim = spec.head_dim
-        self.eps = spec.rms_norm_eps
-        self.rope_theta = spec.rope_theta
-        state = course_state_dict(spec, os.fspath(weight_dir))
+        self.num_layers = sizes["layers"]
+        self.num_heads = sizes["heads"]
+        self.num_kv_heads = sizes["kv_heads"]
+        self.head_dim = sizes["head_dim"]
+        self.eps = sizes["eps"]
+        self.rope_theta = sizes["theta"]
+        state = course_weights(config, weight_dir)
         self.w = {k: v.to(self.device, self.compute_dtype) for k, v in state.items()}
 
     def _attention(self, x: torch.Tensor, layer: int, cos, sin) -> torch.Tensor:

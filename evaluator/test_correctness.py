@@ -35,7 +35,7 @@ from evaluator.engine_loader import (  # noqa: E402
 )
 from evaluator.gate_choice import select_gate  # noqa: E402
 from evaluator.gates import CourseGate, NoiseGate  # noqa: E402
-from variants.spec import dtype_from_name  # noqa: E402
+from evaluator.reference_model import dtype_named  # noqa: E402
 
 log = logging.getLogger("test_correctness")
 
@@ -89,7 +89,7 @@ def choose_gate(args: argparse.Namespace, config: dict):
             raise EngineLoadError("--noise-dtype needs the noise gate, the course gate applies")
         return dataclasses.replace(gate, **tol), reason
     try:
-        dtype_from_name(args.noise_dtype or "float32")
+        dtype_named(args.noise_dtype or "float32")
     except ValueError as exc:
         raise EngineLoadError(f"--noise-dtype: {exc}") from exc
     return dataclasses.replace(gate, **tol, dtype=args.noise_dtype), reason

@@ -10,7 +10,7 @@ if ! "$PYTHON" -c "import torch" 2>/dev/null; then
     # a multi-GB CUDA build.
     "$PYTHON" -m pip install -q "torch==2.13.0" || "$PYTHON" -m pip install -q "torch>=2.3"
 fi
-DEV_MODULES="optuna, pytest, xdist, ruff, transformers, hypothesis, nbclient, gguf, psycopg, variants"
+DEV_MODULES="optuna, pytest, xdist, ruff, transformers, importlinter, hypothesis, nbclient, gguf, psycopg, variants"
 if ! "$PYTHON" -c "import $DEV_MODULES" 2>/dev/null; then
     "$PYTHON" -m pip install -q -e ".[dev]"
 fi
@@ -21,6 +21,8 @@ fi
 
 "$PYTHON" -m ruff check .
 "$PYTHON" -m ruff format --check .
+# The layering contracts of pyproject.toml: the judge imports nothing of what it judges.
+lint-imports --no-cache
 # Two workers (TEST_WORKERS; 0: none), a test file each at a time: the files' fixtures (one
 # SmolLM2 import, one notebook kernel) stay within one worker. 41 -> 23 minutes on 2 cores.
 workers=${TEST_WORKERS:-2}

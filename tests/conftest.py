@@ -119,3 +119,48 @@ def smollm2_engine(smollm2_short_dir, slab_engine_file):
     config = json.loads((smollm2_short_dir / "config.json").read_text())
     module = load_engine_module(slab_engine_file)
     return module.create_engine(config, str(smollm2_short_dir), "cpu")
+
+
+# Small checkpoints as transformers saves them, one per architecture users bring: weights drawn
+# wide (std 0.15) so that a misread layout or a missing feature moves the logits far.
+HELD_OUT_SIZES = dict(
+    vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+    initializer_range=0.15, bos_token_id=1, eos_token_id=2, pad_token_id=0,
+)  # fmt: skip
+HELD_OUT = {
+    "llama": ("LlamaConfig", {}),
+    "llama-tied": ("LlamaConfig", {"tie_word_embeddings": True}),
+    "llama3-scaled": ("LlamaConfig", {"rope_scaling": {
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32}}),
+    "mistral-window16": ("MistralConfig", {"sliding_window": 16}),
+    "qwen2": ("Qwen2Config", {}),
+    "qwen3": ("Qwen3Config", {"head_dim": 16}),
+    "gemma": ("GemmaConfig", {"head_dim": 16}),
+    "phi3": ("Phi3Config", {}),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def held_out(tmp_path_factory):
+    """`held_out(name)`: the folder of HELD_OUT's checkpoint `name` (saved once a session). Biases
+    (Qwen2's q/k/v) are drawn like the weights: transformers starts them at zero."""
+    transformers = pytest.importorskip("transformers")
+    root, made = tmp_path_factory.mktemp("held_out"), {}
+
+    def folder(name: str) -> Path:
+        if name not in made:
+            config_class, extra = HELD_OUT[name]
+            config = getattr(transformers, config_class)(**HELD_OUT_SIZES, **extra)
+            torch.manual_seed(0)
+            model = transformers.AutoModelForCausalLM.from_config(config)
+            with torch.no_grad():
+                for key, tensor in model.named_parameters():
+                    if key.endswith(".bias"):
+                        tensor.normal_(0.0, HELD_OUT_SIZES["initializer_range"])
+            made[name] = root / name
+            model.save_pretrained(made[name])
+        return made[name]
+
+    return folder

@@ -165,7 +165,7 @@ def test_a_kept_noise_measurement_is_read_back_and_judges_alike(
     def no_model(*args, **kwargs):
         raise AssertionError("measured again")
 
-    monkeypatch.setattr(noise, "ReferenceModel", no_model)
+    monkeypatch.setattr(noise, "load_reference", no_model)
     again = prepare_check(gate, tiny, sharp_weights, "cpu", cache_dir=tmp_path)
     for case, fresh in first.judges.noise.items():
         kept = again.judges.noise[case]
@@ -205,20 +205,20 @@ def test_the_course_gates_kept_references_judge_alike(tiny_config, sharp_weights
         c: r["tol_share"] for c, r in before.items()
     }
     assert len(list(tmp_path.glob("reference-*.pt"))) == 1
-    real = gates.ReferenceModel
+    real = gates.load_reference
     try:
 
         def no_model(*args, **kwargs):
             raise AssertionError("loaded the reference model")
 
-        gates.ReferenceModel = no_model
+        gates.load_reference = no_model
         kept = prepare_check(gate, tiny, sharp_weights, "cpu", cases, cache_dir=tmp_path)
         again = check_prepared(honest, kept)
         for case in cases:
             assert again[case]["passed"] and again[case]["tol_share"] == before[case]["tol_share"]
             assert again[case]["max_abs_err"] == before[case]["max_abs_err"]
     finally:
-        gates.ReferenceModel = real
+        gates.load_reference = real
     for name, failing, _ in FAULTS:
         engine = in_dtype(name, "float32")
         results = check_prepared(engine, prepare_check(gate, tiny, sharp_weights, "cpu", cases))

@@ -6,8 +6,12 @@ import math
 import pytest
 import torch
 
+from evaluator.hf_reference import TransformersReference
 from evaluator.reference_model import (
+    NoReference,
     ReferenceModel,
+    check_judgeable,
+    load_reference,
     apply_rope,
     compute_dtype_for,
     exact_float32,
@@ -97,17 +101,63 @@ def test_matches_transformers_llama(which, tiny_config, sharp_weights, mha_sharp
     assert ours.std().item() > 0.5
 
 
-def test_reads_a_hugging_face_checkpoint_like_the_engines(tmp_path, tiny_config, sharp_weights):
-    # save_pretrained writes model.safetensors with `model.` keys and rotate-half q/k rows; the
-    # reference reads it through the engines' loader and computes the same logits.
+def test_a_hugging_face_folder_is_judged_by_transformers(tmp_path, tiny_config, sharp_weights):
+    # save_pretrained writes model.safetensors with `model.` keys and rotate-half q/k rows: the
+    # judge of that folder is transformers' own LlamaForCausalLM, and it computes the logits the
+    # course's math computes from the course's model.pt of the same model.
     weights = torch.load(f"{sharp_weights}/model.pt", weights_only=True)
     hf_llama(tiny_config, weights).save_pretrained(tmp_path)
     hf_config = json.loads((tmp_path / "config.json").read_text())
-    assert hf_config["model_type"] == "llama"
+    assert check_judgeable(hf_config, tmp_path) == "transformers' own LlamaForCausalLM"
+    assert check_judgeable(tiny_config, sharp_weights).startswith("the course's reference")
     ids = random_ids(tiny_config["vocab_size"], 1, 30, seed=6)
     ours = ReferenceModel(tiny_config, sharp_weights).forward(ids)
-    from_hf = ReferenceModel(hf_config, tmp_path).forward(ids)
-    assert (ours - from_hf).abs().max().item() < 1e-5 and ours.std().item() > 0.5
+    judge = load_reference(hf_config, tmp_path, dtype=torch.float64)
+    assert isinstance(judge, TransformersReference)
+    from_hf = judge.forward(ids)
+    assert from_hf.dtype == torch.float64 and from_hf.shape == ours.shape
+    assert (ours - from_hf).abs().max().item() < 1e-4 and ours.std().item() > 0.5
+    some = judge.forward(ids, positions=torch.tensor([2, 29]))
+    assert torch.allclose(some[0], from_hf[0, [2, 29]], rtol=0, atol=1e-12)
+
+
+def test_a_folder_nothing_can_judge_is_one_line(tmp_path, tiny_config, sharp_weights):
+    weights = torch.load(f"{sharp_weights}/model.pt", weights_only=True)
+    hf_llama(tiny_config, weights).save_pretrained(tmp_path)
+    hf_config = json.loads((tmp_path / "config.json").read_text())
+    with pytest.raises(NoReference, match="knows no model_type 'no_such_model'"):
+        check_judgeable({**hf_config, "model_type": "no_such_model"}, tmp_path)
+    # the course's config over a Hugging Face folder: transformers knows no tiny_llama
+    with pytest.raises(NoReference, match="model_type 'tiny_llama'"):
+        check_judgeable(tiny_config, tmp_path)
+    (tmp_path / "bad").mkdir()
+    torch.save({"embed_tokens.weight": torch.zeros(3)}, tmp_path / "bad" / "model.pt")
+    with pytest.raises(NoReference, match=r"embed_tokens.weight is \[3\], the contract says"):
+        ReferenceModel(tiny_config, tmp_path / "bad")
+
+
+def test_without_transformers_a_hugging_face_folder_is_refused_in_one_line(
+    tmp_path, tiny_config, sharp_weights
+):
+    """Offline and without transformers, run's pre-flight says so and exits 2: never a reference
+    that shares the engine's reader."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    weights = torch.load(f"{sharp_weights}/model.pt", weights_only=True)
+    hf_llama(tiny_config, weights).save_pretrained(tmp_path / "hf")
+    (tmp_path / "fake" / "transformers").mkdir(parents=True)
+    (tmp_path / "fake" / "transformers" / "__init__.py").write_text("raise ImportError('none')")
+    repo = Path(__file__).resolve().parents[2]
+    cmd = [sys.executable, "-m", "search", "run", "--device", "cpu", "--workspace"]
+    cmd += [str(tmp_path / "ws"), "--model-config", str(tmp_path / "hf" / "config.json")]
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{tmp_path / 'fake'}:{repo}"}
+    proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "transformers is not installed: pip install transformers" in lines[0]
+    assert not (tmp_path / "ws").exists()
 
 
 def test_dtype_override_and_positions(tiny_config, sharp_weights):

@@ -215,7 +215,7 @@ def test_config_without_llama_name_skips_the_conversion_and_misses(untied, untie
     """The conversion is what makes HF weights match: a config claiming the course's
     interleaved `tiny_llama` loads the same file unconverted, and the logits are far off."""
     config, folder = untied_dir
-    course_like = {**config, "model_type": "tiny_llama", "architectures": ["Tiny"]}
+    course_like = {**config, "model_type": "tiny_llama", "architectures": ["TinyLlamaForCausalLM"]}
     engine = build_engine(course_like, folder, "cpu", Variant())
     ids = torch.arange(20) % HF_SIZES["vocab_size"]
     out = engine.prefill([0], [ids])[0]

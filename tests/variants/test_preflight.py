@@ -20,7 +20,8 @@ def _tree_digest(folder) -> dict:
 def _hf_folder(config, folder, tie=False):
     """A Hugging Face-style folder: config.json and model.safetensors with `model.` keys."""
     folder.mkdir(exist_ok=True)
-    (folder / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": tie}))
+    llama = {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}
+    (folder / "config.json").write_text(json.dumps({**config, **llama, "tie_word_embeddings": tie}))
     state = {f"model.{k}": v for k, v in make_toy_weights(config).items() if k != "lm_head.weight"}
     if not tie:
         state["lm_head.weight"] = torch.randn(config["vocab_size"], config["hidden_size"])

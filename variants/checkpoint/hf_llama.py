@@ -9,25 +9,15 @@ import os
 import torch
 
 from variants.checkpoint.checks import check_state_dict
+from variants.checkpoint.hf_config import architecture_of
 
 HF_PREFIX = "model."
-# Configs that name Hugging Face's LLaMA: its checkpoints pair q/k dims (j, j + d/2)
-# (rotate-half); the course's `tiny_llama` pairs (2j, 2j+1) (interleaved).
-ROTATE_HALF_ARCHITECTURES = ("LlamaForCausalLM",)
-ROTATE_HALF_MODEL_TYPES = ("llama",)
 
 
 def rope_layout_of(config: dict | None) -> str:
-    """How the config's own checkpoints pair the rotary dims: 'rotate_half' or 'interleaved'."""
-    config = config or {}
-    architectures = config.get("architectures") or []
-    if isinstance(architectures, str):
-        architectures = [architectures]
-    if config.get("model_type") in ROTATE_HALF_MODEL_TYPES or any(
-        a in ROTATE_HALF_ARCHITECTURES for a in architectures
-    ):
-        return "rotate_half"
-    return "interleaved"
+    """How the config's own checkpoints pair the rotary dims: 'rotate_half' (Hugging Face's
+    LLaMA) or 'interleaved' (the course's), as the architecture table says."""
+    return architecture_of(config or {}).rope_layout
 
 
 def strip_model_prefix(state: dict) -> tuple:

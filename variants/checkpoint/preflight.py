@@ -22,9 +22,10 @@ from pathlib import Path
 import torch
 
 from evaluator.engine_loader import EngineLoadError, default_target_paths, load_model_config
+from evaluator.reference_model import NoReference, check_judgeable
 from evaluator.toy_weights import save_toy_weights
 from variants.checkpoint.formats import Checkpoint, find_weight_file
-from variants.checkpoint.hf_config import course_keys, reads_as_course
+from variants.checkpoint.hf_config import NotComputed, course_keys, reads_as_course
 from variants.checkpoint.hf_llama import course_layout
 from variants.checkpoint.reader import weights_format
 from variants.spec import SIZE_KEYS, ModelSpec
@@ -65,6 +66,7 @@ class Target:
     weights_format: str = "any"
     fingerprint: str = ""  # of the weight files' contents (sampled), see `weights_fingerprint`
     numel: int = 0  # the stored tensors' elements
+    judge: str = ""  # what the gate's reference is (evaluator.reference_model.check_judgeable)
 
     def describe(self) -> dict:
         return {
@@ -72,6 +74,7 @@ class Target:
             "weight_dir": str(self.weight_dir),
             "weights": f"{self.weights_file} (fingerprint {self.fingerprint})",
             "engine reads": READERS[self.weights_format],
+            "reference": self.judge,
             "notes": "; ".join(self.notes) or "-",
             "config": self.config,
         }
@@ -94,6 +97,10 @@ def resolve_target(model_config: str | None, weight_dir: str | None) -> Target:
         log.info("generated toy weights into %s", weights)
     target = Target(config_path.resolve(), weights.resolve(), config, notes)
     check_weights(target)
+    try:
+        target.judge = check_judgeable(config, target.weight_dir)
+    except NoReference as exc:
+        raise TargetError(str(exc)) from None
     target.fingerprint = weights_fingerprint(target.weights_file)
     return target
 
@@ -105,6 +112,8 @@ def _read_config(path: Path) -> dict:
         _check_types(config)
     except EngineLoadError as exc:
         raise TargetError(f"{exc}; pass --model-config with a model's config.json") from None
+    except NotComputed as exc:
+        raise TargetError(f"model config {path}: {str(exc).removeprefix('model_config: ')}") from None
     except (ValueError, TypeError) as exc:
         raise TargetError(f"model config {path}: {exc}; fix the config") from None
     return config
