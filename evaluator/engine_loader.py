@@ -15,7 +15,6 @@ import os
 from pathlib import Path
 from types import ModuleType
 
-
 CONFIG_KEYS = (
     "vocab_size",
     "hidden_size",

@@ -18,7 +18,10 @@ def test_the_course_folder_is_a_weight_dir(tiny_weights):
 
 def test_a_folder_without_weights_is_named(tmp_path):
     (tmp_path / "config.json").write_text("{}")
-    with pytest.raises(EngineLoadError, match=r"^no weights in .*: expected the course's model.pt or a Hugging Face folder's "):
+    with pytest.raises(
+        EngineLoadError,
+        match=r"^no weights in .*: expected the course's model.pt or a Hugging Face folder's ",
+    ):
         check_weight_dir(tmp_path)
     with pytest.raises(EngineLoadError, match=r"^no weights: .*absent does not exist$"):
         check_weight_dir(tmp_path / "absent")

@@ -113,9 +113,7 @@ def prepared(held_out):
             folder = held_out(name)
             config = transformers.AutoConfig.from_pretrained(folder).to_dict()
             gate = NoiseGate(dtype=dtype_name)
-            made[name, dtype_name] = prepare_check(
-                gate, config, folder, "cpu", stress_positions=48
-            )
+            made[name, dtype_name] = prepare_check(gate, config, folder, "cpu", stress_positions=48)
         return made[name, dtype_name]
 
     return get
@@ -142,8 +140,9 @@ def test_each_planted_fault_fails_the_gate(held_out, prepared, fault, dtype_name
     results = judged(prepared(name, dtype_name), model)
     failed = [case for case, r in results.items() if not r["passed"]]
     assert failed, f"{fault} passed: {results}"
-    assert "from the precise reference" in results[failed[0]]["failure"] or "greedy" in (
-        results[failed[0]]["failure"]
+    assert (
+        "from the precise reference" in results[failed[0]]["failure"]
+        or "greedy" in (results[failed[0]]["failure"])
     )
 
 

@@ -10,11 +10,11 @@ from evaluator.hf_reference import TransformersReference
 from evaluator.reference_model import (
     NoReference,
     ReferenceModel,
-    check_judgeable,
-    load_reference,
     apply_rope,
+    check_judgeable,
     compute_dtype_for,
     exact_float32,
+    load_reference,
     rms_norm,
     rope_cos_sin,
 )

@@ -14,11 +14,18 @@ import torch
 from evaluator.engine_loader import load_engine_module
 from evaluator.toy_weights import save_toy_weights
 from variants import Variant, build_engine
+from variants.checkpoint.course_config import OPTIONAL_KEYS
 from variants.checkpoint.formats import find_weight_file, read_safetensors_weights
+from variants.checkpoint.hf_config import (
+    COURSE_ARCHITECTURE,
+    COURSE_KEYS,
+    NotComputed,
+    architecture_of,
+)
 from variants.checkpoint.hf_llama import rope_layout_of, rotate_half_to_interleaved
 from variants.checkpoint.reader import course_state_dict
 from variants.render import render_engine
-from variants.spec import ModelSpec
+from variants.spec import SIZE_KEYS, ModelSpec
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -289,12 +296,33 @@ def test_hf_config_keys_are_read(untied_dir):
         ({"mlp_bias": True}, "mlp_bias"),
         ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
         ({"dtype": "float64"}, "unsupported torch_dtype"),
+        ({"architectures": ["MistralForCausalLM"]}, "'MistralForCausalLM' is not an architecture"),
+        ({"model_type": "qwen3"}, "model_type 'qwen3' is not an architecture"),
+        ({"model_type": "tiny_llama"}, "name different models"),
+        ({"use_qk_norm": True}, "q/k norms are not computed"),
+        ({"sliding_window": 16}, "sliding_window 16 is shorter than the 128 positions"),
+        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor 0.5"),
     ],
 )
 def test_unsupported_config_is_refused_by_name(untied_dir, change, message):
     config = in_transformers_5_keys(untied_dir[0])
     with pytest.raises(ValueError, match=message):
         ModelSpec.from_config({**config, **change})
+
+
+def test_the_architecture_table_names_what_the_engine_computes(untied_dir, tiny_config):
+    config = in_transformers_5_keys(untied_dir[0])
+    assert architecture_of(config).name == "LlamaForCausalLM"
+    # a window as long as the positions served is no window; one turned off neither
+    ModelSpec.from_config({**config, "sliding_window": config["max_position_embeddings"]})
+    ModelSpec.from_config({**config, "sliding_window": 16, "use_sliding_window": False})
+    # the course's config in its own keys is the course contract's model, whatever its name
+    assert architecture_of(tiny_config) is COURSE_ARCHITECTURE
+    assert architecture_of({**tiny_config, "model_type": "course_llama"}) is COURSE_ARCHITECTURE
+    assert architecture_of({**tiny_config, "model_type": "llama"}).rope_layout == "rotate_half"
+    with pytest.raises(NotComputed, match="supported: LlamaForCausalLM"):
+        architecture_of({**tiny_config, "model_type": "mistral", "sliding_window": 4})
+    assert set(COURSE_KEYS) == set(SIZE_KEYS.values()) | set(OPTIONAL_KEYS)
 
 
 # ------------------------------------------------------------------ course format and refusals

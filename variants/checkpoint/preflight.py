@@ -113,7 +113,9 @@ def _read_config(path: Path) -> dict:
     except EngineLoadError as exc:
         raise TargetError(f"{exc}; pass --model-config with a model's config.json") from None
     except NotComputed as exc:
-        raise TargetError(f"model config {path}: {str(exc).removeprefix('model_config: ')}") from None
+        raise TargetError(
+            f"model config {path}: {str(exc).removeprefix('model_config: ')}"
+        ) from None
     except (ValueError, TypeError) as exc:
         raise TargetError(f"model config {path}: {exc}; fix the config") from None
     return config
