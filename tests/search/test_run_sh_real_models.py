@@ -29,7 +29,8 @@ def run_sh(folder: Path, tmp_path: Path, child_env, *extra) -> Path:
         cmd, cwd=REPO_ROOT, env=child_env, capture_output=True, text=True, timeout=900
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "noise gate:" in (ws / "results.log").read_text()
+    log = (ws / "results.log").read_text()
+    assert "noise gate:" in log and "reference: transformers' own LlamaForCausalLM" in log
     return ws / "engine.py"
 
 
