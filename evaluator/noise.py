@@ -12,12 +12,13 @@ import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass
+from importlib import metadata
 from pathlib import Path
 
 import torch
 
 from evaluator.case_rows import CaseRows, reference_rows
-from evaluator.reference_model import load_reference
+from evaluator.reference_model import is_course_format, load_reference
 
 # Row noise is heavy-tailed where attention is sharp: an honest engine's worst row reached 3.5x
 # the median row noise of the reference's, 2.2x its 90th percentile (docs/CORRECTNESS_GATE.md).
@@ -96,6 +97,11 @@ def noise_key(config, weight_dir, device, model_dtype, rows_by_case) -> str:
             h.update(f"{f.name} {stat.st_size} {stat.st_mtime_ns}".encode())
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
     h.update(f"{device.type} {gpu} {torch.__version__} {model_dtype}".encode())
+    if not is_course_format(weight_dir):  # the judge is transformers' model: its version too
+        try:
+            h.update(f"transformers {metadata.version('transformers')}".encode())
+        except metadata.PackageNotFoundError:  # no judge: load_reference says so
+            pass
     for case, rows in sorted(rows_by_case.items()):
         h.update(f"{case} {sorted(rows.steps.items())}".encode())
         for life in rows.lives:
