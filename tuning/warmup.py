@@ -45,6 +45,12 @@ class Warmed:
     name: str
     status: str  # the gate's status (ok, infeasible, failed), "timed out" or "not started"
     seconds: float
+    reason: str = ""  # what ended a child that did not pass: its error, or the limit
+
+    def outcome(self) -> str:
+        return f"{self.name}: {self.status}{f' ({self.reason})' if self.reason else ''}, " + (
+            f"{self.seconds:.0f} s"
+        )
 
 
 def default_workers() -> int:
@@ -118,13 +124,16 @@ def warm_kernels(runner, variants, limit_s: float, workers: int) -> list[Warmed]
             code, seconds = run_child(cmd, tmp / "log.txt", left)
             result = tmp / "result.json"
             if code is None:
-                status = "timed out"
+                status, reason = "timed out", f"at the warm-up's limit, {limit_s:.0f} s"
             elif result.is_file():
-                status = json.loads(result.read_text())["status"]
+                data = json.loads(result.read_text())
+                status, reason = data["status"], data.get("reason") or ""
             else:
-                status = f"exit code {code}"
-        log.info("warm-up of %s: %s in %.1f s", variant.name, status, seconds)
-        return Warmed(variant.name, status, seconds)
+                lines = (tmp / "log.txt").read_text(errors="replace").strip().splitlines()
+                status, reason = f"exit code {code}", lines[-1] if lines else ""
+        warmed = Warmed(variant.name, status, seconds, " ".join(reason.split())[:200])
+        log.info("warm-up of %s in %.1f s", warmed.outcome(), seconds)
+        return warmed
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         return list(pool.map(one, variants))
@@ -164,7 +173,7 @@ def warm_first(job, variants: list) -> str | None:
     limit = warm_limit_s(job)
     start = time.monotonic()
     warmed = warm_kernels(job.runner, variants, limit, workers)
-    outcomes = "; ".join(f"{w.name}: {w.status}, {w.seconds:.0f} s" for w in warmed)
+    outcomes = "; ".join(w.outcome() for w in warmed)
     return (
         f"kernel warm-up: {len(variants)} {'assembly' if len(variants) == 1 else 'assemblies'} "
         f"with Triton kernels to run first, {min(workers, len(variants))} at a time, in "

@@ -61,6 +61,10 @@ def test_each_child_reports_its_gate(tiny_config, tiny_weights):
     warmed = warm_kernels(runner, [CORRECT, CRASH], limit_s=300, workers=2)
     assert [w.name for w in warmed] == [CORRECT.name, CRASH.name]
     assert [w.status for w in warmed] == ["ok", "failed"]
+    assert warmed[0].reason == "" and "RuntimeError" in warmed[1].reason  # said why
+    assert warmed[1].outcome().startswith(f"{CRASH.name}: failed (") and "RuntimeError" in (
+        warmed[1].outcome()
+    )
     assert all(0 < w.seconds < 300 for w in warmed)
     assert runner.durations == []  # warm-ups are not trials: no typical trial time from them
 
@@ -71,6 +75,7 @@ def test_a_hung_child_is_killed_at_the_limit_and_later_ones_do_not_start(tiny_co
     warmed = warm_kernels(runner, [HANG, CORRECT], limit_s=6, workers=1)
     assert time.monotonic() - start < 30  # killed at 6 s (plus the kill's grace)
     assert warmed[0].status == "timed out" and 5 < warmed[0].seconds < 30
+    assert warmed[0].reason == "at the warm-up's limit, 6 s"
     assert warmed[1].status == "not started" and warmed[1].seconds == 0.0
 
 
