@@ -47,6 +47,10 @@ class PreparedGate(Protocol):
     def keep(self) -> None:
         """Store what the judges computed for the next check (where a cache folder was given)."""
 
+    def fill(self) -> None:
+        """Compute every row the cases check now (then `keep` stores them all), and let the
+        reference model go."""
+
 
 class Gate(Protocol):
     name: ClassVar[str]
@@ -141,6 +145,13 @@ class CoursePrepared:
         self.kept.update({tuple(k): v for k, v in zip(rows["keys"], rows["logits"])})
         self.stored = len(self.kept)
 
+    def fill(self) -> None:
+        for case, rows in self.rows_by_case.items():
+            for step_rows in rows.steps.values():
+                for row in step_rows:
+                    self.reference(case, row)
+        self.model = None
+
     def keep(self) -> None:
         if self.path is None or len(self.kept) == self.stored:
             return
@@ -226,6 +237,9 @@ class NoisePrepared:
 
     def keep(self) -> None:
         """(The noise measurement was stored when it was made.)"""
+
+    def fill(self) -> None:
+        """(Measured whole when prepared.)"""
 
 
 class NoiseJudge:

@@ -418,6 +418,8 @@ def search_with_optuna(job) -> tuple[list[Record], Record | None]:
         for r in records
         if r.status in ("ok", "infeasible") and r.attrs.get("trial_seconds")
     ]
+    seconds = job.runner.keep_references()
+    job.notes.append(f"the gate's references computed once for every trial in {seconds:.1f} s")
     warmed = warm_queued(job, study)
     if warmed:
         job.notes.append(warmed)

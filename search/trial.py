@@ -284,6 +284,23 @@ class TrialRunner:
     durations: list[float] = field(default_factory=list)
     screened: list[float] = field(default_factory=list)  # (pruned trials too)
 
+    def keep_references(self) -> float:
+        """The gate's references computed once, here, into `noise_cache` before any child runs:
+        the children read them there (warm-up children side by side each measured them, with
+        a float32 copy of the model in the GPU's memory). Its seconds."""
+        start = time.perf_counter()
+        if self.noise_cache is not None:
+            job = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in NOT_IN_JOB}
+            _, prepared = prepare_gate(job)
+            prepared.judges.fill()
+            prepared.judges.keep()
+            del prepared
+            if self.device.startswith("cuda"):
+                import torch
+
+                torch.cuda.empty_cache()
+        return time.perf_counter() - start
+
     def run(
         self, variant, protocol="quick", check=True, timeout_s=None, prune_below=None
     ) -> TrialOutcome:
@@ -448,11 +465,10 @@ class Phases:
             self.marker.write_text(name)
 
 
-def gate(create_engine, job: dict, phases: Phases | None = None) -> dict:
-    """The correctness gate of the job (the course's check unless the job names another), and
-    the margin the search asks beyond it: half the course's tolerance, or within the noise
-    gate's multiple."""
-    from evaluator.correctness import check_prepared, prepare_check
+def prepare_gate(job: dict) -> tuple:
+    """(the gate the job names, or None for the course's check; the check prepared with it: its
+    references read from the job's noise cache, or computed there)."""
+    from evaluator.correctness import prepare_check
     from evaluator.gate_choice import gate_from_dict
     from evaluator.gates import CourseGate
 
@@ -463,6 +479,16 @@ def gate(create_engine, job: dict, phases: Phases | None = None) -> dict:
         gate_, job["config"], job["weight_dir"], job["device"], cases,
         cache_dir=job.get("noise_cache"),
     )  # fmt: skip
+    return judge, prepared
+
+
+def gate(create_engine, job: dict, phases: Phases | None = None) -> dict:
+    """The correctness gate of the job (the course's check unless the job names another), and
+    the margin the search asks beyond it: half the course's tolerance, or within the noise
+    gate's multiple."""
+    from evaluator.correctness import check_prepared
+
+    judge, prepared = prepare_gate(job)
     if phases is not None:
         phases.enter("correctness")
     cases = check_prepared(create_engine, prepared)
