@@ -243,6 +243,15 @@ def test_the_log_compares_the_chosen_and_the_runner_up_on_one_protocol():
     assert "against 6991.0 tokens/s (full protocol, both)" in both
 
 
+def test_the_chosen_line_gives_the_share_of_the_gate_that_judged_it():
+    """The noise gate's share where it judged (not the course tolerance's, which it ignores)."""
+    from search.report import _why
+
+    assert "max error 0.001 (0.10 of the tolerance)." in _why(_record(1, 100.0), [])
+    noise = _why(_record(1, 100.0, gate="noise", noise_share=0.59), [])
+    assert "max error 0.001 (0.59 of the noise gate's limit)." in noise
+
+
 def test_the_top_table_keeps_screening_and_full_numbers_apart():
     from search.report import top_table
 
