@@ -106,7 +106,7 @@ class SamplingBody(Strict):
     top_k: int = Field(0, ge=0)  # not OpenAI's: vLLM's extra field, 0 is off
     seed: int | None = None
     stop: Any = Field(default_factory=list)  # a list of strings once validated
-    stream: bool = False
+    stream: bool | None = False  # (OpenAI's nullable booleans: null is their default)
     stream_options: StreamOptions | None = None
     user: Text | None = None  # OpenAI's end-user id for abuse reports: nothing to do here
     n: no_op(1) = None
@@ -196,7 +196,7 @@ class ChatMessage(Strict):
 class ChatBody(SamplingBody):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name of max_tokens
-    logprobs: bool = False
+    logprobs: bool | None = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: no_op([]) = None
     tool_choice: no_op("none") = None
