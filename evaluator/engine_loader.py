@@ -99,7 +99,12 @@ def check_weight_dir(weight_dir: str | os.PathLike) -> str:
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """A command line argparse refuses is one line, as every user error is (not the usage)."""
+    """A command line argparse refuses is one line, as every user error is (not the usage), and
+    a flag is never guessed from its start (`--budget-minute` is refused, not `--budget-minutes`);
+    its subcommands' parsers are of this class too."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
 
     def error(self, message: str):
         self.exit(2, f"error: {message}; see `{self.prog} --help`\n")

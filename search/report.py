@@ -177,11 +177,16 @@ def _why(chosen: Record, ranked: list[Record], ran: bool = True) -> str:
             "safest default that passes verification was written."
         )
     protocol = "full protocol" if chosen.has_full else "screening"
+    a = chosen.attrs
+    share = (  # the share of the gate that judged it (search.trial.constraint's)
+        f"{_num(a.get('noise_share'), 2)} of the noise gate's limit"
+        if a.get("gate") == "noise"
+        else f"{_num(a.get('tol_share'), 2)} of the tolerance"
+    )
     text = (
         f"{chosen.name} (trial {chosen.number}): {chosen.tokens_per_s:.1f} tokens/s "
         f"(geometric mean, {protocol}), peak {chosen.peak_mib:.0f} MiB, "
-        f"max error {chosen.attrs.get('max_abs_err', float('nan')):.3g} "
-        f"({chosen.attrs.get('tol_share', float('nan')):.2f} of the tolerance)."
+        f"max error {a.get('max_abs_err', float('nan')):.3g} ({share})."
     )
     others = [r for r in ranked if r.number != chosen.number]
     if not others:

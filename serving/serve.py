@@ -48,11 +48,17 @@ def add_arguments(p) -> None:
         "(default 2048)",
     )
     p.add_argument("--model-name", help="the model's name in the API (default: the folder's)")
+    p.add_argument(
+        "--max-body-mib",
+        type=float,
+        default=4.0,
+        help="request bodies over this many MiB are refused with a 413 (default 4)",
+    )
 
 
 def serve_command(args) -> int:
     try:
-        check_limits(args.max_live, args.max_prefill_tokens)
+        check_limits(args.max_live, args.max_prefill_tokens, args.max_body_mib)
         sock = listen(args.host, args.port)
         served, config = load_served_model(args)
         engine = load_engine(args.engine, config, args.model, served.device)
@@ -70,9 +76,8 @@ def serve_command(args) -> int:
     loop = EngineLoop(engine, args.max_live, args.max_prefill_tokens).start()
     host, port = sock.getsockname()[:2]
     log.info("serving %s on http://%s:%d/v1", served.name, host, port)
-    config = uvicorn.Config(
-        create_app(loop, served), log_level=args.log_level.lower(), timeout_graceful_shutdown=5
-    )
+    app = create_app(loop, served, int(args.max_body_mib * 2**20))
+    config = uvicorn.Config(app, log_level=args.log_level.lower(), timeout_graceful_shutdown=5)
     try:
         uvicorn.Server(config).run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn shut down gracefully, then raised Ctrl-C's signal again
@@ -82,9 +87,11 @@ def serve_command(args) -> int:
     return 0
 
 
-def check_limits(max_live: int, max_prefill_tokens: int) -> None:
+def check_limits(max_live: int, max_prefill_tokens: int, max_body_mib: float) -> None:
     if max_live < 1 or max_prefill_tokens < 1:
         raise GenerateError("--max-live and --max-prefill-tokens must be >= 1")
+    if not max_body_mib > 0 or max_body_mib == float("inf"):
+        raise GenerateError(f"--max-body-mib must be a number > 0, got {max_body_mib}")
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -103,21 +110,23 @@ def load_served_model(args):
     try:
         import uvicorn  # noqa: F401
 
-        from serving.openai_api import ServedModel
+        from serving.openai_api import ServedModel, token_texts
     except ImportError as exc:
         raise GenerateError(f"serve needs FastAPI and uvicorn ({exc}): {SERVE_EXTRA}") from exc
     device = resolve_device(args.device)
     model = Path(args.model)
     config = model_config(model)
+    tokenizer = load_tokenizer(model)
     served = ServedModel(
         name=args.model_name or model.resolve().name,
-        tokenizer=load_tokenizer(model),
+        tokenizer=tokenizer,
         render_chat=chat_renderer_or_none(model),
         eos_ids=frozenset(eos_ids(model, config)),
         max_positions=config["max_position_embeddings"],
         vocab_size=config["vocab_size"],
         device=device,
         created=int(time.time()),
+        token_texts=token_texts(tokenizer, config["vocab_size"]),
     )
     return served, config
 

@@ -59,6 +59,7 @@ def _bad_weights(folder, tiny_config):
         ("trials", "--trials must be a number >= 1, got 0"),
         ("weights-too-big", "leaves each of the grader's 3 live engines 0.000333 GiB, less than"),
         ("not-a-number", "argument --budget-minutes: invalid float value: 'abc'; see `python -m"),
+        ("abbreviated", "unrecognized arguments: --budget-minute 2; see `python -m search --help`"),
         ("storage-scheme", "cannot open the storage foo://x (Can't load plugin: sqlalchemy"),
         ("storage-folder", "unable to open database file); give sqlite:///PATH.db"),
         ("study-path", "--study '../escape': a study stored in the studies folder is named by"),
@@ -107,6 +108,7 @@ def test_a_users_mistake_is_one_line_exit_2_and_nothing_written(
             "trials": ["--trials", "0"],
             "weights-too-big": ["--memory-budget-gib", "0.001"],
             "not-a-number": ["--budget-minutes", "abc"],
+            "abbreviated": ["--budget-minute", "2"],  # argparse would take --budget-minutes
             "storage-scheme": ["--storage", "foo://x"],
             "storage-folder": ["--storage", f"sqlite:///{tmp_path}/none/x.db"],
             "study-path": ["--study", "../escape"],
@@ -146,6 +148,22 @@ def test_run_sh_says_the_same_in_one_line(model, tmp_path, child_env):
     )  # fmt: skip
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("error: model config")
+
+
+def test_run_sh_guesses_no_flag(tmp_path, child_env):
+    """`--budget-minute 2` is refused in one line, not run as --budget-minutes 2 (which wrote
+    over workspace/engine.py)."""
+    import subprocess
+
+    ws = tmp_path / "ws"
+    proc = subprocess.run(
+        ["bash", "run.sh", "--budget-minute", "2", "--workspace", str(ws)],
+        cwd=REPO_ROOT, env=child_env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2 and not ws.exists()
+    assert proc.stderr == (
+        "error: unrecognized arguments: --budget-minute 2; see `python -m search --help`\n"
+    )
 
 
 @pytest.mark.parametrize("command", ["report", "render"])
@@ -223,6 +241,15 @@ def test_the_log_compares_the_chosen_and_the_runner_up_on_one_protocol():
     assert "1.356x its throughput" in text and RANKING in text
     both = _why(chosen, rank([chosen, _record(3, 50_000.0, full=7_500.0)]))
     assert "against 6991.0 tokens/s (full protocol, both)" in both
+
+
+def test_the_chosen_line_gives_the_share_of_the_gate_that_judged_it():
+    """The noise gate's share where it judged (not the course tolerance's, which it ignores)."""
+    from search.report import _why
+
+    assert "max error 0.001 (0.10 of the tolerance)." in _why(_record(1, 100.0), [])
+    noise = _why(_record(1, 100.0, gate="noise", noise_share=0.59), [])
+    assert "max error 0.001 (0.59 of the noise gate's limit)." in noise
 
 
 def test_the_top_table_keeps_screening_and_full_numbers_apart():
