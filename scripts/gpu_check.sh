@@ -3,7 +3,7 @@
 #   bash scripts/gpu_check.sh [STAGE...]   stages: env tests (or tests1 tests2) kernels fewrow tune
 #   tuneprefill profile timeline anatomy hostprofile sweep table compilereuse study grader
 #   realmodels replacement soak cachesizes knobs fewknobs prefillknobs kernelstudy crossknobs move
-#   mega neutral
+#   neutral
 # (default: all). Writes logs and JSON under $OUT (or workspace/gpu_check) and a summary.txt.
 # Optuna is not installed there: wheels in .whl/ (carried) are installed into /tmp/site first.
 # A run longer than one call (the default 20-minute run.sh): scripts/gpu_long.sh.
@@ -355,16 +355,6 @@ if stage move; then
     timed move_cost "${MOVE_LIMIT:-150}" "$PY" scripts/move_cost.py --trace long_prompts
     timed move_ab "${MOVE_LIMIT:-150}" "$PY" scripts/move_cost.py --ab --trace long_prompts \
         --repeat "${MOVE_REPEAT:-9}"
-fi
-# the decode megakernel (docs/MEGAKERNEL.md, M1): its GPU test (the tiny model's step against
-# the fused stack, 200 relaunches), then built for the course model, checked against fused-pdl
-# and timed in graphs at 8 x 150 and 8 x 40, and a counter hop (MEGA_ARGS, e.g.
-# "--ring-slots 2,4,8")
-if stage mega; then
-    timed mega_tests "${MEGA_TESTS_LIMIT:-300}" "$PY" -m pytest -m gpu -p no:cacheprovider \
-        tests/variants/kernels/test_megakernel.py
-    timed bench_megakernel "${MEGA_LIMIT:-420}" "$PY" scripts/bench_megakernel.py \
-        --json "$OUT/megakernel.json" ${MEGA_ARGS:---spin-ns 0 --attn-splits 2,8 --split-tokens 64,32 --tiles-per-task 1,4}
 fi
 stage soak && timed soak 300 "$PY" -m pytest -s -m gpu -p no:cacheprovider \
     tests/variants/test_soak.py

@@ -1,4 +1,4 @@
-"""The decode megakernel (docs/MEGAKERNEL.md, milestone M1) against the fused layer stack on the
+"""The decode megakernel (MEGAKERNEL.md, milestone M1) against the fused layer stack on the
 GPU. Per shape (rows x context): one decode step of the slab engine (fused-pdl where the GPU
 has PDL) is recorded, and both stacks run on its inputs and weights: each one's logits (the
 fused head) against the float32 reference model, and x against each other. Then each stack is
@@ -7,11 +7,11 @@ the step's and a layer's GPU time. Then one step profiled (each task's wait for 
 for its weights, and its work, by op; each layer's span; the blocks' busy share). Last, a
 counter hop's latency between two SMs.
 
-    python scripts/bench_megakernel.py [--shapes 8x150,8x40] [--ring-slots 2,4,8]
+    python experiments/megakernel/bench_megakernel.py [--shapes 8x150,8x40] [--ring-slots 2,4,8]
         [--attn-splits 2,4] [--split-tokens 64,32] [--tiles-per-task 1,4] [--spin-ns 512,64,0]
         [--dtype bfloat16] [--json PATH]
 
-M1's rules (docs/MEGAKERNEL.md section 4): continue at <= 12 us a layer, profile at >= 18,
+M1's rules (MEGAKERNEL.md section 4): continue at <= 12 us a layer, profile at >= 18,
 drop if a hop costs > 1.5 us. Exits 1 when the megakernel's logits are further from the float32
 reference than --error-margin times the fused stack's, or when it traps (the watchdog's stuck
 task is printed); 2 on a machine it cannot run on."""
@@ -28,15 +28,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from evaluator.reference_model import ReferenceModel  # noqa: E402
-from scripts.decode_step_profile import replay_us  # noqa: E402
-from variants.attention.triton_attention import TritonAttention  # noqa: E402
-from variants.cache.slab import SlabKVCache  # noqa: E402
-from variants.engine import assemble_engine  # noqa: E402
-from variants.kernels.device import device_capability, device_sm_count  # noqa: E402
-from variants.kernels.megakernel import (  # noqa: E402
+from experiments.megakernel.megakernel import (  # noqa: E402
     ELEMENT_TYPES,
     SPIN_NS,
     SPLIT_TOKENS,
@@ -45,7 +40,12 @@ from variants.kernels.megakernel import (  # noqa: E402
     build,
     step_inputs,
 )
-from variants.kernels.megakernel_schedule import MegaShape, build_schedule, validate  # noqa: E402
+from experiments.megakernel.megakernel_schedule import MegaShape, build_schedule, validate  # noqa: E402
+from scripts.decode_step_profile import replay_us  # noqa: E402
+from variants.attention.triton_attention import TritonAttention  # noqa: E402
+from variants.cache.slab import SlabKVCache  # noqa: E402
+from variants.engine import assemble_engine  # noqa: E402
+from variants.kernels.device import device_capability, device_sm_count  # noqa: E402
 from variants.kernels.pdl import pdl_supported  # noqa: E402
 from variants.layers.fused_stack import fused_head, run_fused_stack  # noqa: E402
 

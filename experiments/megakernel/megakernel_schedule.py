@@ -1,4 +1,4 @@
-"""The decode megakernel's schedule (docs/MEGAKERNEL.md): a step's layers as tasks cut at the fused
+"""The decode megakernel's schedule (MEGAKERNEL.md): a step's layers as tasks cut at the fused
 kernels' seams, per-SM queues of int descriptors, the counters that order them, and the check
 that a schedule can neither deadlock nor read a tile before it is written.
 

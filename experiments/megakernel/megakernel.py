@@ -1,8 +1,8 @@
-"""The decode step's layer stack as one persistent CUDA kernel (docs/MEGAKERNEL.md, milestone M1):
+"""The decode step's layer stack as one persistent CUDA kernel (MEGAKERNEL.md, milestone M1):
 a block an SM walks its queue of tasks (megakernel_schedule.py); its producer warp streams each
 task's 16-row weight tile into a shared-memory ring (cp.async onto mbarriers) while its consumer
 warps wait on counters, compute with mma.sync, store and signal. Rounds like the fused kernels.
-Not wired into the engine: scripts/bench_megakernel.py checks and times it on the GPU.
+Not wired into the engine: bench_megakernel.py checks and times it on the GPU.
 Needs nvcc and ninja (torch.utils.cpp_extension), compute capability >= 8.0, float16 or
 bfloat16 (one a build), up to 8 rows, head_dim a multiple of 16."""
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from variants.kernels.megakernel_schedule import (
+from experiments.megakernel.megakernel_schedule import (
     ATTN_BLOCK,
     DONE,
     FIELDS,
