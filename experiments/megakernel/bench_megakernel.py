@@ -31,6 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from evaluator.reference_model import ReferenceModel  # noqa: E402
+from experiments.decode_step_profile import replay_us  # noqa: E402
 from experiments.megakernel.megakernel import (  # noqa: E402
     ELEMENT_TYPES,
     SPIN_NS,
@@ -41,7 +42,6 @@ from experiments.megakernel.megakernel import (  # noqa: E402
     step_inputs,
 )
 from experiments.megakernel.megakernel_schedule import MegaShape, build_schedule, validate  # noqa: E402
-from scripts.decode_step_profile import replay_us  # noqa: E402
 from variants.attention.triton_attention import TritonAttention  # noqa: E402
 from variants.cache.slab import SlabKVCache  # noqa: E402
 from variants.engine import assemble_engine  # noqa: E402

@@ -3,7 +3,7 @@ Python that builds positions, slots, tables and the prefill schedule, then one s
 Runs on a CPU engine (one layer, paged64 and slab caches; decode at 8, 32 and 64 rows); prints
 microseconds, the best of 5 timings of 200 calls each.
 
-    python scripts/bench_host_fill.py [--json PATH]
+    python experiments/bench_host_fill.py [--json PATH]
 """
 
 import argparse

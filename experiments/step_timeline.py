@@ -5,7 +5,7 @@ many, the sum of start-to-end, and the sum of the time to the next kernel's star
 kernel starts while the one before runs, so start-to-end sums overlap; the second sum adds
 up to the replay.
 
-    python scripts/step_timeline.py --shapes 4x2048,4x150 [--preset NAME] [--first 14]
+    python experiments/step_timeline.py --shapes 4x2048,4x150 [--preset NAME] [--first 14]
 """
 
 import argparse
@@ -17,7 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scripts.decode_step_profile import graph_replay_us  # noqa: E402
+from experiments.decode_step_profile import graph_replay_us  # noqa: E402
 from variants import build_engine  # noqa: E402
 from variants.presets import PRESETS  # noqa: E402
 

@@ -5,7 +5,7 @@ do_bench's eager launches made calls under ~30 us swing by up to 5x on the H200)
 against the tile the launcher picks, each checked against causal SDPA per prompt (max abs
 difference). Tiles the GPU refuses are listed as failed.
 
-    python scripts/tune_prefill_attention.py [--json PATH] [--graph] [--shape 1x2048 ...]
+    python experiments/tune_prefill_attention.py [--json PATH] [--graph] [--shape 1x2048 ...]
         [--tiles 64,64,8,2 ...] [--head-dim 128 ...]
 """
 

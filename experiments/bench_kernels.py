@@ -4,7 +4,7 @@ Times each pair with triton.testing.do_bench (median, L2 flushed between runs) a
 model's sizes (heads 4, kv heads 4, head_dim 192, hidden 768) and prints JSON, one record per
 case; decode records add the cache-read bandwidth (K and V bytes of the live context / time).
 
-    python scripts/bench_kernels.py [--json PATH] [--dtype float16|bfloat16]
+    python experiments/bench_kernels.py [--json PATH] [--dtype float16|bfloat16]
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@ reference's own rounding noise, then the error of honest engines that compute in
 another order and of each planted fault, in units of that noise. docs/CORRECTNESS_GATE.md holds
 the table this prints.
 
-    python scripts/calibrate_gate.py --json calibration.json          # every model (~2 h)
-    python scripts/calibrate_gate.py --models tiny --dtypes bfloat16  # two rows, minutes
-    python scripts/calibrate_gate.py --from-json calibration.json     # the table again
+    python experiments/calibrate_gate.py --json calibration.json          # every model (~2 h)
+    python experiments/calibrate_gate.py --models tiny --dtypes bfloat16  # two rows, minutes
+    python experiments/calibrate_gate.py --from-json calibration.json     # the table again
 
 A cell is the worst row's error / its noise allowance (`noise_share` x the multiple): honest
 engines over the whole case, planted faults at the row where the gate stopped them ("g" when

@@ -4,7 +4,7 @@ inside it timed (synchronised on both sides: what they cost the call), the insta
 the first replay (the upload) apart. `--ab`: the prefill graphs' eager first call after a move
 against a capture on that call, fresh engines alternating.
 
-    python scripts/move_cost.py --trace long_prompts --budget-gib 8 [--ab --repeat 9]"""
+    python experiments/move_cost.py --trace long_prompts --budget-gib 8 [--ab --repeat 9]"""
 
 import argparse
 import json

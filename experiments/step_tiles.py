@@ -3,9 +3,9 @@ matter: the GPU time of a whole decode step (its CUDA graph replayed back to bac
 preset's engine, per shape, for each setting in turn, rounds interleaved; the logits of each
 setting against the first's.
 
-    python scripts/step_tiles.py --shapes 8x40,32x512 \\
+    python experiments/step_tiles.py --shapes 8x40,32x512 \\
         --setting old=32:32,4,2 --setting new=default --rounds 2
-    python scripts/step_tiles.py --shapes 4x2048 \\
+    python experiments/step_tiles.py --shapes 4x2048 \\
         --setting rule=default --setting parts=-:-:128,64 --setting stages3=-:16,2,3
 
 A setting is `default` (what the code picks) or SPLIT_TOKENS:BLOCK_N,WARPS,STAGES[:DA,DB
@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import variants.attention.triton_attention as triton_attention  # noqa: E402
-from scripts.step_sweep import main  # noqa: E402
+from experiments.step_sweep import main  # noqa: E402
 
 DEFAULT = triton_attention.paged_decode_attention
 FIELDS = ("split_tokens", "tiles", "parts", "prefetch_tiles")

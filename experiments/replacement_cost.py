@@ -1,7 +1,7 @@
 """What replacing an engine costs the next timed pass: a preset's engine timed on a trace after
 each of three ways of making the next engine, medians of many repeats, and each call's own time.
 
-    python scripts/replacement_cost.py --preset slab-triton-pdl-allgraphs --traces prefill,mixed
+    python experiments/replacement_cost.py --preset slab-triton-pdl-allgraphs --traces prefill,mixed
 
 - `assign`: the grader's pattern, `engine = create_engine(...)`; the old engine is freed by
   that assignment, just before the timed pass.

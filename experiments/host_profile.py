@@ -7,7 +7,7 @@ prints the median host time of each call kind without a profiler, then cProfile'
 same calls: the functions with the most time of their own, per call of the kind asked for. cProfile
 slows Python-heavy code more than torch calls: read its numbers as shares, the medians as times.
 
-    python scripts/host_profile.py --variant '{"cache": "paged", ...}' [--trace prefill]
+    python experiments/host_profile.py --variant '{"cache": "paged", ...}' [--trace prefill]
         [--kind prefill] [--repeat 200] [--json PATH]
 """
 

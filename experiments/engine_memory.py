@@ -1,6 +1,6 @@
 """What one engine holds on a GPU, and the peak of the grader's pattern, per preset.
 
-    python scripts/engine_memory.py --preset slab-triton-pdl-allgraphs --json memory.json
+    python experiments/engine_memory.py --preset slab-triton-pdl-allgraphs --json memory.json
 
 Per preset: the GPU memory a fresh engine holds (its weights, its KV cache, and the rest: CUDA
 graph pools, static buffers, workspaces), whether it all goes when the last reference goes (the

@@ -5,7 +5,7 @@ that order, over one Triton cache that starts empty, and prints each case's seco
 compiled kernels the cache holds after it. Triton's cache key holds each kernel's line number:
 the second engine should add no kernels, a sibling only its own builds.
 
-    python scripts/compile_reuse.py --sibling paged64-triton-gemv-allgraphs [--json PATH]
+    python experiments/compile_reuse.py --sibling paged64-triton-gemv-allgraphs [--json PATH]
 """
 
 import argparse

@@ -8,7 +8,7 @@ per call is the median over replays divided by the copies. It also tries a short
 (BLOCK_N, BLOCK_K, warps, stages) per kernel, each with every split-K count of --splits
 (variants/kernels/split_k.py), and reports the best beside the default.
 
-    python scripts/bench_few_row.py [--rows 1,8,64] [--splits 1,2,4] [--json PATH] [--no-tiles]
+    python experiments/bench_few_row.py [--rows 1,8,64] [--splits 1,2,4] [--json PATH] [--no-tiles]
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ it, over enough copies of the pools that L2 holds none of them, as in a real ste
 best configurations and the cache-read bandwidth they reach (K and V bytes of
 the live context / time), next to the defaults the launcher picks today.
 
-    python scripts/tune_decode_attention.py [--json PATH] [--quick] [--graph]
+    python experiments/tune_decode_attention.py [--json PATH] [--quick] [--graph]
         [--shape 64x2048:paged64 ...] [--tiles 32,4,2 ...] [--split-tokens 64,128]
         [--splits 16,32,49,64]
 """

@@ -5,7 +5,7 @@ every suite with its own table and with the other model's (`tuning.decode_attent
 Each model's own table should win on that model. What --out holds already (a table, an engine
 checked and timed) is reused, so a run can span calls.
 
-    python scripts/cross_knobs.py --model course=target/model_config.json:target/weights \
+    python experiments/cross_knobs.py --model course=target/model_config.json:target/weights \
         --model llama16=scripts/gpu_models/llama16-bf16.json:/tmp/gpu_models/llama16-bf16 \
         [--budget 120] [--cache-dir studies/kernels] [--out workspace/cross_knobs]
 """

@@ -13,7 +13,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scripts.decode_step_profile import graph_replay_us  # noqa: E402
+from experiments.decode_step_profile import graph_replay_us  # noqa: E402
 from variants import build_engine  # noqa: E402
 from variants.presets import PRESETS  # noqa: E402
 

@@ -2,10 +2,10 @@
 matter: the GPU time of a whole decode step (its CUDA graph replayed back to back), per shape,
 for each setting in turn, rounds interleaved; the logits of each setting against the first's.
 
-    python scripts/step_kernels.py --shapes 8x40,8x150 --setting base=default \\
+    python experiments/step_kernels.py --shapes 8x40,8x150 --setting base=default \\
         --setting o4=o:-/4 --setting qkv2=qkv:16,256,4,3/2+o:-/2
 
-    python scripts/step_kernels.py --shapes 8x150 --setting base=o:-@off+down:-@off \
+    python experiments/step_kernels.py --shapes 8x150 --setting base=o:-@off+down:-@off \
         --setting staged=default --setting o2=o:32,128,4,3/2@on
 
 A setting is `default` or overrides joined by `+`, each KERNEL:TILES[/SPLIT_K][@STAGE] where
@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import variants.layers.fused_stack as fused_stack  # noqa: E402
-from scripts.step_sweep import main  # noqa: E402
+from experiments.step_sweep import main  # noqa: E402
 
 ORIGINAL = {
     "few_row_linear": fused_stack.few_row_linear,
