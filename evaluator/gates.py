@@ -22,7 +22,8 @@ from evaluator.case_rows import CaseRows, Row
 from evaluator.noise import CaseNoise, NoiseNumbers, measure_noise, noise_key, save_whole
 from evaluator.reference_model import compute_dtype_for, dtype_named, load_reference
 
-# The calibrated multiple and greedy margin (docs/CORRECTNESS_GATE.md, scripts/calibrate_gate.py).
+# The calibrated multiple and greedy margin (docs/CORRECTNESS_GATE.md,
+# experiments/calibrate_gate.py).
 NOISE_MULTIPLE = 4.0
 GREEDY_MARGIN = 2.0  # in noise units: above it even the model-dtype reference cannot flip a token
 

@@ -3,7 +3,7 @@ plain and under PDL), at each row count: CUDA graphs of back-to-back GEMMs over 
 copies (at least 12, and 64 MiB: `bench_few_row.copies_for`) that L2 holds none of them, as in
 a decode step; us a GEMM, median of 20 replays.
 
-    python scripts/bench_projections.py --rows 16,32,48,64,128,256,512
+    python experiments/bench_projections.py --rows 16,32,48,64,128,256,512
 
 Isolated chains flatter PDL: in a decode step the other kernels already launch under it
 (docs/PERF.md, runs 178-179)."""
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scripts.bench_few_row import copies_for, graph_us  # noqa: E402
+from experiments.bench_few_row import copies_for, graph_us  # noqa: E402
 from variants.kernels.device import device_sm_count  # noqa: E402
 from variants.kernels.few_row_linear import few_row_linear  # noqa: E402
 from variants.kernels.pdl import pdl_supported  # noqa: E402

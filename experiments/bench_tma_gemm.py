@@ -7,7 +7,7 @@ CUDA graphs of back-to-back GEMMs over enough weight copies that L2 holds none o
 (`bench_few_row.copies_for`), us a GEMM, median of 20 replays; the best of 16 tile settings
 (and with `--warp-specialize` 16 more, Triton's warp-specialized loop) for each shape.
 
-    python scripts/bench_tma_gemm.py --rows 128,256,512 [--warp-specialize] [--json PATH]
+    python experiments/bench_tma_gemm.py --rows 128,256,512 [--warp-specialize] [--json PATH]
 
 Needs CUDA and a Triton with host tensor descriptors (3.4 and newer); the kernel itself also
 runs under Triton's interpreter (tests/scripts/test_bench_tma_gemm.py)."""
@@ -26,7 +26,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from scripts.bench_few_row import copies_for, graph_us  # noqa: E402
+from experiments.bench_few_row import copies_for, graph_us  # noqa: E402
 
 try:
     from triton.tools.tensor_descriptor import TensorDescriptor

@@ -5,7 +5,7 @@ batch-64 one (132 nodes, with cuBLAS GEMMs) in 40-120 us, and a prefill graph's 
 up at 100-280 us in host profiles. This captures graphs of one kind of node each, at two counts,
 and reports the median host time of a replay:
 
-    python scripts/graph_launch.py [--json PATH]
+    python experiments/graph_launch.py [--json PATH]
 """
 
 import argparse

@@ -5,7 +5,7 @@ GPU's clocks alone (`--clock-control none`, as the device notes ask):
     ncu --clock-control none --kernel-name regex:_decode_split --launch-skip 2 \\
         --launch-count 1 --section SpeedOfLight --section Occupancy --section LaunchStats \\
         --section WarpStateStats --section MemoryWorkloadAnalysis \\
-        python scripts/ncu_decode_attention.py --shape 4x2048 [--splits 49] [--tiles 16,2,2]
+        python experiments/ncu_decode_attention.py --shape 4x2048 [--splits 49] [--tiles 16,2,2]
 
 Without --splits, --tiles and --parts the launcher's own rules pick them, with the splits a
 decode graph captures for the context's bucket (`graph_context_buckets`, `choose_num_splits`).

@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # The GPU check, run on the device machine (H200) over a copy of the tree:
-#   bash scripts/gpu_check.sh [STAGE...]   stages: env tests (or tests1 tests2) kernels fewrow tune
-#   tuneprefill profile timeline anatomy hostprofile sweep table compilereuse study grader
-#   realmodels replacement soak cachesizes knobs fewknobs prefillknobs kernelstudy crossknobs move
-#   mega neutral
-# (default: all). Writes logs and JSON under $OUT (or workspace/gpu_check) and a summary.txt.
+#   bash scripts/gpu_check.sh [STAGE...]   stages: env tests (or tests1 tests2) sweep study grader
+#   realmodels soak cachesizes knobs neutral fewknobs prefillknobs kernelstudy
+# (default: env tests sweep study soak). Writes logs and JSON under $OUT (or workspace/gpu_check)
+# and a summary.txt. The measuring tools are in experiments/ (python experiments/NAME.py --help).
 # Optuna is not installed there: wheels in .whl/ (carried) are installed into /tmp/site first.
 # A run longer than one call (the default 20-minute run.sh): scripts/gpu_long.sh.
 set -uo pipefail
@@ -13,7 +12,7 @@ OUT=${OUT:-workspace/gpu_check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PYTHON:-python3}
-STAGES=${*:-env tests kernels fewrow tune tuneprefill profile timeline anatomy hostprofile sweep table compilereuse study soak}
+STAGES=${*:-env tests sweep study soak}
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 note() { echo "$*" | tee -a "$SUMMARY"; }
@@ -71,38 +70,6 @@ stage tests1 && timed gpu_tests1 "${TESTS_LIMIT:-540}" "$PY" -m pytest -m gpu -p
     -n "${TESTS_WORKERS:-4}" tests/variants/kernels
 stage tests2 && timed gpu_tests2 "${TESTS_LIMIT:-540}" "$PY" -m pytest -m gpu -p no:cacheprovider \
     --ignore=tests/variants/test_soak.py --ignore=tests/variants/kernels tests
-stage kernels && timed bench_kernels "${KERNELS_LIMIT:-240}" "$PY" scripts/bench_kernels.py \
-    --json "$OUT/kernels.json"
-# FEWROW_ARGS, e.g. "--rows 8 --splits 1,2,3,4 --no-tiles" (a split-K sweep)
-stage fewrow && timed bench_few_row "${FEWROW_LIMIT:-300}" "$PY" scripts/bench_few_row.py \
-    --json "$OUT/few_row.json" ${FEWROW_ARGS:-}
-# TUNE_ARGS, e.g. "--graph --shape 64x2048:paged64 --tiles 32,4,2 --split-tokens 64,128"
-stage tune && timed tune "${TUNE_LIMIT:-200}" "$PY" scripts/tune_decode_attention.py \
-    --json "$OUT/tune.json" ${TUNE_ARGS:-}
-stage tuneprefill && timed tune_prefill "${TUNE_PREFILL_LIMIT:-150}" "$PY" \
-    scripts/tune_prefill_attention.py --json "$OUT/tune_prefill.json" ${TUNE_PREFILL_ARGS:-}
-PROFILE_VARIANTS=${PROFILE_VARIANTS:-'{"cache":"slab","attention":"sdpa","graphs":"pow2"}
-{"cache":"slab","attention":"triton","layers":"triton","graphs":"pow2","prefill_graphs":"pow2"}
-{"cache":"paged","block_size":64,"attention":"triton","layers":"triton","graphs":"pow2","prefill_graphs":"pow2"}
-{"cache":"paged","block_size":64,"attention":"triton","layers":"fused","graphs":"pow2","prefill_graphs":"pow2"}'}
-if stage profile; then
-    args=()
-    while read -r v; do [ -n "$v" ] && args+=(--variant "$v"); done <<< "$PROFILE_VARIANTS"
-    timed profile "${PROFILE_LIMIT:-180}" "$PY" scripts/decode_step_profile.py "${args[@]}" \
-        --shape 8x150 --shape 64x2048 --json "$OUT/profile.json"
-fi
-# one decode step's kernels in time order (TIMELINE_SHAPES, e.g. "4x2048,8x150")
-stage timeline && timed timeline "${TIMELINE_LIMIT:-120}" "$PY" scripts/step_timeline.py \
-    --shapes "${TIMELINE_SHAPES:-4x2048,4x150}" --json "$OUT/timeline.json"
-ANATOMY_VARIANT=${ANATOMY_VARIANT:-'{"cache":"slab","attention":"triton","layers":"fused-pdl","graphs":"pow2","prefill_graphs":"pow2"}'}  # the study's choice on the H200
-stage anatomy && timed anatomy "${ANATOMY_LIMIT:-180}" "$PY" scripts/trace_anatomy.py \
-    --variant "$ANATOMY_VARIANT" --json "$OUT/anatomy.json"  # host or GPU, call by call
-if stage hostprofile; then  # the host time of a call, function by function
-    for kind in prefill decode; do
-        timed "host_$kind" "${HOSTPROFILE_LIMIT:-120}" "$PY" scripts/host_profile.py \
-            --variant "$ANATOMY_VARIANT" --trace decode --kind $kind --json "$OUT/host_$kind.json"
-    done
-fi
 if stage sweep; then  # shards in parallel: each check is mostly host-bound
     SHARDS=${SWEEP_SHARDS:-6}
     for k in $(seq 0 $((SHARDS - 1))); do
@@ -112,11 +79,6 @@ if stage sweep; then  # shards in parallel: each check is mostly host-bound
     wait
     note "sweep: $(grep -c '"passed": true' "$OUT/sweep.jsonl") passed," \
         "$(grep -c '"passed": false' "$OUT/sweep.jsonl") failed"
-fi
-if stage table; then
-    timed variant_table "${TABLE_LIMIT:-560}" "$PY" scripts/variant_table.py --out "$OUT/table" \
-        --timeout 150 \
-        --variants "${TABLE_VARIANTS:-slab-sdpa,slab-triton-fused-allgraphs,paged64-triton-fused-allgraphs,paged64-triton-gemv-allgraphs,slab-triton-gemv-allgraphs}"
 fi
 # the first cache's size (a searched choice): CACHE_VARIANTS ("name json" lines) rendered with
 # the course target's budget (8 GiB: 24 GiB / 3 engines alive), each timed on every suite in the
@@ -265,11 +227,6 @@ if stage kernelstudy; then
     cp workspace/results.log "$OUT/kernel_study_results.log" 2>/dev/null
     sed -n '/kernel search/,/^$/p' workspace/results.log | tee -a "$SUMMARY"
 fi
-# the written engine reusing its trial's compiled kernels (an empty cache at the start), then
-# the fused layers without PDL on the slab, then on a paged cache (which adds only its own builds)
-stage compilereuse && timed compile_reuse "${REUSE_LIMIT:-300}" "$PY" scripts/compile_reuse.py \
-    --sibling slab-triton-gemv-allgraphs --sibling paged64-triton-gemv-allgraphs \
-    --json "$OUT/compile_reuse.json"
 if stage study; then
     timed run_sh "${STUDY_LIMIT:-420}" bash run.sh --device cuda \
         --budget-minutes "${STUDY_MINUTES:-5}" --fresh
@@ -280,7 +237,7 @@ if stage study; then
 fi
 # the course's own evaluator (a stage3 skeleton checkout in COURSE_SKELETON, default .course/stage3)
 # on the engine the study stage just wrote (else the fastest preset), the process capped at the
-# grader's 24 GiB; what an engine holds and the peak of the grader's pattern per trace
+# grader's 24 GiB
 if stage grader; then
     GRADED=workspace/grader_engine.py
     if stage study && [ -f workspace/engine.py ]; then
@@ -298,9 +255,6 @@ PY
         --memory-cap-gib 24 --json "$OUT/course_grader.json"
     timed public_bench 200 "$PY" evaluator/benchmark_throughput.py \
         --engine "$GRADED" --device cuda --suite public --json "$OUT/public.json"
-    timed engine_memory "${MEMORY_LIMIT:-240}" "$PY" scripts/engine_memory.py \
-        --preset slab-triton-pdl-allgraphs --preset paged64-triton-gemv-allgraphs \
-        --json "$OUT/engine_memory.json"
 fi
 # real models (issue #39): the 16-layer LLaMA shape in bfloat16 and float16 (toy weights made
 # here) and SmolLM2 trimmed to carry (`python scripts/trim_model.py ~/smollm2 .models/smollm2-4l
@@ -328,43 +282,6 @@ if stage realmodels; then
         if [ -n "${REAL_PARALLEL:-}" ]; then real_model "$name" & else real_model "$name"; fi
     done
     wait
-fi
-# the course model's and the 16-layer model's decode-attention tables, each model's engine timed
-# with its own and with the other's (issue #42: different knobs, each best on its own model);
-# more than one call's work: what workspace/cross_knobs holds is reused by the next call
-if stage crossknobs; then
-    dir=/tmp/gpu_models/llama16-bf16
-    if [ ! -f "$dir/model.pt" ]; then
-        mkdir -p "$dir" && cp scripts/gpu_models/llama16-bf16.json "$dir/config.json"
-        "$PY" scripts/generate_toy_weights.py --config "$dir/config.json" \
-            --output "$dir/model.pt" > /dev/null
-    fi
-    timed cross_knobs "${CROSS_LIMIT:-580}" "$PY" scripts/cross_knobs.py \
-        --model "course=$CFG:$WEIGHTS" --model "llama16=$dir/config.json:$dir" \
-        --budget "${CROSS_BUDGET:-90}" --out workspace/cross_knobs
-    cat "$OUT/cross_knobs.log" >> "$SUMMARY"
-    tar -cf "$OUT/cross_knobs.tar" workspace/cross_knobs
-fi
-# what freeing the last engine (the grader's `engine = create_engine(...)`) costs the next
-# timed pass: assigned, settled, or every engine kept (issue #38's prefill gap)
-stage replacement && timed replacement "${REPLACE_LIMIT:-300}" "$PY" scripts/replacement_cost.py \
-    --repeat "${REPLACE_REPEAT:-15}" --json "$OUT/replacement.json" ${REPLACE_ARGS:-}
-# a trace whose pool moves inside the course's budget: where its time goes, and the prefill
-# graphs' eager first call after the move against a capture on that call
-if stage move; then
-    timed move_cost "${MOVE_LIMIT:-150}" "$PY" scripts/move_cost.py --trace long_prompts
-    timed move_ab "${MOVE_LIMIT:-150}" "$PY" scripts/move_cost.py --ab --trace long_prompts \
-        --repeat "${MOVE_REPEAT:-9}"
-fi
-# the decode megakernel (docs/MEGAKERNEL.md, M1): its GPU test (the tiny model's step against
-# the fused stack, 200 relaunches), then built for the course model, checked against fused-pdl
-# and timed in graphs at 8 x 150 and 8 x 40, and a counter hop (MEGA_ARGS, e.g.
-# "--ring-slots 2,4,8")
-if stage mega; then
-    timed mega_tests "${MEGA_TESTS_LIMIT:-300}" "$PY" -m pytest -m gpu -p no:cacheprovider \
-        tests/variants/kernels/test_megakernel.py
-    timed bench_megakernel "${MEGA_LIMIT:-420}" "$PY" scripts/bench_megakernel.py \
-        --json "$OUT/megakernel.json" ${MEGA_ARGS:---spin-ns 0 --attn-splits 2,8 --split-tokens 64,32 --tiles-per-task 1,4}
 fi
 stage soak && timed soak 300 "$PY" -m pytest -s -m gpu -p no:cacheprovider \
     tests/variants/test_soak.py

@@ -564,7 +564,7 @@ def transplant(other: dict, own: dict) -> dict:
     """Another model's table on this model's buckets (`own`: this model's table or prior):
     each bucket takes the other's launch at the same key, else at the same rows' nearest
     context (else the nearest key), except the head's cut (`parts`), which is bound to the
-    head size and stays this model's. Crossing two models' tables (scripts/cross_knobs.py)."""
+    head size and stays this model's. Crossing two models' tables (experiments/cross_knobs.py)."""
     out = {}
     for (rows, context), launch in own.items():
         near = [k for k in other if k[0] == rows] or list(other)

@@ -2,7 +2,7 @@
 compiled side by side.
 
 An engine's first run compiles its Triton kernels on one CPU core: 46-70 s for the fused-pdl
-preset on an H200 (scripts/compile_reuse.py), most of a trial. Triton keeps them on disk, keyed
+preset on an H200 (experiments/compile_reuse.py), most of a trial. Triton keeps them on disk, keyed
 by source and line, so a child that renders the same file and runs the correctness gate leaves
 them for the trial. Several children run at once and nothing is timed meanwhile; one that fails
 or runs out of time costs only its seconds (its trial compiles what is still missing).
@@ -36,7 +36,7 @@ BUDGET_SHARE = 0.25
 # loads (the reference and two engines) and its float32 reference's steps.
 WARM_BASE_S, WARM_S_PER_GIB = 75.0, 30.0
 # Beyond its weights and cache a child's engine takes up to about 0.9 GiB at a trial's peak
-# (graph pools, workspaces; scripts/engine_memory.py).
+# (graph pools, workspaces; experiments/engine_memory.py).
 CHILD_EXTRA_BYTES = 1 << 30
 
 

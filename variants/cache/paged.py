@@ -28,7 +28,7 @@ class PagedKVCache:
         self.table: dict = {}
         # Each request's table row at full width (max_positions), padded with block 0, kept as
         # the blocks change: a graph call stages rows by slicing these (C copies), not by
-        # building lists (230 us against 60 at 64 rows, scripts/bench_host_fill.py).
+        # building lists (230 us against 60 at 64 rows, experiments/bench_host_fill.py).
         self.rows: dict = {}
         self._zero_row = array.array("q", [0]) * self.table_width(spec.max_positions)
         self.generation = 0  # bumped when the pool is reallocated (captured graphs go stale)

@@ -75,7 +75,7 @@ class PrefillGraphs(GraphRunner):
         self._buffers(self.buckets[-1], host, size)
         # A call's ints are built here in place, every page touched once now: built by growing
         # an array instead, the fill costs the H200's host 3-13 us an append, 86 us for 4 x 128
-        # (8 in all on the development machine's CPU; scripts/bench_host_fill.py).
+        # (8 in all on the development machine's CPU; experiments/bench_host_fill.py).
         self.values, self.values_size = array.array("q", bytes(8 * host)), host
         # The last token's hidden state of each prompt. The head runs in a graph of its own per
         # power-of-two prompt count: inside the layers' graph it would run all P rows (6 us
@@ -174,7 +174,7 @@ class PrefillGraphs(GraphRunner):
     def _fill(self, rids: list, lengths: list, t: int, prompts=()) -> None:
         """Everything bucket t's graph reads but the tokens, written as int64s into `values`
         from slices and repeats (C copies: a list of ~1,300 ints and its conversion cost 80-130
-        us a call, scripts/bench_host_fill.py; each piece goes into place, none grows an
+        us a call, experiments/bench_host_fill.py; each piece goes into place, none grows an
         array), in one pinned host->device copy; gathering, written into the pinned buffer with
         the rows' sources in `prompts`. All but the write slots depend on the lengths alone:
         built once per shape (`length_meta`)."""

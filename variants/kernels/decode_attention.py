@@ -332,7 +332,7 @@ def paged_decode_attention(
     tile). `arrivals`: int32 zeros, at least
     B x kv_heads, that the kernel leaves zero (a CUDA graph keeps one; allocated when None).
     `tiles` = (BLOCK_N, num_warps, num_stages) overrides the defaults
-    (scripts/tune_decode_attention.py). `pdl`: launched with programmatic dependent launch
+    (experiments/tune_decode_attention.py). `pdl`: launched with programmatic dependent launch
     (pdl.py), the first `prefetch_tiles` tiles (a power of two; None:
     `default_prefetch_tiles`) of each split's keys and values prefetched into L2 before the
     wait unless `prefetch` is False. `parts` = (DA, DB) overrides how the head

@@ -1,6 +1,6 @@
 """How the split-K decode attention (`decode_attention.py`) is launched on each GPU: its splits
 a row and the graphs' context buckets, its tiles, how it holds a head, and a register cap. The
-Hopper rules follow the H200's decode-step graph time per setting (scripts/step_tiles.py); on
+Hopper rules follow the H200's decode-step graph time per setting (experiments/step_tiles.py); on
 GPUs where nothing was measured the rules keep the first defaults."""
 
 import triton
@@ -27,7 +27,7 @@ def choose_num_splits(
     at most 16. How many of them work follows each row's live length in the kernel
     (SPLIT_TOKENS). At 64 rows x 2048 tokens, Hopper's 32-token tiles of one warp read the
     cache at about 3.1 TB/s in 4-8 splits on the H200, 3.35 in 9 with the head in two parts
-    (scripts/tune_decode_attention.py).
+    (experiments/tune_decode_attention.py).
     On Hopper past LONG_CONTEXT, below a quarter of an SM a (row, kv head) program (1-8 rows
     at 4 kv heads), up to 64 splits, as many as fit in one wave: 6 programs an SM with the
     two-warp tiles (1-4 rows: 64, 64, 64, 49 splits), 8 with the one-warp tiles of 5-8 rows

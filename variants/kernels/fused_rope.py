@@ -94,7 +94,7 @@ def _rope_cache_write_kernel(
 def rope_launch(tokens: int) -> tuple:
     """(tokens a program, warps): one token over two warps up to 128 tokens, two above, the
     fastest tried in CUDA graphs on the H200 (1.9 us a launch at 64 tokens, 25 at 8192;
-    scripts/bench_kernels.py times it): one-token programs of four warps are 0.1-0.6 us slower,
+    experiments/bench_kernels.py times it): one-token programs of four warps are 0.1-0.6 us slower,
     eight-token programs up to 1 us at 64-512 tokens."""
     return (1, 2) if tokens <= 128 else (2, 2)
 

@@ -104,7 +104,7 @@ def _norm_swiglu_kernel(
 
 def swiglu_tiles(rows: int) -> tuple:
     """(BLOCK_N, BLOCK_K, warps, stages) of norm_swiglu at `rows` rows, from the H200's whole
-    decode steps with PDL (scripts/step_kernels.py): 32-column tiles up to one 16-row tile (16
+    decode steps with PDL (experiments/step_kernels.py): 32-column tiles up to one 16-row tile (16
     columns cost 19-26 us a step there); 16-column tiles, twice the programs, at two 16-row
     tiles (3-10% off a step). Six stages at one row tile: five of the 12 chunks in flight, not
     three (4-8 us a step); at two row tiles more stages lose 30-50 us (fewer programs an SM)."""

@@ -200,7 +200,7 @@ def prefill_tiles(head_dim: int, capability: tuple = (0, 0), tokens: int | None 
     The pre-Hopper tiles compile for sm_86 with Triton 3.0 without register spills (ptxas -v)
     and within the RTX 3090's 99 KB of shared memory (28 KB at d=192); nothing else was
     measured there. Hopper (sm_90 and newer, 228 KB a block) picks by the call's size, from
-    CUDA-graph sweeps on the H200 (scripts/tune_prefill_attention.py --graph): a short call has
+    CUDA-graph sweeps on the H200 (experiments/tune_prefill_attention.py --graph): a short call has
     too few q-blocks to fill the GPU, and 16-row blocks are fastest (about half the time of
     128-row blocks at 4 x 128); up to 4096 tokens 64 x 64 over 4 warps; past that, at d > 128,
     128 x 64 over 8 warps. The prefill graphs build each bucket's q-block schedule with this

@@ -3,7 +3,7 @@
 Concatenating the prompts into the graph's token buffer (a launch) and copying the metadata
 (positions, cache slots, the attention's schedule) from a pinned buffer into the graph's device
 buffer (a `cudaMemcpyAsync`) would cost the H200's host 24 and 36 us a call
-(scripts/host_profile.py). Here the host only writes pinned memory, and the kernel:
+(experiments/host_profile.py). Here the host only writes pinned memory, and the kernel:
 - copies the metadata from the pinned buffer (mapped, read over the bus) into the device buffer
   the graph's later kernels read;
 - gathers each packed row's id from its prompt: row r's id sits at `base + source[r] + r`, with

@@ -7,7 +7,7 @@ use this issue their epilogue's loads (residual, cos/sin, cache slots) before it
 statistics take a pass over x (a few rows, from L2) before the weight loop; the norm rounds
 like the reference: float32 statistics, cast to the compute dtype, then the weight in the
 compute dtype. Loading the whole reduction in one tile (one round trip) is 3-7x slower on the
-H200 than 256-wide chunks over 3 pipeline stages (scripts/bench_few_row.py)."""
+H200 than 256-wide chunks over 3 pipeline stages (experiments/bench_few_row.py)."""
 
 import triton
 import triton.language as tl

@@ -105,7 +105,7 @@ def reset_counter(counter_ptr):
 
 LONG_K = 2048  # reductions at least this long split when the tiles leave SMs idle
 # Their tiles: 32 columns, 128-wide chunks: the down projection at 8 rows (K = 3072) takes
-# 5.8 us on the H200 in 8 splits, the 16 x 256 tiles at best 6.2 (scripts/bench_few_row.py).
+# 5.8 us on the H200 in 8 splits, the 16 x 256 tiles at best 6.2 (experiments/bench_few_row.py).
 LONG_K_TILES = (32, 128, 4, 3)
 
 

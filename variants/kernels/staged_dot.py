@@ -134,7 +134,7 @@ def project(
 
 
 STAGE_BYTES = 384  # the most bytes a thread holds of staged weight (96 registers), and of x
-# Where staging wins in the H200's whole decode steps (scripts/step_kernels.py, `@on` / `@off`):
+# Where staging wins in the H200's whole decode steps (experiments/step_kernels.py, `@on` / `@off`):
 # the few-row projections of one 16-row tile (from 17 rows the 32-row x costs more than the
 # staging saves: 15 us a step for the down projection, 100-150 for the output projection and
 # the head); the output projection and the head at 32 x 256 tiles over 8 warps (at their own

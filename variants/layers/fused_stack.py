@@ -1,12 +1,12 @@
 """The decode step on few-row fused kernels: per layer, norm + QKV + RoPE + cache write in one
 kernel, attention, the output projection with the residual add in one, norm + gate-up + SiLU-mul
 in one, and the down projection with the residual add in one (about 6 launches a layer, against
-~10 for the Triton stack and ~35 for torch ops; scripts/decode_step_profile.py counts and
+~10 for the Triton stack and ~35 for torch ops; experiments/decode_step_profile.py counts and
 times a step's kernels). The head is norm + projection in one kernel.
 
 Past one 16-row tile the fused layers lose to cuBLAS, which reuses each weight tile better (at
 64 rows on the H200 about 1.8x the time for norm + QKV + RoPE and for the MLP's first half;
-scripts/bench_few_row.py), so those calls and prefill run the Triton stack. With PDL and the
+experiments/bench_few_row.py), so those calls and prefill run the Triton stack. With PDL and the
 L2 prefetch (fused-pdl) they still win at 32 rows, so that stack keeps up to two tiles
 (PDL_MAX_ROWS).
 Needs CUDA, Triton >= 3.0, fp16/bf16, a slab or paged pool and the fused QKV and gate-up

@@ -34,7 +34,7 @@ def test_matches_torch(rows, inter, k):
 
 
 def test_two_row_tiles_take_half_as_wide_column_tiles():
-    """Measured on the H200 (scripts/bench_few_row.py): 32 columns a program over six
+    """Measured on the H200 (experiments/bench_few_row.py): 32 columns a program over six
     stages up to 16 rows, 16 columns over four past them."""
     assert [swiglu_tiles(rows) for rows in (1, 16, 17, 32)] == [(32, 64, 4, 6)] * 2 + [
         (16, 64, 4, 4)
