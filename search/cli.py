@@ -262,8 +262,9 @@ class RunJob:
     def run(self) -> int:
         """The phases in order: set-up, the search, the full-protocol re-measurement of the
         leaders, the kernel search, verify-and-write, a short shape sweep of the leaders, the
-        figures and the results log. A study whose verified best stands (no newer trials) is
-        not searched again: its best is rendered, re-verified and written in seconds."""
+        figures and the results log. A resumed study spends the new budget on new trials; only
+        one that already ran the `--trials` asked for keeps its verified best (rendered,
+        re-verified and written in seconds)."""
         self.phases["start-up"] = time.monotonic() - self.start  # run.sh's checks, the imports
         with self.phase("set-up"):
             set_up(self)
@@ -352,7 +353,7 @@ class RunJob:
 # --- the search phase of the main job ----------------------------------------------------------
 # The Optuna study (resumed, its model recorded, known-good assemblies first, their Triton
 # kernels compiled side by side on a GPU, then the sampler inside the budget) or, without Optuna,
-# the ranked defaults alone. A study whose verified best still stands is not searched again.
+# the ranked defaults alone. A study that already ran the --trials asked for is not searched again.
 
 
 def search_trials(job) -> tuple[list[Record], Record | None]:
@@ -466,8 +467,8 @@ def standing_best(job, study, records: list[Record]) -> Record | None:
     if not best or best["trial"] < 0 or job.args.fresh:
         return None  # none, or an unmeasured default written when every trial failed
     started = len(started_trials(study))
-    if best.get("n_trials") != started or (job.args.trials or 0) > started:
-        return None  # newer trials (other workers), or more trials asked for
+    if best.get("n_trials") != started or job.args.trials is None or job.args.trials > started:
+        return None  # newer trials (other workers), a budget to spend on more, or more asked for
     variant = Variant.from_dict(best["variant"])
     if job.caps.why_invalid(variant) is not None:
         return None

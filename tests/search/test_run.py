@@ -7,6 +7,7 @@ hang, wrong logits and a too-close answer planted by variant value. Each test ru
 
 import json
 import re
+import shutil
 import time
 
 import optuna
@@ -174,6 +175,25 @@ def test_a_second_run_resumes_without_new_trials(planted, search_cli):
     assert "its verified best (trial" in text and "no new trials were run" in text
     assert "shape sweep: kept " in text  # same variants, same device: not measured again
     # (No wall-time assertion: on a shared 2-core machine it measured the load, not the code.)
+
+
+def test_a_second_run_without_trials_asked_spends_its_budget_on_new_trials(
+    planted, search_cli, tmp_path
+):
+    """Resume resumes: the new budget goes to new trials, beyond the study's verified best."""
+    shutil.copy(planted["storage"].removeprefix("sqlite:///"), tmp_path / "resumed.db")
+    storage = f"sqlite:///{tmp_path}/resumed.db"
+    before = len(st.load_study(st.open_storage(storage), "planted").trials)
+    args = list(planted["args"])
+    args[args.index(planted["storage"])] = storage
+    del args[args.index("--trials") : args.index("--trials") + 2]
+    args[args.index("--budget-minutes") + 1] = "1.2"
+    args[args.index("--workspace") + 1] = str(tmp_path / "ws")
+    proc = search_cli(args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    study = st.load_study(st.open_storage(storage), "planted")
+    assert len(study.trials) > before
+    assert "no new trials were run" not in (tmp_path / "ws" / "results.log").read_text()
 
 
 def test_without_optuna_the_ranked_defaults_still_give_a_verified_engine(
