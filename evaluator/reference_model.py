@@ -49,7 +49,7 @@ def compute_dtype_for(config: dict, device: str | torch.device) -> torch.dtype:
     `torch.` prefix; `dtype` as newer Hugging Face configs write it); anywhere else float32."""
     if torch.device(device).type != "cuda":
         return torch.float32
-    if str(config_dtype_name(config)).lower().replace("torch.", "") in ("bfloat16", "bf16"):
+    if config_dtype_name(config).lower().replace("torch.", "") in ("bfloat16", "bf16"):
         return torch.bfloat16
     return torch.float16
 
@@ -74,6 +74,7 @@ def check_judgeable(config: dict, weight_dir) -> str:
     """What judges this model, in words, before anything is computed; NoReference when nothing
     can (transformers missing, an architecture it does not know)."""
     if is_course_format(weight_dir):
+        course_weights(config, weight_dir)  # names and shapes (memory-mapped: no data read)
         return "the course's reference model (the contract's math, its model.pt)"
     from evaluator.hf_reference import transformers_model_class
 
@@ -86,9 +87,10 @@ def course_weights(config: dict, weight_dir) -> dict:
     path = Path(weight_dir)
     path = path if path.is_file() else path / COURSE_WEIGHTS
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:
-        raise NoReference(f"cannot read {path} as a state dict of tensors ({exc})") from None
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise NoReference(f"cannot read {path} as a state dict of tensors ({first})") from None
     if not isinstance(state, dict):
         raise NoReference(f"{path} holds a {type(state).__name__}, not a state dict")
     if config.get("tie_word_embeddings") and "embed_tokens.weight" in state:

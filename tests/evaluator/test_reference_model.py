@@ -134,6 +134,12 @@ def test_a_folder_nothing_can_judge_is_one_line(tmp_path, tiny_config, sharp_wei
     torch.save({"embed_tokens.weight": torch.zeros(3)}, tmp_path / "bad" / "model.pt")
     with pytest.raises(NoReference, match=r"embed_tokens.weight is \[3\], the contract says"):
         ReferenceModel(tiny_config, tmp_path / "bad")
+    # a Hugging Face state dict saved as model.pt: the course's format by its name, refused by
+    # the pre-flight's question, not by every trial
+    prefixed = {f"model.{k}": v for k, v in weights.items()}
+    torch.save(prefixed, tmp_path / "bad" / "model.pt")
+    with pytest.raises(NoReference, match="embed_tokens.weight is missing, the contract says"):
+        check_judgeable(tiny_config, tmp_path / "bad")
 
 
 def test_without_transformers_a_hugging_face_folder_is_refused_in_one_line(
