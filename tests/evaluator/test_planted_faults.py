@@ -91,7 +91,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 def faulty_model(folder, dtype, fault=None):
     """transformers' model of the folder in `dtype`, with `fault(state, config)` planted."""
     config = transformers.AutoConfig.from_pretrained(folder).to_dict()
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder)  # saved in float32
     state = dict(model.state_dict())
     if fault is not None:
         fault(state, config)
