@@ -136,7 +136,7 @@ HELD_OUT = {
         "original_max_position_embeddings": 32}}),
     "mistral-window16": ("MistralConfig", {"sliding_window": 16}),
     "qwen2": ("Qwen2Config", {}),
-    "qwen3": ("Qwen3Config", {"head_dim": 16}),
+    "qwen3": ("Qwen3Config", {"head_dim": 32}),
     "gemma": ("GemmaConfig", {"head_dim": 16}),
     "phi3": ("Phi3Config", {}),
 }  # fmt: skip
@@ -145,7 +145,8 @@ HELD_OUT = {
 @pytest.fixture(scope="session")
 def held_out(tmp_path_factory):
     """`held_out(name)`: the folder of HELD_OUT's checkpoint `name` (saved once a session). Biases
-    (Qwen2's q/k/v) are drawn like the weights: transformers starts them at zero."""
+    (Qwen2's q/k/v) are drawn like the weights and the norms' weights around 1: transformers
+    starts them at zero and one, where a wrong order or a dropped one would not show."""
     transformers = pytest.importorskip("transformers")
     root, made = tmp_path_factory.mktemp("held_out"), {}
 
@@ -159,6 +160,8 @@ def held_out(tmp_path_factory):
                 for key, tensor in model.named_parameters():
                     if key.endswith(".bias"):
                         tensor.normal_(0.0, HELD_OUT_SIZES["initializer_range"])
+                    elif key.endswith("norm.weight"):
+                        tensor.normal_(1.0, 0.3)
             made[name] = root / name
             model.save_pretrained(made[name])
         return made[name]

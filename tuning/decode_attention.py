@@ -259,7 +259,7 @@ class StepBench:
 
     def __init__(self, engine, bucket: Bucket, check, vocab: int, table=None, key=None):
         self.engine, self.bucket, self.check = engine, bucket, check
-        self.table = engine.attention.knobs if table is None else table
+        self.table = engine.model.attention.knobs if table is None else table
         self.key = (bucket.rows, bucket.context) if key is None else key
         gen = torch.Generator().manual_seed(bucket.rows * 10_000 + bucket.context)
         self.ids = list(range(1 << 20, (1 << 20) + len(bucket.lengths)))
@@ -627,7 +627,7 @@ def tune(
             restarts=again,
         )  # fmt: skip
         engine.remove(bench.ids)
-        engine.attention.knobs[key] = table[key] = found.best
+        engine.model.attention.knobs[key] = table[key] = found.best
         results.append(found)
         log(
             f"  {bucket.rows:3d} rows x {bucket.context:5d} (weight {bucket.weight:.2f}, longest "

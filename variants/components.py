@@ -14,6 +14,7 @@ CORE_MODULES = (
     "variants.layers.block",
     "variants.cache.plans",
     "variants.attention.padding",
+    "variants.model",
     "variants.engine",
 )
 

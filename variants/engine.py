@@ -1,8 +1,8 @@
-"""The engine core: the request table and the course interface (prefill / decode / remove).
-
-It wires the chosen components: a KV cache layout, an attention backend and an execution mode
-that wraps the layer math. Prompts of a call are packed for the projections; only each prompt's
-last token goes through the head. Logits come back as a fresh float32 [B, vocab] tensor."""
+"""The engine: the request table, the KV cache and the course interface (prefill / decode /
+remove). A call is checked here, makes room in the cache, then goes to a runner, which runs the
+model's forward pass (model.py): EagerRunner below, op by op, or CUDA graphs (execution/).
+Prompts of a call are packed for the projections; only each prompt's last token goes through
+the head. Logits come back as a fresh float32 [B, vocab] tensor."""
 
 import contextlib
 import functools
@@ -14,8 +14,7 @@ from variants.attention.padding import PrefillBatch
 from variants.cache.plans import CachePlan
 from variants.cache.pool import CacheFullError
 from variants.deferred_check import DeferredRangeCheck
-from variants.layers.block import make_layer_math
-from variants.layers.rope import RopeTable
+from variants.model import Model
 from variants.requests import (
     as_id_list,
     check_token_range,
@@ -41,29 +40,19 @@ def without_grad(method):
 
 
 class Engine:
-    def __init__(self, spec, weights, device, dtype, cache, attention, stack, wrap=None, head=None):
-        """`stack(engine, x, positions, plan, batch)` runs the decoder layers over x, the
-        embedded tokens (a fresh tensor, the stack's to update in place), and returns the
-        residual stream; `wrap(fn)`, when given, is the execution mode applied to the layer
-        math (torch.compile); `head(spec, output_logits)`, when given, replaces the output head
-        (falling back to the one it is given where it does not apply)."""
-        self.spec, self.weights, self.device, self.dtype = spec, weights, device, dtype
-        self.cache, self.attention, self.stack = cache, attention, stack
+    def __init__(self, model, cache):
+        self.model, self.cache = model, cache
+        self.spec, self.device, self.dtype = model.spec, model.device, model.dtype
         self.lengths: dict = {}  # request id -> tokens held in the cache
-        self.rope = RopeTable(spec.head_dim, spec.max_positions, spec.rope_theta, device, dtype)
-        math = make_layer_math(spec)
-        self.attention_inputs, self.attention_outputs, logits = map(wrap, math) if wrap else math
-        self.output_logits = logits if head is None else head(spec, logits)
         # Ids on the GPU are range-checked after the call's kernels are queued (a read before
         # them waits for the GPU queue); True checks before any state changes, with that wait.
-        self.check_device_tokens = device.type != "cuda"
-        self.token_check = DeferredRangeCheck(device, in_graph=True)
+        self.check_device_tokens = self.device.type != "cuda"
+        self.token_check = DeferredRangeCheck(self.device, in_graph=True)
         # How a call's forward pass runs: op by op (EagerRunner), or by the CUDA-graph runners
         # (DecodeGraphs, PrefillGraphs) that assemble_engine installs where it has them, which
-        # fall back to `eager` for a call they do not cover. Runners hold no reference back to the
-        # engine (it is passed to them), so its last reference frees it and its cache without
-        # the cyclic collector; its graphs go when the next engine's runners are made.
-        self.eager = EagerRunner()
+        # fall back to `eager` for a call they do not cover. Runners hold the model and the
+        # cache, never the engine, so its last reference frees it without the cyclic collector.
+        self.eager = EagerRunner(model, cache, self.token_check)
         self.prefill_runner = self.decode_runner = self.eager
 
     # ----------------------------------------------------------------- the course interface
@@ -74,7 +63,7 @@ class Engine:
         # A re-prefill replaces state that an undo could not bring back: checked first.
         deferred = not self.check_device_tokens and not any(r in self.lengths for r in rids)
         runner = self.prefill_runner
-        tokens = runner.stage(self, rids, prompts, lengths, deferred)
+        tokens = runner.stage(rids, prompts, lengths, deferred)
         try:
             # room for the call and for the token it returns, which the next decode step
             # writes at position n: a slab grows now, before the prompts are written, not
@@ -87,9 +76,9 @@ class Engine:
                     del self.lengths[rid]
                 self.cache.allocate(rid, n)
                 self.lengths[rid] = n
-            out = runner.prefill(self, rids, lengths, tokens)
+            out = runner.prefill(rids, lengths, tokens)
         except BaseException:
-            runner.abandon(self)
+            runner.abandon()
             raise
         vocab = self.spec.vocab_size
         if deferred and (message := self.token_check.error(vocab, f"prefill of {rids}")):
@@ -154,7 +143,7 @@ class Engine:
         self.cache.extend_step(rids, positions, self.lengths)  # room, or CacheFullError
         for rid, p in zip(rids, positions):
             self.lengths[rid] = p + 1
-        out = runner.decode(self, rids, tokens, positions)
+        out = runner.decode(rids, tokens, positions)
         if deferred and (message := self.token_check.error(vocab, "decode")) is not None:
             for rid, p in zip(rids, positions):  # the key written at p is past the length again
                 self.cache.truncate(rid, p)
@@ -169,33 +158,6 @@ class Engine:
         for rid in rids:
             self.cache.release(rid)
             del self.lengths[rid]
-
-    # ----------------------------------------------------------------- the model
-    def in_vocab(self, tokens, out=None) -> torch.Tensor:
-        """The ids a step runs with, clamped into the vocabulary (into `out`, a graph's static
-        buffer, when given: the clamp is then also the copy). Ids on the GPU are range-checked
-        after the step is queued (DeferredRangeCheck); a bad one must not reach the embedding
-        as an out-of-bounds read or a device-side assert first. In-range ids pass unchanged."""
-        return torch.clamp(tokens, 0, self.spec.vocab_size - 1, out=out)
-
-    def _logits(self, x) -> torch.Tensor:
-        # a fresh tensor: the head's output is never a reused buffer
-        return self.output_logits(x, self.weights.norm, self.weights.head).float()
-
-    def _index(self, values) -> torch.Tensor:
-        return host_tensor(values, torch.long, self.device)
-
-    def _prefill_batch(self, lengths) -> PrefillBatch:
-        longest = max(lengths)
-        starts = list(itertools.accumulate(lengths, initial=0))
-        last = self._index([s - 1 for s in starts[1:]])  # each prompt's last token, packed
-        batch = PrefillBatch(lengths, longest, min(lengths) == longest, None, last)
-        if not batch.uniform:  # the row of each packed token in [batch * longest]
-            rows = [b * longest + p for b, n in enumerate(lengths) for p in range(n)]
-            batch.pad_index = self._index(rows)
-        if self.attention.reads_cache_in_place:
-            batch.cu_seqlens = host_tensor(starts, torch.int32, self.device)
-        return batch
 
     # ----------------------------------------------------------------- set-up
     def warm_up(self) -> None:
@@ -215,46 +177,67 @@ class Engine:
 class EagerRunner:
     """A call's forward pass op by op, with index tensors built for exactly that call: the
     runner of an engine without graphs, and what a graph runner falls back to for a call its
-    graphs do not cover. Stateless; each method is handed the engine `e`."""
+    graphs do not cover."""
 
     check_ids = False  # the engine starts the deferred check of a call's ids (a graph may)
 
-    def stage(self, e, rids: list, prompts: list, lengths: list, deferred: bool):
+    def __init__(self, model, cache, token_check):
+        self.model, self.cache, self.token_check = model, cache, token_check
+        self.device = model.device
+
+    def stage(self, rids: list, prompts: list, lengths: list, deferred: bool):
         """The call's ids packed into one tensor, range-checked now, or (`deferred`) with the
         check started after the call's kernels are queued (the step clamps what it runs)."""
         tokens = torch.cat(prompts)
         if deferred:
-            e.token_check.start(tokens)
+            self.token_check.start(tokens)
         else:
-            check_token_range(tokens, e.spec.vocab_size, f"prefill of {rids}")
+            check_token_range(tokens, self.model.spec.vocab_size, f"prefill of {rids}")
         return tokens
 
-    def abandon(self, e) -> None:
+    def abandon(self) -> None:
         """A staged call failed before it ran: nothing of it is held here."""
 
-    def prefill(self, e, rids: list, lengths: list, tokens) -> torch.Tensor:
-        """The prompts' forward pass once the cache holds their slots: index tensors built for
-        exactly this call."""
-        slots = [i for r, n in zip(rids, lengths) for i in e.cache.token_slots(r, 0, n)]
-        segments = [(r, 0, n) for r, n in zip(rids, lengths)]
-        plan = CachePlan(rids, write_index=e._index(slots), segments=segments)
-        batch = e._prefill_batch(lengths)
-        positions = e._index([p for n in lengths for p in range(n)])
-        x = e.stack(e, e.weights.embed[e.in_vocab(tokens)], positions, plan, batch)
-        return e._logits(x.index_select(0, batch.last_index))
+    def index(self, values) -> torch.Tensor:
+        return host_tensor(values, torch.long, self.device)
 
-    def decode(self, e, rids: list, tokens, positions: list) -> torch.Tensor:
+    def prefill_batch(self, lengths) -> PrefillBatch:
+        longest = max(lengths)
+        starts = list(itertools.accumulate(lengths, initial=0))
+        last = self.index([s - 1 for s in starts[1:]])  # each prompt's last token, packed
+        batch = PrefillBatch(lengths, longest, min(lengths) == longest, None, last)
+        if not batch.uniform:  # the row of each packed token in [batch * longest]
+            rows = [b * longest + p for b, n in enumerate(lengths) for p in range(n)]
+            batch.pad_index = self.index(rows)
+        if self.model.attention.reads_cache_in_place:
+            batch.cu_seqlens = host_tensor(starts, torch.int32, self.device)
+        return batch
+
+    def prefill(self, rids: list, lengths: list, tokens) -> torch.Tensor:
+        """The prompts' forward pass once the cache holds their slots."""
+        cache, model = self.cache, self.model
+        slots = [i for r, n in zip(rids, lengths) for i in cache.token_slots(r, 0, n)]
+        segments = [(r, 0, n) for r, n in zip(rids, lengths)]
+        plan = CachePlan(rids, write_index=self.index(slots), segments=segments)
+        batch = self.prefill_batch(lengths)
+        positions = self.index([p for n in lengths for p in range(n)])
+        x = model.forward(model.embed(tokens), positions, cache, plan, batch)
+        return model.logits(x.index_select(0, batch.last_index))
+
+    def decode(self, rids: list, tokens, positions: list) -> torch.Tensor:
         """One decode step with index tensors built for exactly this batch."""
+        cache, model = self.cache, self.model
         kv_lens = [p + 1 for p in positions]
         plan = CachePlan(
-            rids, write_index=e._index(e.cache.step_slots(rids, positions)),
-            kv_lens=e._index(kv_lens), max_len=max(kv_lens), uniform=min(kv_lens) == max(kv_lens),
-            rows=e.cache.read_rows(rids), segments=[(r, p, 1) for r, p in zip(rids, positions)],
+            rids, write_index=self.index(cache.step_slots(rids, positions)),
+            kv_lens=self.index(kv_lens), max_len=max(kv_lens),
+            uniform=min(kv_lens) == max(kv_lens), rows=cache.read_rows(rids),
+            segments=[(r, p, 1) for r, p in zip(rids, positions)],
         )  # fmt: skip
-        if e.attention.reads_cache_in_place:
-            plan.table = e.attention.block_table(e.cache, rids, plan.max_len, e.device)
-        x = e.stack(e, e.weights.embed[e.in_vocab(tokens)], e._index(positions), plan, None)
-        return e._logits(x)
+        if model.attention.reads_cache_in_place:
+            plan.table = model.attention.block_table(cache, rids, plan.max_len, self.device)
+        x = model.forward(model.embed(tokens), self.index(positions), cache, plan)
+        return model.logits(x)
 
 
 def _allocated(device: torch.device) -> int:
@@ -269,7 +252,7 @@ def assemble_engine(
     """Build an engine from its chosen components (create_engine passes them).
     `cache_cls(spec, device, dtype, limit_bytes=...)` makes the KV cache (its first size is
     bound to it) and `attention_cls(spec, dtype)` the attention; `stack`, `wrap` and `head` are
-    the Engine's;
+    the Model's;
     `capture(engine)` and `capture_prefill(engine)`, when given, return the decode and prefill
     runners of CUDA graphs, captured after the first warm-up. `dtype`: "config" (the
     reference's rule) or a dtype's name; `fuse_qkv`, `fuse_gate_up`: the projections' weights
@@ -292,8 +275,8 @@ def assemble_engine(
             f"not hold its weights ({weights.nbytes() / 2**30:.2f} GiB)"
         )
     cache = cache_cls(spec, device, dtype, limit_bytes=limit)
-    attention = attention_cls(spec, dtype)
-    engine = Engine(spec, weights, device, dtype, cache, attention, stack, wrap, head)
+    model = Model(spec, weights, device, dtype, attention_cls(spec, dtype), stack, wrap, head)
+    engine = Engine(model, cache)
     engine.warm_up()
     if capture or capture_prefill:  # then every path again, through the graphs
         engine.decode_runner = capture(engine) if capture else engine.eager

@@ -86,9 +86,9 @@ class PrefillRunner(Protocol):
 
     check_ids: bool
 
-    def stage(self, engine, rids: list, prompts: list, lengths: list, deferred: bool): ...
-    def abandon(self, engine) -> None: ...
-    def prefill(self, engine, rids: list, lengths: list, tokens) -> torch.Tensor: ...
+    def stage(self, rids: list, prompts: list, lengths: list, deferred: bool): ...
+    def abandon(self) -> None: ...
+    def prefill(self, rids: list, lengths: list, tokens) -> torch.Tensor: ...
 
 
 @runtime_checkable
@@ -97,11 +97,11 @@ class DecodeRunner(Protocol):
 
     check_ids: bool
 
-    def decode(self, engine, rids: list, tokens: torch.Tensor, positions: list) -> torch.Tensor: ...
+    def decode(self, rids: list, tokens: torch.Tensor, positions: list) -> torch.Tensor: ...
 
 
-# `stack(engine, x, positions, plan, batch) -> x`: the decoder layers over the embedded tokens
-# x [N, hidden] (updated in place), `batch` None at decode.
+# `layers(model, x, positions, cache, plan, batch) -> x`: the decoder layers a Model is built
+# with, over the embedded tokens x [N, hidden] (updated in place), `batch` None at decode.
 LayerStack = Callable[..., torch.Tensor]
 # `wrap(fn) -> fn`: how the layer math runs where it is not eager (torch.compile).
 ExecutionMode = Callable[[Callable], Callable]

@@ -52,18 +52,21 @@ class PrefixCachingEngine(Engine):
         """The forward pass over tokens start..n-1 of each prompt once the cache holds its
         blocks: the torch stack's loop, with each request's queries attending over its whole
         context (the cached keys, then the ones this pass writes)."""
-        cache, counts = self.cache, [n - s for s, n in zip(starts, lengths)]
-        context = [self._index(cache.token_slots(r, 0, n)) for r, n in zip(rids, lengths)]
+        cache, model, index = self.cache, self.model, self.eager.index
+        counts = [n - s for s, n in zip(starts, lengths)]
+        context = [index(cache.token_slots(r, 0, n)) for r, n in zip(rids, lengths)]
         plan = CachePlan(
             rids,
             write_index=torch.cat([slots[s:] for slots, s in zip(context, starts)]),
             segments=[(r, s, c) for r, s, c in zip(rids, starts, counts)],
         )
-        positions = self._index([p for s, n in zip(starts, lengths) for p in range(s, n)])
-        x = self.weights.embed[torch.cat([p[s:] for p, s in zip(prompts, starts)])]
-        cos, sin = self.rope.at(positions)
-        for layer, w in enumerate(self.weights.layers):
-            q, k, v = self.attention_inputs(x, w.input_norm, w.qkv, cos, sin)
+        positions = index([p for s, n in zip(starts, lengths) for p in range(s, n)])
+        x = model.embed(torch.cat([p[s:] for p, s in zip(prompts, starts)]))
+        cos, sin = model.rope.at(positions)
+        for layer, w in enumerate(model.weights.layers):
+            q, k, v = model.attention_inputs(
+                x, w.input_norm, w.qkv, cos, sin, w.qkv_bias, w.q_norm, w.k_norm
+            )
             cache.write(layer, plan, k, v)
             o = torch.cat(
                 [
@@ -71,9 +74,9 @@ class PrefixCachingEngine(Engine):
                     for q_r, slots, s in zip(q.split(counts), context, starts)
                 ]
             )
-            x = self.attention_outputs(x, o, w.o, w.post_norm, w.gate_up, w.down)
-        last = self._index([end - 1 for end in itertools.accumulate(counts)])
-        return self._logits(x.index_select(0, last))
+            x = model.attention_outputs(x, o, w.o, w.post_norm, w.gate_up, w.down)
+        last = index([end - 1 for end in itertools.accumulate(counts)])
+        return model.logits(x.index_select(0, last))
 
 
 def assemble_prefix_caching_engine(
@@ -84,7 +87,4 @@ def assemble_prefix_caching_engine(
     only how a prefill runs (eager: the suffix's ops have nothing to compile, the base's warm-up
     covers the rest)."""
     base = assemble_engine(model_config, weight_dir, device, **parts)
-    return PrefixCachingEngine(
-        base.spec, base.weights, base.device, base.dtype, base.cache, base.attention,
-        base.stack, parts.get("wrap"),
-    )  # fmt: skip
+    return PrefixCachingEngine(base.model, base.cache)

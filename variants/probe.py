@@ -68,6 +68,9 @@ def _can_compile(device_type: str) -> bool:
     )
 
 
+MODEL_PARTS = ("qkv_bias", "qk_norm", "sliding_window")
+
+
 @dataclass(frozen=True)
 class Capabilities:
     device: str
@@ -83,6 +86,9 @@ class Capabilities:
     head_dim: int
     config_dtype: str
     has_pdl: bool = False  # programmatic dependent launch of our Triton kernels (kernels/pdl.py)
+    # the model's parts beyond LLaMA's that a component must compute to be offered: "qkv_bias",
+    # "qk_norm", "sliding_window" (ModelSpec's fields)
+    model_parts: tuple = ()
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -128,6 +134,18 @@ def _canonical_dtype(config: dict) -> str:
         return "float16"
 
 
+def _model_parts(config: dict) -> tuple:
+    """The ModelSpec fields of `config` beyond LLaMA's that are set (none where it is not a
+    config the engine reads: the pre-flight names what is wrong with it)."""
+    from variants.spec import ModelSpec
+
+    try:
+        spec = ModelSpec.from_config(config)
+    except (ValueError, TypeError):
+        return ()
+    return tuple(name for name in MODEL_PARTS if getattr(spec, name))
+
+
 def probe_capabilities(device: str, config: dict | None = None) -> Capabilities:
     dev = torch.device(device)
     capability = name = None
@@ -160,4 +178,5 @@ def probe_capabilities(device: str, config: dict | None = None) -> Capabilities:
         head_dim=head_dim,
         config_dtype=_canonical_dtype(config),
         has_pdl=_has_pdl(dev),
+        model_parts=_model_parts(config),
     )

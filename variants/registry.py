@@ -58,6 +58,31 @@ def _sdpa_backend(name: str) -> Requirement:
     return requires
 
 
+def _computes(*parts: str, who: str) -> Requirement:
+    """Offered only where the model has none of `parts` (probe.MODEL_PARTS), which `who` does
+    not compute."""
+    names = {
+        "qkv_bias": "q/k/v biases",
+        "qk_norm": "q/k norms",
+        "sliding_window": "a sliding window",
+    }
+
+    def requires(caps, partial) -> str | None:
+        lacking = [names[p] for p in parts if p in caps.model_parts]
+        if not lacking:
+            return None
+        return f"the model has {' and '.join(lacking)}, not computed by {who}"
+
+    return requires
+
+
+def _all(*requirements: Requirement) -> Requirement:
+    def requires(caps, partial) -> str | None:
+        return next((r for r in (q(caps, partial) for q in requirements) if r is not None), None)
+
+    return requires
+
+
 def _flex(caps, partial) -> str | None:
     """Any cache (it reads the gathered context, like SDPA) and either execution (compile wraps
     the layer math; flex runs eagerly outside it). The Triton layers and CUDA graphs turn it
@@ -113,6 +138,9 @@ def _pdl_layers(caps, partial) -> str | None:
     if reason is None and not caps.has_pdl:
         return "programmatic dependent launch needs compute capability >= 9.0 and triton >= 3.3"
     return reason
+
+
+_fused_parts = _computes("qkv_bias", "qk_norm", who="the fused layers")
 
 
 def _not_with_fused_layers(axis: str) -> Requirement:
@@ -211,7 +239,14 @@ AXES: tuple[Axis, ...] = (
     ),
     Axis(
         "attention",
-        (Choice("manual"), Choice("sdpa"), Choice("flex", _flex), Choice("triton", _triton)),
+        (
+            Choice("manual"),
+            Choice("sdpa"),
+            Choice("flex", _all(_flex, _computes("sliding_window", who="FlexAttention here"))),
+            Choice(
+                "triton", _all(_triton, _computes("sliding_window", who="our Triton attention"))
+            ),
+        ),
     ),
     Axis(
         "sdpa_backend",
@@ -229,8 +264,8 @@ AXES: tuple[Axis, ...] = (
         (
             Choice("torch"),
             Choice("triton", _triton_layers),
-            Choice("fused", _triton_layers),
-            Choice("fused-pdl", _pdl_layers),
+            Choice("fused", _all(_triton_layers, _fused_parts)),
+            Choice("fused-pdl", _all(_pdl_layers, _fused_parts)),
         ),
     ),
     Axis("graphs", (Choice("off"), Choice("pow2", _graphs), Choice("every8", _graphs))),
@@ -243,7 +278,13 @@ AXES: tuple[Axis, ...] = (
 # their defaults (the course's traces share no prompt prefix: prefix caching would measure
 # nothing there).
 OPT_IN_AXES: tuple[Axis, ...] = (
-    Axis("prefix_cache", (Choice(False), Choice(True, _prefix_cache))),
+    Axis(
+        "prefix_cache",
+        (
+            Choice(False),
+            Choice(True, _all(_prefix_cache, _computes("sliding_window", who="prefix caching"))),
+        ),
+    ),
 )
 
 AXES_BY_NAME = {axis.name: axis for axis in AXES + OPT_IN_AXES}

@@ -449,7 +449,8 @@ def render_source(
     # they use; of it, only what the assembly reaches from create_engine.
     lead = _ordered_modules([m for m in modules if m.startswith(f"{PACKAGE}.kernels.")])
     kernels = "\n\n".join(sources[m] for m in lead)
-    first = [f"{PACKAGE}.engine", assembly_module] + [p.split(":")[0] for p in paths]
+    first = [f"{PACKAGE}.engine", assembly_module, f"{PACKAGE}.model"]
+    first += [p.split(":")[0] for p in paths]
     order = ["entry", *_top_down([m for m in modules if m not in lead], first, sources)]
     sources["entry"] = tail
     rest = _reachable_only("\n\n".join(sources[m] for m in order), kernels + "\ncreate_engine")

@@ -2,7 +2,7 @@
 
 It reads the course's keys; a missing or inconsistent one is an error that names it. A Hugging
 Face config is first given the course's keys (`course_keys`: `dtype`, `rope_parameters`,
-LLaMA's defaults, refusals by name).
+LLaMA's defaults, its architecture's parts, refusals by name).
 """
 
 from dataclasses import dataclass, field
@@ -44,6 +44,14 @@ class ModelSpec:
     rms_norm_eps: float
     rope_theta: float
     config_dtype: torch.dtype
+    # The architecture's parts beyond LLaMA's (the config reader's table fills them in): biases on
+    # the q, k and v projections (Qwen2), an RMSNorm over each head of q and k before RoPE
+    # (Qwen3), attention to the last `sliding_window` positions only (Mistral), and Llama 3.x's
+    # rescaled RoPE frequencies (factor, low and high frequency factors, original positions).
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    sliding_window: int | None = None
+    rope_scaling: tuple | None = None
     # the config as given: what a checkpoint reader may need of it (a tied head, for one)
     config: dict | None = field(default=None, compare=False, repr=False)
 
@@ -59,6 +67,10 @@ class ModelSpec:
             rms_norm_eps=float(keys.get("rms_norm_eps", 1e-5)),
             rope_theta=float(keys.get("rope_theta", 10000.0)),
             config_dtype=dtype_from_name(keys.get("torch_dtype") or "float16"),
+            qkv_bias=bool(keys.get("qkv_bias", False)),
+            qk_norm=bool(keys.get("qk_norm", False)),
+            sliding_window=keys.get("sliding_window"),
+            rope_scaling=keys.get("rope_scaling"),
             config=config,
         )
 
@@ -76,6 +88,10 @@ class ModelSpec:
             raise ValueError(f"model_config: rope_theta must be positive, got {self.rope_theta}")
         if self.head_dim % 2:
             raise ValueError(f"head_dim {self.head_dim} must be even for rotary embeddings")
+        if self.sliding_window is not None and self.sliding_window <= 0:
+            raise ValueError(
+                f"model_config: sliding_window must be positive, got {self.sliding_window}"
+            )
 
     def compute_dtype(self, device: torch.device | str) -> torch.dtype:
         """The reference's rule: the config dtype on CUDA (float16 or bfloat16), float32 on CPU."""

@@ -19,6 +19,15 @@ class LayerWeights:
     post_norm: torch.Tensor
     gate_up: list  # [w_gate_up] when fused, else [w_gate, w_up]
     down: torch.Tensor
+    qkv_bias: list | None = None  # as qkv, where the model has them (spec.qkv_bias)
+    q_norm: torch.Tensor | None = None  # [head_dim], where the model has them (spec.qk_norm)
+    k_norm: torch.Tensor | None = None
+
+    def tensors(self) -> list:
+        optional = [*(self.qkv_bias or []), self.q_norm, self.k_norm]
+        return [self.input_norm, *self.qkv, self.o, self.post_norm, *self.gate_up, self.down] + [
+            t for t in optional if t is not None
+        ]
 
 
 @dataclass
@@ -32,7 +41,7 @@ class ModelWeights:
         """Bytes of every tensor, a tied head counted once."""
         tensors = [self.embed, self.norm, *([] if self.head is self.embed else [self.head])]
         for w in self.layers:
-            tensors += [w.input_norm, *w.qkv, w.o, w.post_norm, *w.gate_up, w.down]
+            tensors += w.tensors()
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
@@ -54,7 +63,11 @@ def load_weights(spec, weight_dir: str, device, dtype, fuse_qkv: bool, fuse_gate
             post_norm=take(p + "post_attention_layernorm.weight"),
             gate_up=group([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], fuse_gate_up),
             down=take(p + "mlp.down_proj.weight"),
-        )
+            qkv_bias=group([p + f"self_attn.{x}_proj.bias" for x in "qkv"], fuse_qkv)
+            if spec.qkv_bias else None,
+            q_norm=take(p + "self_attn.q_norm.weight") if spec.qk_norm else None,
+            k_norm=take(p + "self_attn.k_norm.weight") if spec.qk_norm else None,
+        )  # fmt: skip
 
     layers = [layer(f"layers.{n}.") for n in range(spec.num_layers)]
     tied = state["lm_head.weight"] is state["embed_tokens.weight"]

@@ -1,6 +1,7 @@
 """`bash run.sh` on real checkpoints, on the CPU: SmolLM2-135M-Instruct as import-gguf writes it
 (the folder left byte for byte as it was; the written engine's greedy text equals transformers'),
-and `save_pretrained` checkpoints with GQA, tied and untied heads (logits to 1e-4)."""
+and `save_pretrained` checkpoints of every architecture the engine computes (step by step, to
+1e-3 of the logits' scale); the others are refused in one line."""
 
 import hashlib
 import json
@@ -30,7 +31,7 @@ def run_sh(folder: Path, tmp_path: Path, child_env, *extra) -> Path:
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     log = (ws / "results.log").read_text()
-    assert "noise gate:" in log and "reference: transformers' own LlamaForCausalLM" in log
+    assert "noise gate:" in log and "reference: transformers' own " in log
     return ws / "engine.py"
 
 
@@ -97,17 +98,22 @@ def step_by_step(engine, model, vocab: int, seed: int) -> tuple[int, float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["llama", "llama-tied"])
-def test_run_sh_on_a_held_out_llama_matches_transformers_step_by_step(
+@pytest.mark.parametrize(
+    "name", ["llama", "llama-tied", "llama3-scaled", "mistral-window16", "qwen2", "qwen3"]
+)
+def test_run_sh_on_a_held_out_checkpoint_matches_transformers_step_by_step(
     held_out, tmp_path, child_env, name
 ):
+    """Mistral's window is 16 of the 48 positions stepped through; Qwen3's heads are 32 wide on
+    a hidden size of 64 (head_dim given, not hidden / heads)."""
     transformers = pytest.importorskip("transformers")
     folder = held_out(name)
     before = _digest(folder)
     engine_file = run_sh(folder, tmp_path, child_env, "--trials", "1", "--remeasure", "0")
     assert _digest(folder) == before
-    assert "transformers' own LlamaForCausalLM" in (tmp_path / "ws" / "results.log").read_text()
     config = json.loads((folder / "config.json").read_text())
+    arch = config["architectures"][0]
+    assert f"transformers' own {arch}" in (tmp_path / "ws" / "results.log").read_text()
     ours = load_engine_module(engine_file).create_engine(config, str(folder), "cpu")
     model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
     for seed in (1, 2):
@@ -118,10 +124,6 @@ def test_run_sh_on_a_held_out_llama_matches_transformers_step_by_step(
 @pytest.mark.parametrize(
     "name, named",
     [
-        ("llama3-scaled", "rope_parameters type 'llama3' is not supported"),
-        ("mistral-window16", "architectures 'MistralForCausalLM' is not an architecture"),
-        ("qwen2", "architectures 'Qwen2ForCausalLM' is not an architecture"),
-        ("qwen3", "architectures 'Qwen3ForCausalLM' is not an architecture"),
         ("gemma", "architectures 'GemmaForCausalLM' is not an architecture"),
         ("phi3", "architectures 'Phi3ForCausalLM' is not an architecture"),
     ],

@@ -221,7 +221,7 @@ def test_the_library_binds_the_table_and_its_contexts_are_the_graphs(tiny_config
     if torch.cuda.is_available():
         variant = Variant(cache="slab", attention="triton")
         engine = build_engine(tiny_config, tiny_weights, "cuda", variant, knobs=table)
-        assert engine.attention.knobs == table
+        assert engine.model.attention.knobs == table
 
 
 @pytest.mark.gpu

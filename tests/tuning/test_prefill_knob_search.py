@@ -316,7 +316,7 @@ def test_an_engine_with_a_table_launches_it_and_matches_the_reference(
     """Eagerly on the CPU: a call of as many tokens as a table's entry launches its tiles, any
     other the rules'."""
     engine = build_engine(tiny_config, sharp_weights, "cpu", OURS, prefill_knobs={46: ODD})
-    assert engine.attention.prefill_knobs == {46: ODD}
+    assert engine.model.attention.prefill_knobs == {46: ODD}
     prefill_launches.clear()
     ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
     assert _scenario(engine, ref, tiny_config["vocab_size"]) < 1e-4

@@ -108,11 +108,11 @@ class EagerReplay:
     """Stands in for a captured decode graph: a replay runs the captured body on the static
     buffers (what a graph replays), so the CPU exercises them."""
 
-    def __init__(self, graphs, engine, batch, ctx):
-        self.graphs, self.engine, self.batch, self.ctx = graphs, engine, batch, ctx
+    def __init__(self, graphs, batch, ctx):
+        self.graphs, self.batch, self.ctx = graphs, batch, ctx
 
     def replay(self):
-        self.graphs._body(self.engine, self.batch, self.ctx)
+        self.graphs._body(self.batch, self.ctx)
 
 
 def emulated_decode_graphs(engine, largest, check_ids=None, warm=False, gathered_embedding=None):
@@ -129,17 +129,17 @@ def emulated_decode_graphs(engine, largest, check_ids=None, warm=False, gathered
     )
     graphs.captured = []
 
-    def capture_one(engine, b, ctx):
+    def capture_one(b, ctx):
         if warm:
             graphs._fill([], [], b)
-            graphs._body(engine, b, ctx)
-        graphs.graphs[b, ctx] = EagerReplay(graphs, engine, b, ctx)
+            graphs._body(b, ctx)
+        graphs.graphs[b, ctx] = EagerReplay(graphs, b, ctx)
         graphs.captured.append((b, ctx))
 
     graphs._capture_one = capture_one
     for c in graphs.contexts:
         for b in graphs.batches:
-            capture_one(engine, b, c)
+            capture_one(b, c)
     graphs.generation = engine.cache.generation
     engine.decode_runner = graphs
     return graphs

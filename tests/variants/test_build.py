@@ -25,7 +25,7 @@ def test_built_engine_has_the_chosen_parts(tiny_config, tiny_weights):
     ]
     for variant, cache_cls, attention_cls in cases:
         engine = build_engine(tiny_config, tiny_weights, "cpu", variant)
-        assert type(engine.cache) is cache_cls and type(engine.attention) is attention_cls
+        assert type(engine.cache) is cache_cls and type(engine.model.attention) is attention_cls
         assert engine.dtype == torch.float32 and engine.device == torch.device("cpu")
         assert engine.lengths == {}  # the warm-up's requests are gone
         if cache_cls is PagedKVCache:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from variants.checkpoint import course_config, hf_config
+from variants.checkpoint import course_config, hf_config, preflight
 from variants.spec import ModelSpec
 
 COURSE_TARGET = Path(__file__).resolve().parents[2] / "target" / "model_config.json"
@@ -21,7 +21,7 @@ def course_config_dict(request, tiny_config):
 def test_the_course_reader_takes_the_course_s_configs_as_they_are(course_config_dict):
     assert course_config.course_keys(course_config_dict) is course_config_dict
     assert hf_config.course_keys(course_config_dict) == course_config_dict
-    assert hf_config.reads_as_course(course_config_dict)
+    assert preflight.reads_as_course(course_config_dict)
 
 
 @pytest.mark.parametrize(
@@ -42,18 +42,18 @@ def test_the_course_reader_refuses_any_other_key_by_name(tiny_config, extra):
     key = next(iter(extra))
     with pytest.raises(ValueError, match=f"'{key}' is not one of the course's config keys"):
         course_config.course_keys({**tiny_config, **extra})
-    assert not hf_config.reads_as_course({**tiny_config, **extra})
+    assert not preflight.reads_as_course({**tiny_config, **extra})
 
 
 @pytest.mark.parametrize("absent", ["head_dim", "num_key_value_heads", "torch_dtype", "rope_theta"])
 def test_a_course_config_the_library_fills_in_needs_the_library_s_reader(tiny_config, absent):
     config = {k: v for k, v in tiny_config.items() if k != absent}
-    assert not hf_config.reads_as_course(config)
+    assert not preflight.reads_as_course(config)
     assert absent in hf_config.course_keys(config)
 
 
 def test_a_config_the_library_refuses_is_no_course_config(tiny_config):
-    assert not hf_config.reads_as_course({**tiny_config, "hidden_act": "gelu"})
+    assert not preflight.reads_as_course({**tiny_config, "hidden_act": "gelu"})
 
 
 def test_hugging_face_keys_in_the_course_s(tiny_config):

@@ -148,7 +148,7 @@ def test_calls_run_without_grad_whatever_the_caller_s_mode(tiny_config, tiny_wei
         probe()
     assert seen == [False, False] and torch.is_grad_enabled()
     engine = build_engine(tiny_config, tiny_weights, "cpu", Variant(cache="slab"))
-    engine.weights.embed.requires_grad_(True)
+    engine.model.weights.embed.requires_grad_(True)
     out = engine.prefill([1], [torch.tensor([1, 2, 3])])
     assert not out.requires_grad and out.grad_fn is None and torch.is_grad_enabled()
     assert not engine.decode([1], torch.tensor([4])).requires_grad
@@ -156,13 +156,13 @@ def test_calls_run_without_grad_whatever_the_caller_s_mode(tiny_config, tiny_wei
 
 def test_prefill_sends_only_last_tokens_through_the_head(tiny_config, tiny_weights):
     engine = build_engine(tiny_config, tiny_weights, "cpu", Variant())
-    rows, head = [], engine.output_logits
+    rows, head = [], engine.model.output_logits
 
     def spy(x, *args):
         rows.append(x.shape[0])
         return head(x, *args)
 
-    engine.output_logits = spy
+    engine.model.output_logits = spy
     gen = torch.Generator().manual_seed(0)
     engine.prefill([1, 2, 3], [torch.randint(0, 256, (n,), generator=gen) for n in (5, 40, 1)])
     engine.decode([3, 1], torch.tensor([1, 2]))

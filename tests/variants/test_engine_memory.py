@@ -40,7 +40,7 @@ def _exercise(engine) -> None:
 def test_the_last_reference_frees_the_engine(no_collector, tiny_config, tiny_weights, variant):
     engine = build_engine(tiny_config, tiny_weights, "cpu", variant)
     _exercise(engine)
-    alive = [weakref.ref(x) for x in (engine, engine.cache, engine.weights.embed)]
+    alive = [weakref.ref(x) for x in (engine, engine.cache, engine.model.weights.embed)]
     engine = None
     assert [ref() is None for ref in alive] == [True, True, True]
 
@@ -121,7 +121,7 @@ def test_the_first_cache_takes_its_chosen_size_within_the_budget(tiny_config, ti
     assert paged.cache.blocks * paged.cache.block_size == 32768 + paged.cache.block_size
     per_token = 2 * 2 * 2 * 24 * 4  # K and V, 2 layers, 2 KV heads, head_dim 24, float32
     limit = per_token * 20000
-    budget = paged.weights.nbytes() + limit
+    budget = paged.model.weights.nbytes() + limit
     cut = build_engine(config, tiny_weights, "cpu", big, memory_budget_gib=budget / 2**30).cache
     assert (cut.slots + 1) * cut.max_len * per_token <= limit
     assert cut.slots * cut.max_len >= 3 * 20000 // 4 - cut.max_len

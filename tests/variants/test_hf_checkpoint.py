@@ -164,7 +164,7 @@ def test_tied_embeddings_checkpoint(tmp_path):
     keys = safetensors_torch.load_file(tmp_path / "model.safetensors").keys()
     assert config["tie_word_embeddings"] and "lm_head.weight" not in keys
     engine = build_engine(config, folder, "cpu", Variant(cache="slab", attention="sdpa"))
-    assert engine.weights.head is engine.weights.embed  # one tensor, not a copy
+    assert engine.model.weights.head is engine.model.weights.embed  # one tensor, not a copy
     assert run_against_hf(engine, model, seed=2) == 0
 
 
@@ -289,18 +289,25 @@ def test_hf_config_keys_are_read(untied_dir):
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 500.0}}, "'llama3'"),
+        (
+            {"rope_parameters": {"rope_type": "llama3", "rope_theta": 500.0}},
+            "'llama3' lacks factor",
+        ),
+        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 500.0}}, "'yarn' is not computed"),
         ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "'linear'"),
         ({"rope_theta": 10000.0}, "disagree"),
         ({"attention_bias": True}, "attention_bias"),
         ({"mlp_bias": True}, "mlp_bias"),
         ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
         ({"dtype": "float64"}, "unsupported torch_dtype"),
-        ({"architectures": ["MistralForCausalLM"]}, "'MistralForCausalLM' is not an architecture"),
-        ({"model_type": "qwen3"}, "model_type 'qwen3' is not an architecture"),
+        ({"architectures": ["GemmaForCausalLM"]}, "'GemmaForCausalLM' is not an architecture"),
+        ({"model_type": "phi3"}, "model_type 'phi3' is not an architecture"),
+        (
+            {"model_type": "qwen2", "architectures": None, "use_sliding_window": True},
+            "use_sliding_window is true",
+        ),
         ({"model_type": "tiny_llama"}, "name different models"),
-        ({"use_qk_norm": True}, "q/k norms are not computed"),
-        ({"sliding_window": 16}, "sliding_window 16 is shorter than the 128 positions"),
+        ({"use_qk_norm": True}, "LlamaForCausalLM has no q/k norms"),
         ({"partial_rotary_factor": 0.5}, "partial_rotary_factor 0.5"),
     ],
 )
@@ -321,7 +328,7 @@ def test_the_architecture_table_names_what_the_engine_computes(untied_dir, tiny_
     assert architecture_of({**tiny_config, "model_type": "course_llama"}) is COURSE_ARCHITECTURE
     assert architecture_of({**tiny_config, "model_type": "llama"}).rope_layout == "rotate_half"
     with pytest.raises(NotComputed, match="supported: LlamaForCausalLM"):
-        architecture_of({**tiny_config, "model_type": "mistral", "sliding_window": 4})
+        architecture_of({**tiny_config, "model_type": "gemma", "tie_word_embeddings": True})
     assert set(COURSE_KEYS) == set(SIZE_KEYS.values()) | set(OPTIONAL_KEYS)
 
 

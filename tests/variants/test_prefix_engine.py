@@ -123,7 +123,7 @@ def test_full_pool_evicts_then_refuses_and_changes_nothing(tiny_config, sharp_we
     oldest first, before a call is refused; a refused call leaves every request as it was."""
     variant = dataclasses.replace(VARIANTS[0], cache_tokens=4 * BS)
     probe = build_engine(tiny_config, sharp_weights, "cpu", variant)
-    budget = probe.weights.nbytes() + pool_bytes(probe.spec, torch.float32, 5 * BS + BS // 2)
+    budget = probe.model.weights.nbytes() + pool_bytes(probe.spec, torch.float32, 5 * BS + BS // 2)
     engine = build_engine(
         tiny_config, sharp_weights, "cpu", variant, memory_budget_gib=budget / 2**30
     )

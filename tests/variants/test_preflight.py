@@ -105,7 +105,7 @@ def _course_folder(config, folder, state):
         ),
         (
             lambda s: s.__setitem__("layers.0.self_attn.q_proj.bias", torch.ones(96)),
-            r"is a bias; layers with biases are not supported",
+            r"is a bias, which this model.s layers do not have",
         ),
     ],
     ids=["missing", "shape", "extra-layer", "bias"],

@@ -189,7 +189,7 @@ def test_spec_is_frozen(tiny_spec):
     [
         ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),
         ({"attention_bias": True}, "attention_bias is true"),
-        ({"rope_scaling": {"rope_type": "llama3"}}, "rope_scaling type 'llama3' is not supported"),
+        ({"rope_scaling": {"rope_type": "dynamic"}}, "rope_scaling type 'dynamic' is not computed"),
         ({"rope_theta": 0}, "rope_theta must be positive"),
         (
             {"rope_theta": 10000, "rope_parameters": {"rope_theta": 500000}},

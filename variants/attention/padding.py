@@ -33,3 +33,23 @@ def from_padded(o: torch.Tensor, batch: PrefillBatch) -> torch.Tensor:
     b, heads, t, d = o.shape
     flat = o.transpose(1, 2).reshape(b * t, heads * d)
     return flat if batch.uniform else flat.index_select(0, batch.pad_index)
+
+
+def window_mask(t: int, window: int, device) -> torch.Tensor:
+    """[t, t] True where query i sees key j: causal, and within the last `window` positions
+    (i - window < j <= i), as a sliding-window model attends (Mistral)."""
+    i = torch.arange(t, device=device)
+    offset = i[:, None] - i[None, :]
+    return (offset >= 0) & (offset < window)
+
+
+def live_keys(plan, window: int | None, device) -> torch.Tensor | None:
+    """[B, S] True at each decode row's keys it attends to: those within its context length, and
+    within the last `window` positions where the model has one; None where every key is live."""
+    if plan.uniform and window is None:
+        return None
+    at = torch.arange(plan.max_len, device=device)
+    live = at < plan.kv_lens[:, None]
+    if window is not None:
+        live &= at >= plan.kv_lens[:, None] - window
+    return live

@@ -3,13 +3,13 @@
 
 Flash wins on CUDA for fp16/bf16 prefill (no score matrix in memory); decode with ragged
 context needs a mask, which flash lacks, so a pinned decode falls back to efficient, then math.
-GQA: grouped query heads ride as extra query rows in decode; prefill expands K/V."""
+GQA: grouped query heads ride as extra query rows in decode; prefill expands K/V. A sliding
+window (Mistral) is a mask over the keys the cache keeps."""
 
-import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from variants.attention.padding import from_padded, to_padded
+from variants.attention.padding import from_padded, live_keys, to_padded, window_mask
 
 
 class SdpaAttention:
@@ -17,12 +17,16 @@ class SdpaAttention:
 
     def __init__(self, spec, dtype):
         self.group = spec.num_heads // spec.num_kv_heads
+        self.window = spec.sliding_window
 
     def prefill(self, q, k, v, batch):
         q, k, v = to_padded(q, batch), to_padded(k, batch), to_padded(v, batch)
         if self.group > 1:
             k, v = (t.repeat_interleave(self.group, dim=1) for t in (k, v))
-        return from_padded(F.scaled_dot_product_attention(q, k, v, is_causal=True), batch)
+        if self.window is None:
+            return from_padded(F.scaled_dot_product_attention(q, k, v, is_causal=True), batch)
+        mask = window_mask(q.shape[2], self.window, q.device)
+        return from_padded(F.scaled_dot_product_attention(q, k, v, attn_mask=mask), batch)
 
     def decode_from_cache(self, q, cache, layer: int, plan):
         k, v = cache.read(layer, plan)
@@ -31,10 +35,9 @@ class SdpaAttention:
     def decode(self, q, k, v, plan):
         b, kvh, _, d = k.shape
         qg = q.view(b, kvh, self.group, d)
-        mask = None  # [B, 1, 1, S]: each row's live keys, where the rows' lengths differ
-        if not plan.uniform:
-            live = torch.arange(plan.max_len, device=q.device) < plan.kv_lens[:, None]
-            mask = live[:, None, None, :]
+        # [B, 1, 1, S]: each row's live keys, where the rows' lengths differ or a window limits
+        live = live_keys(plan, self.window, q.device)
+        mask = None if live is None else live[:, None, None, :]
         return F.scaled_dot_product_attention(qg, k, v, attn_mask=mask).reshape(b, -1)
 
 
@@ -52,9 +55,10 @@ class PinnedSdpaAttention(SdpaAttention):
         self.masked = self.pinned + [enum(n) for n in ("efficient", "math") if n != backend]
 
     def prefill(self, q, k, v, batch):
-        with sdpa_kernel(self.pinned):
+        with sdpa_kernel(self.pinned if self.window is None else self.masked):
             return super().prefill(q, k, v, batch)
 
     def decode(self, q, k, v, plan):
-        with sdpa_kernel(self.pinned if plan.uniform else self.masked):
+        unmasked = plan.uniform and self.window is None
+        with sdpa_kernel(self.pinned if unmasked else self.masked):
             return super().decode(q, k, v, plan)

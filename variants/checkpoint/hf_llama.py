@@ -1,4 +1,5 @@
-"""Hugging Face LLaMA checkpoints in the course layout, converted at load time.
+"""Hugging Face checkpoints (the architectures of hf_config.py) in the course layout, converted
+at load time.
 
 Keys lose the `model.` prefix (`lm_head.weight` has none in HF). HF's q/k rows pair dims
 (j, j + d/2) per head for rotate-half RoPE; reordering them to pairs (2j, 2j+1) lets the
@@ -41,11 +42,24 @@ def rotate_half_to_interleaved(w: torch.Tensor, heads: int, head_dim: int) -> to
 
 
 def convert_rotate_half_qk(spec, state: dict) -> None:
-    """Reorder every layer's q and k rows in place of the state dict (shapes already checked)."""
+    """Reorder every layer's q and k rows in place of the state dict (shapes already checked),
+    with their biases and the q/k norm's weight (one head's, shared by all), which follow them."""
+    d = spec.head_dim
+
+    def reorder(key: str, heads: int) -> None:
+        w = state[key]
+        state[key] = rotate_half_to_interleaved(w if w.dim() == 2 else w[:, None], heads, d)
+        if w.dim() == 1:
+            state[key] = state[key][:, 0]
+
     for n in range(spec.num_layers):
-        for name, heads in (("q_proj", spec.num_heads), ("k_proj", spec.num_kv_heads)):
-            key = f"layers.{n}.self_attn.{name}.weight"
-            state[key] = rotate_half_to_interleaved(state[key], heads, spec.head_dim)
+        p = f"layers.{n}.self_attn."
+        for x, heads in (("q", spec.num_heads), ("k", spec.num_kv_heads)):
+            reorder(f"{p}{x}_proj.weight", heads)
+            if spec.qkv_bias:
+                reorder(f"{p}{x}_proj.bias", heads)
+            if spec.qk_norm:
+                reorder(f"{p}{x}_norm.weight", 1)
 
 
 def uses_rotate_half(spec, path: str, prefixed: bool) -> bool:

@@ -24,8 +24,9 @@ import torch
 from evaluator.engine_loader import EngineLoadError, default_target_paths, load_model_config
 from evaluator.reference_model import NoReference, check_judgeable
 from evaluator.toy_weights import save_toy_weights
+from variants.checkpoint.course_config import course_keys as course_only
 from variants.checkpoint.formats import Checkpoint, find_weight_file
-from variants.checkpoint.hf_config import NotComputed, course_keys, reads_as_course
+from variants.checkpoint.hf_config import NotComputed, course_keys
 from variants.checkpoint.hf_llama import course_layout
 from variants.checkpoint.reader import weights_format
 from variants.spec import SIZE_KEYS, ModelSpec
@@ -78,6 +79,16 @@ class Target:
             "notes": "; ".join(self.notes) or "-",
             "config": self.config,
         }
+
+
+def reads_as_course(config: dict) -> bool:
+    """Whether the course's own config reader (course_config.py) reads `config` as the library's
+    does: it holds the course's keys alone and none needs filling in. An engine written for such
+    a target may carry that reader alone (`Target.weights_format`)."""
+    try:
+        return course_only(config) == course_keys(config)
+    except ValueError:
+        return False
 
 
 def resolve_target(model_config: str | None, weight_dir: str | None) -> Target:

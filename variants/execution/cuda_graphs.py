@@ -87,9 +87,10 @@ def no_collection(collect: bool = True):
 
 
 class GraphRunner:
-    """A runner of CUDA graphs captured per bucket over static buffers: it owns them, their
-    memory pool and the cache generation they point at, and is handed the engine on each call
-    (it keeps no reference to it)."""
+    """A runner of CUDA graphs captured per bucket over static buffers of the model's forward
+    pass: it owns them, their memory pool and the cache generation they point at. Made from an
+    engine's parts (its model, cache, ids' check and eager runner, for calls no graph covers);
+    it keeps no reference to the engine."""
 
     GRAPH_TABLES = ("graphs",)  # its attributes that hold graphs
 
@@ -97,7 +98,8 @@ class GraphRunner:
         """`gathered_embedding`: the Triton stacks' kernel, where they have one; the graphs then
         read a call's ids where they are, their first kernel gathering, checking and embedding
         them, and its metadata from one pinned buffer."""
-        self.cache, self.token_check, self.device = engine.cache, engine.token_check, engine.device
+        self.model, self.cache, self.eager = engine.model, engine.cache, engine.eager
+        self.token_check, self.device = engine.token_check, engine.device
         # the graphs start the engine's deferred check of the ids they run, where this PyTorch
         # can capture it (DeferredRangeCheck.in_graph); else the engine starts it
         self.check_ids = engine.token_check.in_graph
@@ -109,7 +111,7 @@ class GraphRunner:
         self.generation = None  # the cache's generation the graphs point at
         # Graphs that take views of the pool (not through its block table) also follow its
         # layout: a slab's slots may change length in place (`layout`).
-        self.follows_layout = not engine.attention.reads_cache_in_place
+        self.follows_layout = not engine.model.attention.reads_cache_in_place
         self.layout = self._layout()
 
     def _buffers(self, tokens: int, host: int, staged: int) -> None:
@@ -171,13 +173,13 @@ class GraphRunner:
         self.generation, self.layout = self.cache.generation, self._layout()
         return True
 
-    def _embedded(self, e, tokens: torch.Tensor) -> torch.Tensor:
+    def _embedded(self, tokens: torch.Tensor) -> torch.Tensor:
         """The embedding rows of a graph's token buffer, its ids copied in unchecked: their
         check started (where the graph runs it), then clamped in place (`in_vocab`). Padding
         rows hold ids of earlier calls, clamped already."""
         if self.check_ids:
-            e.token_check.start(tokens)
-        return e.weights.embed[e.in_vocab(tokens, out=tokens)]
+            self.token_check.start(tokens)
+        return self.model.embed(tokens, out=tokens)
 
 
 class DecodeGraphs(GraphRunner):
@@ -186,7 +188,7 @@ class DecodeGraphs(GraphRunner):
     def __init__(self, engine, policy: str, largest_batch: int = 64, gathered_embedding=None):
         super().__init__(engine, gathered_embedding)
         self.batches = batch_buckets(policy, largest_batch)
-        self.contexts = self._contexts(engine)
+        self.contexts = self._contexts()
         big, width = self.batches[-1], self.cache.table_width(engine.spec.max_positions)
         self.width = width
         # Per batch bucket b, one buffer: positions [b], write slots [b], context lengths [b],
@@ -203,29 +205,30 @@ class DecodeGraphs(GraphRunner):
         # head's own output: no copy into a buffer of ours inside the graph)
         self.outputs: dict = {}
 
-    def _contexts(self, engine) -> list:
+    def _contexts(self) -> list:
         """The context buckets. An attention that reads the cache in place serves every context
         from one graph a batch, unless it asks for buckets of its own (its launch depends on
         them); one that reads a gathered context needs a bucket per length it reads, up to
         what the cache holds now."""
-        if not engine.attention.reads_cache_in_place:
+        attention = self.model.attention
+        if not attention.reads_cache_in_place:
             return doubling_buckets(128, self.cache.max_context)
-        return engine.attention.graph_contexts(engine.spec.max_positions, self.device)
+        return attention.graph_contexts(self.model.spec.max_positions, self.device)
 
-    def capture(self, engine) -> None:
+    def capture(self) -> None:
         """Capture every (batch, context) bucket; largest first so the shared pool is sized
         once. After the cache's pool moves, buckets are captured again as calls need them."""
         self.generation, self.layout = self.cache.generation, self._layout()
         with no_collection():
             for ctx in reversed(self.contexts):
                 for b in reversed(self.batches):
-                    self._capture_one(engine, b, ctx)
+                    self._capture_one(b, ctx)
 
-    def _capture_one(self, engine, b: int, ctx: int) -> None:
+    def _capture_one(self, b: int, ctx: int) -> None:
         self._fill([], [], b)  # padding rows (the gathering buffer's layout is the bucket's own)
-        self.graphs[b, ctx] = self._graph(lambda: self._body(engine, b, ctx))
+        self.graphs[b, ctx] = self._graph(lambda: self._body(b, ctx))
 
-    def _body(self, e, b: int, ctx: int) -> None:
+    def _body(self, b: int, ctx: int) -> None:
         meta = self.metas[b]
         positions, write, kv_lens = meta[: 3 * b].view(3, b)
         table = meta[3 * b :].view(b, self.width)
@@ -242,12 +245,12 @@ class DecodeGraphs(GraphRunner):
         if self.gather:  # the call's row count, then the rows' sources, follow the metadata
             size = b * (3 + self.width)
             x = self.gather(
-                e.token_check, self.host, self.metas[b], self.tokens, b, size, size + 1,
-                e.spec.vocab_size, e.weights.embed,
+                self.token_check, self.host, self.metas[b], self.tokens, b, size, size + 1,
+                self.model.spec.vocab_size, self.model.weights.embed,
             )  # fmt: skip
         else:
-            x = self._embedded(e, self.tokens[:b])
-        logits = e._logits(e.stack(e, x, positions, plan, None))
+            x = self._embedded(self.tokens[:b])
+        logits = self.model.logits(self.model.forward(x, positions, self.cache, plan))
         self.outputs[b, ctx] = [logits[:n] for n in range(b + 1)]
 
     def _fill(self, rids: list, positions: list, bucket: int, source: int = 0) -> None:
@@ -271,19 +274,19 @@ class DecodeGraphs(GraphRunner):
         values.extend(int_fill(source, bucket))
         self._write_host(values, len(values))
 
-    def decode(self, engine, rids: list, tokens: torch.Tensor, positions: list) -> torch.Tensor:
+    def decode(self, rids: list, tokens: torch.Tensor, positions: list) -> torch.Tensor:
         if self._pool_moved():
             self.pool = None
-            self.contexts = self._contexts(engine)
+            self.contexts = self._contexts()
         b = len(rids)
         bucket = next((s for s in self.batches if s >= b), None)
         ctx = next((c for c in self.contexts if c > max(positions)), None)  # holds position + 1
         if bucket is None or ctx is None:
             if self.check_ids:  # the engine left the check to a graph
                 self.token_check.start(tokens)
-            return engine.eager.decode(engine, rids, tokens, positions)
+            return self.eager.decode(rids, tokens, positions)
         if (bucket, ctx) not in self.graphs:
-            self._capture_one(engine, bucket, ctx)
+            self._capture_one(bucket, ctx)
         if self.gather:  # the ids read where they are: int64 (check_token_tensor), contiguous
             tokens = tokens if tokens.is_contiguous() else tokens.contiguous()  # held to replay
             self._fill(rids, positions, bucket, (tokens.data_ptr() - self.tokens_at) // 8)
@@ -297,5 +300,5 @@ class DecodeGraphs(GraphRunner):
 def use_cuda_graphs(engine, policy: str, gathered_embedding=None) -> DecodeGraphs:
     """The engine's decode runner: graphs captured at `policy`'s batch buckets (pow2, every8)."""
     runner = DecodeGraphs(engine, policy, gathered_embedding=gathered_embedding)
-    runner.capture(engine)
+    runner.capture()
     return runner

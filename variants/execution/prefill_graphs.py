@@ -62,7 +62,7 @@ class PrefillGraphs(GraphRunner):
         self.prompts = most_prompts
         # Each bucket's schedule must be built for the q-block size the kernel launches with on
         # this GPU for that many tokens (the attention's table, else the rules).
-        capability, block_m = device_capability(device), engine.attention.prefill_block_m
+        capability, block_m = device_capability(device), engine.model.attention.prefill_block_m
         self.block_m = {t: block_m(t, spec.head_dim, capability) for t in self.buckets}
         # One long buffer; bucket T uses a prefix of it, laid out as positions [T], write
         # slots [T], last-token rows [P], prompt starts [P + 1], q-block table [2, Q(T)].
@@ -107,24 +107,24 @@ class PrefillGraphs(GraphRunner):
         schedule = self.meta[2 * t + 2 * p + 1 : self._meta_size(t)].view(2, q)
         return positions, write, last, starts, schedule
 
-    def capture(self, engine) -> None:
+    def capture(self) -> None:
         """Capture every bucket, largest first so the shared pool is sized once."""
         self.generation, self.layout = self.cache.generation, self._layout()
         with no_collection():
             for t in reversed(self.buckets):
-                self._capture_bucket(engine, t)
+                self._capture_bucket(t)
             for m in self.head_rows:
-                self.heads[m] = self._graph(functools.partial(self._head, engine, m))
+                self.heads[m] = self._graph(functools.partial(self._head, m))
         # The head at every prompt count once, for the eager path: Triton specializes a kernel
         # on its row count (1, multiples of 16, others), and no timed call may compile one.
         for n in range(1, self.prompts + 1):
-            engine._logits(self.hidden[:n])
+            self.model.logits(self.hidden[:n])
 
-    def _capture_bucket(self, engine, t: int) -> None:
+    def _capture_bucket(self, t: int) -> None:
         self._fill([], [], t)  # no prompt: scratch writes only
-        self.graphs[t] = self._graph(lambda: self._body(engine, t))
+        self.graphs[t] = self._graph(lambda: self._body(t))
 
-    def _body(self, e, t: int) -> None:
+    def _body(self, t: int) -> None:
         positions, write, last, starts, schedule = self._views(t)
         plan = CachePlan(rids=None, write_index=write)
         batch = PrefillBatch(
@@ -133,43 +133,44 @@ class PrefillGraphs(GraphRunner):
         )  # fmt: skip
         if self.gather:  # the call's token count sits at starts[P] of the metadata
             x = self.gather(
-                e.token_check, self.host, self.meta_views[t], self.tokens, t,
-                2 * t + 2 * self.prompts, self._meta_size(t), e.spec.vocab_size, e.weights.embed,
+                self.token_check, self.host, self.meta_views[t], self.tokens, t,
+                2 * t + 2 * self.prompts, self._meta_size(t), self.model.spec.vocab_size,
+                self.model.weights.embed,
             )  # fmt: skip
         else:
-            x = self._embedded(e, self.tokens[:t])
-        x = e.stack(e, x, positions, plan, batch)
+            x = self._embedded(self.tokens[:t])
+        x = self.model.forward(x, positions, self.cache, plan, batch)
         torch.index_select(x, 0, last, out=self.hidden)
 
-    def _head(self, e, m: int) -> None:
-        """Norm and head on the first m prompt slots (float32, as Engine._logits returns)."""
-        logits = e._logits(self.hidden[:m])
+    def _head(self, m: int) -> None:
+        """Norm and head on the first m prompt slots (float32, as Model.logits returns)."""
+        logits = self.model.logits(self.hidden[:m])
         self.head_outputs[m] = [logits[:r] for r in range(m + 1)]
 
     def fits(self, tokens: int, prompts: int) -> bool:
         """Whether a graph runs a call of that many tokens and prompts (else the eager pass)."""
         return tokens <= self.buckets[-1] and prompts <= self.prompts
 
-    def stage(self, engine, rids: list, prompts: list, lengths: list, deferred: bool):
+    def stage(self, rids: list, prompts: list, lengths: list, deferred: bool):
         """The call's ids as `prefill` takes them. Unchecked (`deferred`) ids of a call a graph
         runs: its prompts as they are, where the graph reads them in place; else packed
         straight into the graph's token buffer (checked by the graph after this call, or by
         the check started here). Anything else is staged as the eager runner does."""
         self.place = None
         if not (deferred and self.fits(sum(lengths), len(prompts))):
-            return engine.eager.stage(engine, rids, prompts, lengths, deferred)
+            return self.eager.stage(rids, prompts, lengths, deferred)
         if self.gather:
             return prompts  # the step's graph reads, checks and clamps them in place
         self.place = self.tokens[: sum(lengths)]
         tokens = torch.cat(prompts, out=self.place)
         if not self.check_ids:
-            engine.token_check.start(tokens)  # the step clamps the ids it runs with
+            self.token_check.start(tokens)  # the step clamps the ids it runs with
         return tokens
 
-    def abandon(self, engine) -> None:
+    def abandon(self) -> None:
         """A staged call failed before its graph ran: no unchecked id stays in the buffer."""
         if self.place is not None:
-            engine.in_vocab(self.place, out=self.place)
+            self.model.in_vocab(self.place, out=self.place)
 
     def _fill(self, rids: list, lengths: list, t: int, prompts=()) -> None:
         """Everything bucket t's graph reads but the tokens, written as int64s into `values`
@@ -201,11 +202,11 @@ class PrefillGraphs(GraphRunner):
         assert len(values) == self.values_size, "a prompt's sources had the wrong length"
         self._write_host(values, at)
 
-    def prefill(self, engine, rids: list, lengths: list, tokens) -> torch.Tensor:
+    def prefill(self, rids: list, lengths: list, tokens) -> torch.Tensor:
         """tokens: the call's packed ids, or (gathering a call that `fits`) its prompts."""
         n = sum(lengths)
         if not self.fits(n, len(rids)):
-            return engine.eager.prefill(engine, rids, lengths, tokens)
+            return self.eager.prefill(rids, lengths, tokens)
         t = next(b for b in self.buckets if b >= n)
         if self._pool_moved():  # (the head graphs read no cache)
             self.asked.clear()
@@ -214,19 +215,19 @@ class PrefillGraphs(GraphRunner):
             # it. A capture runs the bucket twice (to choose kernels, then the upload), which
             # costs more than one eager pass unless the bucket comes back.
             self.asked.add(t)
-            return self._eager(engine, rids, lengths, tokens)
+            return self._eager(rids, lengths, tokens)
         if self.gather:
             prompts = tokens if isinstance(tokens, list) else [tokens]
             prompts = [p if p.is_contiguous() else p.contiguous() for p in prompts]  # held
             if t not in self.graphs:
-                self._capture_bucket(engine, t)
+                self._capture_bucket(t)
             self._fill(rids, lengths, t, prompts)  # after a capture: it fills the buffer too
         else:
             if t not in self.graphs:
                 # The capture's runs clamp the token buffer, which may hold this call's
                 # unchecked ids (concatenated into place): kept aside for the replay's check.
                 held = self.tokens[:n].clone()
-                self._capture_bucket(engine, t)
+                self._capture_bucket(t)
                 self.tokens[:n].copy_(held)
             self._fill(rids, lengths, t)
             if tokens.data_ptr() != self.tokens.data_ptr():  # not concatenated into place
@@ -237,19 +238,19 @@ class PrefillGraphs(GraphRunner):
         self.heads[m].replay()
         return self.head_outputs[m][rows].clone()  # a fresh tensor
 
-    def _eager(self, engine, rids: list, lengths: list, tokens) -> torch.Tensor:
+    def _eager(self, rids: list, lengths: list, tokens) -> torch.Tensor:
         """The eager pass on ids staged for a graph: their check, which the graph would have
         started, started here."""
         if isinstance(tokens, list):  # gathering: the prompts where they are, unchecked
             tokens = torch.cat(tokens)
-            engine.token_check.start(tokens)
+            self.token_check.start(tokens)
         elif self.place is not None and self.check_ids:
-            engine.token_check.start(tokens)
-        return engine.eager.prefill(engine, rids, lengths, tokens)
+            self.token_check.start(tokens)
+        return self.eager.prefill(rids, lengths, tokens)
 
 
 def use_prefill_graphs(engine, gathered_embedding=None) -> PrefillGraphs:
     """The engine's prefill runner: graphs captured at every token bucket and prompt count."""
     runner = PrefillGraphs(engine, gathered_embedding=gathered_embedding)
-    runner.capture(engine)
+    runner.capture()
     return runner

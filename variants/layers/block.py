@@ -13,11 +13,15 @@ from variants.layers.rope import apply_rope
 def make_layer_math(spec):
     heads, kv_heads, d, eps = spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.rms_norm_eps
 
-    def attention_inputs(x, norm_w, qkv_w, cos, sin):
-        q, k, v = project_qkv(rms_norm(x, norm_w, eps), qkv_w, heads * d, kv_heads * d)
-        q = apply_rope(q.view(-1, heads, d), cos, sin)
-        k = apply_rope(k.view(-1, kv_heads, d), cos, sin)
-        return q, k, v.view(-1, kv_heads, d)
+    def attention_inputs(x, norm_w, qkv_w, cos, sin, qkv_b=None, q_norm_w=None, k_norm_w=None):
+        """q, k (rotated) and v of a layer; `qkv_b`: the projections' biases (Qwen2),
+        `q_norm_w` and `k_norm_w`: the per-head norms before RoPE (Qwen3), where it has them."""
+        h = rms_norm(x, norm_w, eps)
+        q, k, v = project_qkv(h, qkv_w, heads * d, kv_heads * d, qkv_b)
+        q, k = q.view(-1, heads, d), k.view(-1, kv_heads, d)
+        if q_norm_w is not None:
+            q, k = rms_norm(q, q_norm_w, eps), rms_norm(k, k_norm_w, eps)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v.view(-1, kv_heads, d)
 
     def attention_outputs(x, o, o_w, norm_w, gate_up_w, down_w):
         x = x + F.linear(o, o_w)

@@ -28,7 +28,7 @@ HEAD_MAX_ROWS = 64  # the fused head wins up to 64 rows (11.9 us against 21.6 at
 
 
 def run_fused_stack(
-    engine, x, positions, plan, batch, pdl: bool = False, knobs: dict | None = None
+    model, x, positions, cache, plan, batch, pdl: bool = False, knobs: dict | None = None
 ):
     """`pdl` (fused-pdl): each kernel launched with programmatic dependent launch, so that it
     starts while the kernel before runs and prefetches its weights into L2 (kernels/pdl.py), for
@@ -36,15 +36,15 @@ def run_fused_stack(
     `knobs`: (kernel, rows) -> that kernel's `tiles` and `split_k` at a step of that many rows,
     found on this GPU by the autotuner's kernel search; the rules' launch elsewhere."""
     if batch is not None or x.shape[0] > (PDL_MAX_ROWS if pdl else FUSED_MAX_ROWS):
-        return run_triton_stack(engine, x, positions, plan, batch, pdl=pdl)
-    spec, cache = engine.spec, engine.cache
+        return run_triton_stack(model, x, positions, cache, plan, batch, pdl=pdl)
+    spec = model.spec
     heads, d, eps = spec.num_heads, spec.head_dim, spec.rms_norm_eps
-    sms = device_sm_count(engine.device)
-    cos, sin = engine.rope.cos, engine.rope.sin  # whole tables: the kernel reads `positions`
+    sms = device_sm_count(model.device)
+    cos, sin = model.rope.cos, model.rope.sin  # whole tables: the kernel reads `positions`
     tuned = {
         kernel: launch for (kernel, rows), launch in (knobs or {}).items() if rows == x.shape[0]
     }
-    for n, w in enumerate(engine.weights.layers):
+    for n, w in enumerate(model.weights.layers):
         (qkv,), (gate_up,) = w.qkv, w.gate_up  # the fused weights (the registry requires them)
         q = norm_qkv_rope(
             x, w.input_norm, qkv, eps, d, heads * d, cos, sin, cache.k[n], cache.v[n],
@@ -53,8 +53,8 @@ def run_fused_stack(
             **tuned.get("qkv", {}),
         )  # fmt: skip
         at = (q.view(-1, heads, d), cache, n, plan)
-        o = engine.attention.decode_from_cache(*at, pdl=True) if pdl else (
-            engine.attention.decode_from_cache(*at)
+        o = model.attention.decode_from_cache(*at, pdl=True) if pdl else (
+            model.attention.decode_from_cache(*at)
         )  # fmt: skip
         x = few_row_linear(o, w.o, residual=x, sm_count=sms, pdl=pdl, **tuned.get("o", {}))
         act = norm_swiglu(x, w.post_norm, gate_up, eps, sm_count=sms, pdl=pdl,

@@ -7,10 +7,12 @@ import torch
 import torch.nn.functional as F
 
 
-def project_qkv(h: torch.Tensor, weights: list, q_dim: int, kv_dim: int):
+def project_qkv(h: torch.Tensor, weights: list, q_dim: int, kv_dim: int, biases=None):
+    """q, k, v; `biases` (as `weights`, fused or not) where the model has them (Qwen2)."""
+    biases = biases or [None] * len(weights)
     if len(weights) == 1:
-        return F.linear(h, weights[0]).split((q_dim, kv_dim, kv_dim), dim=-1)
-    return tuple(F.linear(h, w) for w in weights)
+        return F.linear(h, weights[0], biases[0]).split((q_dim, kv_dim, kv_dim), dim=-1)
+    return tuple(F.linear(h, w, b) for w, b in zip(weights, biases))
 
 
 def project_gate_up(h: torch.Tensor, gate_up: list) -> tuple:

@@ -151,7 +151,7 @@ def check_script(engine, script_and_expected):
 )
 def test_engine_matches_the_reference(tiny_config, sharp_weights, script_and_expected, variant):
     engine = build_engine(tiny_config, sharp_weights, "cpu", variant)
-    assert isinstance(engine.attention, FlexAttention)
+    assert isinstance(engine.model.attention, FlexAttention)
     check_script(engine, script_and_expected)
 
 
@@ -165,5 +165,5 @@ def test_rendered_engine_matches_the_reference(
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     engine = module.create_engine(tiny_config, sharp_weights, "cpu")
-    assert type(engine.attention).__name__ == "FlexAttention"
+    assert type(engine.model.attention).__name__ == "FlexAttention"
     check_script(engine, script_and_expected)

@@ -22,11 +22,11 @@ from variants.layers.triton_stack import run_triton_stack  # noqa: E402
 
 
 class _EagerReplay:
-    def __init__(self, body, engine, arg):
-        self.body, self.engine, self.arg = body, engine, arg
+    def __init__(self, body, arg):
+        self.body, self.arg = body, arg
 
     def replay(self):
-        self.body(self.engine, self.arg)
+        self.body(self.arg)
 
 
 def _emulated(engine, largest_tokens, most_prompts, check_ids=None, gathered_embedding=None):
@@ -40,18 +40,18 @@ def _emulated(engine, largest_tokens, most_prompts, check_ids=None, gathered_emb
     )  # fmt: skip
     graphs.captured = []
 
-    def capture_one(engine, t, warm_up=True):
+    def capture_one(t, warm_up=True):
         if warm_up:  # a capture runs the body once, on padding metadata, before capturing it
             graphs._fill([], [], t)
-            graphs._body(engine, t)
-        graphs.graphs[t] = _EagerReplay(graphs._body, engine, t)
+            graphs._body(t)
+        graphs.graphs[t] = _EagerReplay(graphs._body, t)
         graphs.captured.append(t)
 
     graphs._capture_bucket = capture_one
     graphs.generation = engine.cache.generation
     for t in reversed(graphs.buckets):
-        capture_one(engine, t, warm_up=False)
-    graphs.heads = {m: _EagerReplay(graphs._head, engine, m) for m in graphs.head_rows}
+        capture_one(t, warm_up=False)
+    graphs.heads = {m: _EagerReplay(graphs._head, m) for m in graphs.head_rows}
     engine.prefill_runner = graphs
     return graphs
 
