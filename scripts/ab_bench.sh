@@ -14,7 +14,9 @@
 #                                            # memory budget, as run.sh writes it, where its
 #                                            # tree's renderer takes one (else none, said);
 #                                            # BENCH_ARGS: more flags for the benchmark (the
-#                                            # ceilings given: --bandwidth-gbs 4008 --tflops 768)
+#                                            # ceilings given: --bandwidth-gbs 4008 --tflops 768);
+#                                            # MODEL_CONFIG, WEIGHT_DIR: another model (toy
+#                                            # weights generated where WEIGHT_DIR has none)
 #
 # Writes one JSON line per round, tree and trace to ${OUT:-.ab}/ab.jsonl and prints the medians.
 set -euo pipefail
@@ -23,6 +25,8 @@ PY=${PYTHON:-python3}
 PRESET=${PRESET:-slab-triton-pdl-allgraphs}
 SUITE=${SUITE:-public}
 HARNESS=${HARNESS:-own}
+MODEL_CONFIG=${MODEL_CONFIG:-target/model_config.json}
+WEIGHT_DIR=${WEIGHT_DIR:-target/weights}
 case "${1:-}" in
 prepare)
     [ -n "${2:-}" ] || { echo "usage: ab_bench.sh prepare BASE [REV...]" >&2; exit 2; }
@@ -42,8 +46,8 @@ run)
     [ -d .ab/base ] || { echo "error: no .ab/base: run 'ab_bench.sh prepare BASE' first" >&2; exit 2; }
     out=${OUT:-.ab}
     root=$PWD
-    [ -f target/weights/model.pt ] || "$PY" scripts/generate_toy_weights.py \
-        --config target/model_config.json --output target/weights/model.pt > /dev/null
+    [ -f "$WEIGHT_DIR/model.pt" ] || "$PY" scripts/generate_toy_weights.py \
+        --config "$MODEL_CONFIG" --output "$WEIGHT_DIR/model.pt" > /dev/null
     trees=(.ab/base $(ls -d .ab/rev-* 2>/dev/null || true) .)
     for tree in "${trees[@]}"; do
         (cd "$tree" && PYTHONPATH=$PWD "$PY" -c "
@@ -65,8 +69,8 @@ print('$tree: memory budget', budget.get('memory_budget_gib', 'none'), 'GiB')")
             rm -f .ab/last.json
             # one tree that fails (an old tree on this machine) leaves the others' numbers
             (cd "$bench" && PYTHONPATH=$PWD "$PY" evaluator/benchmark_throughput.py \
-                --engine "$root/.ab/engine_$name.py" --model-config "$root/target/model_config.json" \
-                --weight-dir "$root/target/weights" --device cuda --suite "$SUITE" \
+                --engine "$root/.ab/engine_$name.py" --model-config "$root/$MODEL_CONFIG" \
+                --weight-dir "$root/$WEIGHT_DIR" --device cuda --suite "$SUITE" \
                 --json "$root/.ab/last.json" ${BENCH_ARGS:-} > "$log" 2>&1) \
                 || { echo "error: ${name:-head}'s benchmark failed: $log" >&2; continue; }
             "$PY" -c "

@@ -201,7 +201,8 @@ class EagerRunner:
     def index(self, values) -> torch.Tensor:
         return host_tensor(values, torch.long, self.device)
 
-    def prefill_batch(self, lengths) -> PrefillBatch:
+    def prefill_batch(self, lengths):
+        """The call's prompts as the attention takes them (attention/padding.py's PrefillBatch)."""
         longest = max(lengths)
         starts = list(itertools.accumulate(lengths, initial=0))
         last = self.index([s - 1 for s in starts[1:]])  # each prompt's last token, packed

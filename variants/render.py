@@ -449,8 +449,10 @@ def render_source(
     # they use; of it, only what the assembly reaches from create_engine.
     lead = _ordered_modules([m for m in modules if m.startswith(f"{PACKAGE}.kernels.")])
     kernels = "\n\n".join(sources[m] for m in lead)
-    first = [f"{PACKAGE}.engine", assembly_module, f"{PACKAGE}.model"]
-    first += [p.split(":")[0] for p in paths]
+    # the engine, the model, the layers it is built with and their math, then the other parts
+    layers = parts["stack"][0].split(":")[0]
+    first = [f"{PACKAGE}.engine", assembly_module, f"{PACKAGE}.model", layers]
+    first += [f"{PACKAGE}.layers.block"] + [p.split(":")[0] for p in paths]
     order = ["entry", *_top_down([m for m in modules if m not in lead], first, sources)]
     sources["entry"] = tail
     rest = _reachable_only("\n\n".join(sources[m] for m in order), kernels + "\ncreate_engine")

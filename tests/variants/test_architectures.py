@@ -113,3 +113,39 @@ def test_components_that_do_not_compute_a_part_are_not_offered(
         assert reason in (caps.why_invalid(variant) or ""), (choice, caps.why_invalid(variant))
     # the torch and Triton layers compute every part
     assert caps.why_invalid(Variant(cache="slab", attention="sdpa", layers="triton")) is None
+
+
+GPU_VARIANTS = [  # the GPU's assemblies that compute every part, with and without graphs
+    Variant(cache="slab", attention="triton", layers="triton", graphs="pow2",
+            prefill_graphs="pow2"),
+    Variant(cache="paged", block_size=16, attention="sdpa", layers="triton", graphs="pow2"),
+    Variant(cache="slab", attention="sdpa", layers="torch", execution="compile"),
+]  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", COMPUTED)
+def test_gpu_assemblies_stay_within_bfloat16_noise_of_transformers(held_out, name):
+    """In bfloat16 on the GPU: every step's error against transformers' float32 logits within
+    three times transformers' own bfloat16 error (and 1e-2 of the scale), where the registry
+    offers the assembly for the model."""
+    folder = held_out(name)
+    config = {**json.loads((folder / "config.json").read_text()), "dtype": "bfloat16"}
+    tokens = tokens_of(config["vocab_size"])
+    exact = transformers_logits(folder, tokens)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.bfloat16, attn_implementation="sdpa"
+    ).to("cuda").eval()  # fmt: skip
+    with torch.no_grad():
+        noise = (model(tokens.cuda()).logits.float().cpu() - exact).abs().max().item()
+    bound = (3 * noise + 1e-2 * exact.abs().max().item()) / exact.abs().max().item()
+    caps = probe_capabilities("cuda", config)
+    ran = 0
+    for variant in GPU_VARIANTS:
+        if caps.why_invalid(variant) is not None:
+            continue
+        engine = build_engine(config, str(folder), "cuda", variant)
+        worst = worst_difference(engine, tokens.cuda(), exact.cuda())
+        assert worst < bound, (name, variant.name, worst, bound)
+        ran += 1
+    assert ran >= 2, name
