@@ -28,8 +28,8 @@ from variants.weights import load_weights
 
 def without_grad(method):
     """The engine call under torch.no_grad(), entered only where grad mode is on: the context
-    costs about 2 us of host time a call on this CPU (6-10 on the H200's host), and callers
-    that time the engine (the grader) already hold it."""
+    costs host time on every call, and callers that time the engine (the grader) already
+    hold it."""
 
     @functools.wraps(method)
     def call(*args, **kwargs):

@@ -7,8 +7,8 @@ from __future__ import annotations
 from variants.variant import Variant
 
 # The GPU presets start with a larger first cache (the largest the search offers for a slab, the
-# middle one for a paged pool): on the H200 the slab of 131072 tokens was as fast or faster than
-# one of 8192 on every trace, the serving traces by 10-23% (its pool does not move and its graphs
+# middle one for a paged pool): the slab of 131072 tokens was as fast or faster than one of
+# 8192 on every trace, the serving traces the most (its pool does not move and its graphs
 # do not capture again inside a call), and a paged pool of 32768 holds all three serving traces
 # (docs/PERF.md).
 SLAB = {"cache": "slab", "cache_tokens": 131072}
@@ -19,11 +19,11 @@ ALL_GRAPHS = {"attention": "triton", "graphs": "pow2", "prefill_graphs": "pow2"}
 PRESETS: dict[str, Variant] = {
     # Hopper and newer only: the same with each fused kernel launched with programmatic
     # dependent launch, its weights (and the attention's keys and values) prefetched into L2
-    # while the kernel before runs (on the H200 the decode trace 8% faster, mixed 4%, prefill
-    # within noise; experiments/variant_table.py).
+    # while the kernel before runs (faster on the decode and mixed traces, prefill within
+    # noise; experiments/variant_table.py).
     "slab-triton-pdl-allgraphs": Variant(**SLAB, **ALL_GRAPHS, layers="fused-pdl"),
     # GPU fast path first (the probe drops them elsewhere): the graphs over our fused Triton
-    # kernels, the fastest assemblies measured on the H200, then over plain ops. "gemv": the
+    # kernels, the fastest assemblies measured, then over plain ops. "gemv": the
     # decode step's projections on our few-row kernels with the norms, RoPE, SiLU and residual
     # adds fused in (faster than the Triton stack on the decode, mixed, continuous, wide and
     # long traces).

@@ -28,7 +28,7 @@ class PagedKVCache:
         self.table: dict = {}
         # Each request's table row at full width (max_positions), padded with block 0, kept as
         # the blocks change: a graph call stages rows by slicing these (C copies), not by
-        # building lists (230 us against 60 at 64 rows, experiments/bench_host_fill.py).
+        # building lists, several times slower (experiments/bench_host_fill.py).
         self.rows: dict = {}
         self._zero_row = array.array("q", [0]) * self.table_width(spec.max_positions)
         self.generation = 0  # bumped when the pool is reallocated (captured graphs go stale)
@@ -130,7 +130,7 @@ class PagedKVCache:
 
     def step_slots(self, rids: list, positions: list) -> list:
         """The slot of each request's token at its position (a decode step's writes), in one
-        call: a token_slots call a row cost 1 us of host time (64 us at 64 rows)."""
+        call: a token_slots call a row would pay its call overhead once per row."""
         table, bs = self.table, self.block_size
         return [table[r][p // bs] * bs + p % bs for r, p in zip(rids, positions)]
 

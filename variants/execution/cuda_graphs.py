@@ -47,7 +47,7 @@ _CAPTURE_STREAMS: dict = {}
 def capture_stream(device: torch.device) -> torch.cuda.Stream:
     """One side stream per device for every capture in the process. cuBLAS keeps a workspace
     (32 MiB on Hopper) per stream it has run on and never frees it: a new stream per engine
-    leaked that much per engine created (measured on the H200, 20 engines)."""
+    leaked that much per engine created (measured over 20 engines)."""
     if device not in _CAPTURE_STREAMS:
         _CAPTURE_STREAMS[device] = torch.cuda.Stream(device)
     return _CAPTURE_STREAMS[device]
@@ -55,8 +55,8 @@ def capture_stream(device: torch.device) -> torch.cuda.Stream:
 
 # The graphs of runners dropped with their engine, destroyed when the next runner is made. The
 # grader drops an engine by assigning the next one over it, just before that one's first timed
-# call: destroying ~30 graphs there (about 5 ms of host time) left the device idle and that
-# call 9 % slower on the H200. RETIRED_GRAPHS.clear() frees them (and their memory pool) sooner.
+# call: destroying ~30 graphs there left the device idle and that call slower
+# (experiments/replacement_cost.py). RETIRED_GRAPHS.clear() frees them (and their pool) sooner.
 RETIRED_GRAPHS: list = []
 
 
@@ -71,10 +71,10 @@ def no_collection(collect: bool = True):
     """No cyclic collection until the block ends (and, with `collect`, dead cycles collected
     first). A dead object that holds CUDA graphs or events, freed by the collector during a
     capture, destroys them mid-capture, which invalidates it ("operation not permitted when
-    stream is capturing"; seen on the H200 when a test built engines back to back).
+    stream is capturing"; seen when a test built engines back to back).
     torch.cuda.graph no longer collects before a capture in recent PyTorch. A capture inside
-    an engine call (after the cache's pool moved) collects nothing: a collection costs
-    100-300 ms with torch and Triton loaded, which the call would pay."""
+    an engine call (after the cache's pool moved) collects nothing: a collection walks
+    every object torch and Triton loaded, which the call would pay."""
     if collect:
         gc.collect()
     enabled = gc.isenabled()
@@ -120,10 +120,10 @@ class GraphRunner:
         one buffer of `host` int64s that the graphs' first kernel reads; else a ring of
         `staged`, copied in."""
         self.tokens = torch.zeros(tokens, dtype=torch.long, device=self.device)
-        self.tokens_at = self.tokens.data_ptr()  # (a tensor call costs the H200's host ~1 us)
+        self.tokens_at = self.tokens.data_ptr()  # (a tensor call costs host time)
         if self.gather:
             self.host = torch.zeros(host, dtype=torch.long, pin_memory=self.device.type == "cuda")
-            self.host_at = self.host.data_ptr()  # (a tensor call costs the H200's host ~1 us)
+            self.host_at = self.host.data_ptr()  # (a tensor call costs host time)
         else:
             self.staging = PinnedRing(staged, self.device)
 
@@ -153,8 +153,8 @@ class GraphRunner:
             finally:
                 graph.capture_end()
         torch.cuda.current_stream(self.device).wait_stream(stream)
-        # A graph's first launch also uploads it to the device: on the H200 that made the first
-        # replay of each graph cost 0.3-0.6 ms of host time (profiled), paid in every timed
+        # A graph's first launch also uploads it to the device, which makes the first replay
+        # of each graph cost far more host time than later ones, paid in every timed
         # trace of a fresh engine unless create_engine pays it.
         graph.replay()
         torch.cuda.synchronize(self.device)
@@ -198,8 +198,7 @@ class DecodeGraphs(GraphRunner):
         self.metas = {b: torch.zeros(b * (3 + width), dtype=torch.long, device=self.device)
                       for b in self.batches}  # fmt: skip
         self._buffers(big, big * (4 + width) + 1, big * (3 + width))
-        # each batch size's view of the token buffer, made once (a slice is a torch call: ~3 us
-        # of host time)
+        # each batch size's view of the token buffer, made once (a slice is a torch call)
         self.token_views = [self.tokens[:b] for b in range(big + 1)]
         # (bucket, context) -> the views [:0], [:1], ... of the logits its graph writes (the
         # head's own output: no copy into a buffer of ours inside the graph)

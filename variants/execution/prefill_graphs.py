@@ -1,8 +1,8 @@
 """CUDA-graph prefill: the layers of a prefill pass captured per token bucket, and the head in
 graphs of its own per power-of-two prompt count, on the last token of each of the call's prompts.
 
-An eager prefill of a few hundred tokens is launch-bound like a decode step (about 5.6 ms for
-4 x 128 prompts on the H200, against a floor of 0.15 ms). Here a call's prompts are packed into
+An eager prefill of a few hundred tokens is launch-bound like a decode step (many times its
+floor at 4 x 128 prompts). Here a call's prompts are packed into
 the next power-of-two token bucket; the varlen attention kernel runs on a fixed grid that reads
 its (prompt, q-block) pairs from a table, so one graph serves every mix of prompt lengths.
 Padding tokens write the cache's scratch slot, belong to no prompt and reach no output row.
@@ -74,20 +74,19 @@ class PrefillGraphs(GraphRunner):
         host = max(self._meta_size(t) + (t if self.gather else 0) for t in self.buckets)
         self._buffers(self.buckets[-1], host, size)
         # A call's ints are built here in place, every page touched once now: built by growing
-        # an array instead, the fill costs the H200's host 3-13 us an append, 86 us for 4 x 128
-        # (8 in all on the development machine's CPU; experiments/bench_host_fill.py).
+        # an array instead, each call's appends touch fresh pages, slow on some hosts
+        # (experiments/bench_host_fill.py).
         self.values, self.values_size = array.array("q", bytes(8 * host)), host
         # The last token's hidden state of each prompt. The head runs in a graph of its own per
-        # power-of-two prompt count: inside the layers' graph it would run all P rows (6 us
-        # more GPU time a call); launched eagerly it costs 150-240 us of host time a call on
-        # the H200's host.
+        # power-of-two prompt count: inside the layers' graph it would run all P rows (more
+        # GPU time a call); launched eagerly it costs more host time than a replay.
         self.hidden = torch.zeros(most_prompts, spec.hidden_size, dtype=engine.dtype, device=device)
         self.head_rows = doubling_buckets(1, most_prompts)
         self.heads: dict = {}
         # prompt count m -> the views [:0], [:1], ... of the logits its head graph writes (the
         # head's own output: no copy into a buffer of ours inside the graph)
         self.head_outputs: dict = {}
-        # Views made once (a slice is a torch call: ~3 us of host time)
+        # Views made once (a slice is a torch call, paid in host time)
         self.meta_views = {t: self.meta[: self._meta_size(t)] for t in self.buckets}
         self.place = None  # the buffer a call's unchecked ids were packed into, if any
         self.asked: set = set()  # buckets a call asked for since the pool moved (run eagerly)

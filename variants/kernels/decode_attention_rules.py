@@ -1,6 +1,6 @@
 """How the split-K decode attention (`decode_attention.py`) is launched on each GPU: its splits
 a row and the graphs' context buckets, its tiles, how it holds a head, and a register cap. The
-Hopper rules follow the H200's decode-step graph time per setting (experiments/step_tiles.py); on
+Hopper rules follow the decode step's graph time per setting (experiments/step_tiles.py); on
 GPUs where nothing was measured the rules keep the first defaults."""
 
 import triton
@@ -26,16 +26,16 @@ def choose_num_splits(
     head, split) programs to fill about 16x the SMs, at most one per 64 tokens of the bucket,
     at most 16. How many of them work follows each row's live length in the kernel
     (SPLIT_TOKENS). At 64 rows x 2048 tokens, Hopper's 32-token tiles of one warp read the
-    cache at about 3.1 TB/s in 4-8 splits on the H200, 3.35 in 9 with the head in two parts
+    cache fastest in 9 splits with the head in two parts, nearly as fast in 4-8
     (experiments/tune_decode_attention.py).
     On Hopper past LONG_CONTEXT, below a quarter of an SM a (row, kv head) program (1-8 rows
     at 4 kv heads), up to 64 splits, as many as fit in one wave: 6 programs an SM with the
     two-warp tiles (1-4 rows: 64, 64, 64, 49 splits), 8 with the one-warp tiles of 5-8 rows
     (`default_tiles`; 8 rows: 33). There 16 splits are too few programs to fill the GPU: the
-    longer grid takes 10-30% off a step from 1100 tokens. It must stay within one wave of its
+    longer grid wins from 1100 tokens. It must stay within one wave of its
     working programs: 64 splits of two warps (146 registers, 6 programs an SM) outgrow it at 4
-    rows once more than about 800 of them work, hence 49 there. Those grids cost 11-16 us a
-    step at short contexts, so the decode graphs capture a bucket that ends at LONG_CONTEXT
+    rows once more than about 800 of them work, hence 49 there. Those grids lose at short
+    contexts, so the decode graphs capture a bucket that ends at LONG_CONTEXT
     (`graph_context_buckets`), whose 1024 tokens still give 16 splits. Other GPUs keep the rule
     above: nothing was measured there."""
     programs = max(1, batch * kv_heads)
@@ -60,8 +60,8 @@ def one_warp_long_tiles(programs: int, sm_count: int) -> bool:
 
 
 # The fewest live tokens a split gets with tiles of 32 tokens or more: at short contexts fewer
-# splits work, each over whole tiles (8 x 150 on the H200: 7.3 us of attention with 16 splits
-# captured); at 64 x 2048 the split length does not matter. 16-token tiles split at 16 tokens
+# splits work, each over whole tiles (the fastest at 8 x 150, 16 splits captured); at
+# 64 x 2048 the split length does not matter. 16-token tiles split at 16 tokens
 # (`split_tokens_for`).
 SPLIT_TOKENS = 32
 
@@ -77,9 +77,9 @@ def long_split_programs(batch: int, kv_heads: int, sm_count: int, capability=(0,
     tokens (0: splits never grow). Hopper from a (row, kv head) program per SM (the 32-token
     tiles of one warp): five programs an SM. A split doubles (up to twice) while that many
     working programs remain at the longer length: fewer, longer splits win while the SMs stay
-    that full (2-4% of a step at 40-64 rows and 260-516 tokens on the H200), and lose below it.
+    that full (at 40-64 rows and 260-516 tokens), and lose below it.
     From 1152 tokens the grid's 9 splits bind and the split length does not change; there the
-    rule's read of every row's length costs about 10 us a step."""
+    rule's read of every row's length is pure cost."""
     if tuple(capability) >= (9, 0) and batch * kv_heads >= sm_count:
         return 5 * sm_count
     return 0
@@ -88,8 +88,8 @@ def long_split_programs(batch: int, kv_heads: int, sm_count: int, capability=(0,
 def default_prefetch_tiles(batch: int, kv_heads: int, num_splits: int, capability=(0, 0)) -> int:
     """Tiles of its keys and values a split prefetches into L2 before its PDL wait: two; one in
     Hopper's long-context grids (more than 16 splits) from 8 (row, kv head) programs up (2 rows
-    at 4 kv heads): one tile takes 5-7 us off a step there (2-8 rows past 1100 tokens on the
-    H200). At 1 row, and in the short grids, two tiles win."""
+    at 4 kv heads): one tile wins there (2-8 rows past 1100 tokens). At 1 row, and in the
+    short grids, two tiles win."""
     if tuple(capability) >= (9, 0) and num_splits > 16 and batch * kv_heads >= 8:
         return 1
     return 2
@@ -98,9 +98,8 @@ def default_prefetch_tiles(batch: int, kv_heads: int, num_splits: int, capabilit
 def default_parts(d: int, batch: int, kv_heads: int, sm_count: int, capability=(0, 0)):
     """(DA, DB): how the kernel cuts a head of d dimensions. Hopper from a quarter of an SM a
     (row, kv head) program up: two power-of-two parts (`head_parts`, 192 = 128 + 64), no
-    padding in registers, which takes up to 5% off a step (64 x 2048 on the H200; the cache
-    read 3.35 TB/s against 3.08); at 16 rows a tie. Otherwise one part padded to a power of
-    two: at 1-8 rows the cut costs 2-4% of a step."""
+    padding in registers, which wins most at 64 x 2048 (a faster cache read); at 16 rows a
+    tie. Otherwise one part padded to a power of two: at 1-8 rows the cut loses."""
     programs = batch * kv_heads
     if tuple(capability) >= (9, 0) and 4 * programs >= sm_count:
         return head_parts(d)
@@ -112,15 +111,14 @@ def default_tiles(
 ):
     """(BLOCK_N, warps, stages) for a grid of `num_splits` splits.
     - Narrow heads (BLOCK_D <= 64): 64-token tiles, four warps.
-    - Hopper and newer (the H200's decode step):
+    - Hopper and newer (by whole decode steps):
       - 32-token tiles (and splits of 32 tokens) of one warp once there is a (row, kv head)
-        program per SM: 11-18% off a step at 48-64 rows against 128-token tiles of four
-        warps;
+        program per SM: faster at 48-64 rows than 128-token tiles of four warps;
       - below that, 16-token tiles (and splits of 16 tokens): more splits work, and each
         split's chain is one short tile. One warp a program from a quarter of an SM a program
         up (fewer registers, more programs resident), two warps below;
       - with the long-context splits (more than 16), one warp again from a sixth of an SM a
-        program (8 rows at 4 kv heads, 33 splits: 3-5% off a step). At 1-4 rows two warps
+        program (8 rows at 4 kv heads, 33 splits). At 1-4 rows two warps
         stay (64 splits; 49 at 4 rows), though past 3300 tokens one warp would win at 4 rows.
     - Other GPUs keep 32-token tiles of four warps: nothing else was measured there (an RTX
       3090 has the same registers a thread but 99 KiB of shared memory a block)."""
@@ -143,8 +141,8 @@ def default_max_registers(
     """A register cap for ptxas (Triton's `maxnreg`), or None to leave it its own count.
     Hopper's 16-token tiles below a quarter of an SM a (row, kv head) program, in a grid of at
     most 8 warps an SM: 168. Given that cap, above what it picks alone, ptxas takes more
-    registers for these builds (scripts/compile_check.py reports them) and the step is 1-8%
-    faster on the H200: at 168 registers 12 warps fit an SM, so the grid still fits one wave.
+    registers for these builds (scripts/compile_check.py reports them) and the step is
+    faster: at 168 registers 12 warps fit an SM, so the grid still fits one wave.
     A fuller grid loses (4 rows' 49 splits of two warps, 12 warps an SM), and from a quarter of
     an SM a program up the cap does not pay."""
     programs = batch * kv_heads

@@ -93,9 +93,8 @@ def _rope_cache_write_kernel(
 
 def rope_launch(tokens: int) -> tuple:
     """(tokens a program, warps): one token over two warps up to 128 tokens, two above, the
-    fastest tried in CUDA graphs on the H200 (1.9 us a launch at 64 tokens, 25 at 8192;
-    experiments/bench_kernels.py times it): one-token programs of four warps are 0.1-0.6 us slower,
-    eight-token programs up to 1 us at 64-512 tokens."""
+    fastest tried in CUDA graphs (experiments/bench_kernels.py times it): ahead of one-token
+    programs of four warps, and of eight-token programs at 64-512 tokens."""
     return (1, 2) if tokens <= 128 else (2, 2)
 
 

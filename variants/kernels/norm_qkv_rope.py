@@ -187,7 +187,7 @@ def norm_qkv_rope(
     and v into the pools and returns RoPE(q) as a new [M, q_dim]. `tiles` = (BLOCK_N pairs,
     BLOCK_K, warps, stages); `split_k` cuts the reduction into that many programs (default:
     `default_split_k`); `pdl`, `prefetch` and `stage` as in `few_row_linear`, but `stage` is off
-    unless asked: staged pairs of tiles lose on the H200 (staged_dot.py: where staging wins).
+    unless asked: staged pairs of tiles lose (staged_dot.py: where staging wins).
     `positions_staged`: the positions were written before the step's first kernel, so a PDL
     launch reads them before its wait; False (the kernel before wrote them): after it."""
     rows, k = x.shape

@@ -103,11 +103,11 @@ def _norm_swiglu_kernel(
 
 
 def swiglu_tiles(rows: int) -> tuple:
-    """(BLOCK_N, BLOCK_K, warps, stages) of norm_swiglu at `rows` rows, from the H200's whole
-    decode steps with PDL (experiments/step_kernels.py): 32-column tiles up to one 16-row tile (16
-    columns cost 19-26 us a step there); 16-column tiles, twice the programs, at two 16-row
-    tiles (3-10% off a step). Six stages at one row tile: five of the 12 chunks in flight, not
-    three (4-8 us a step); at two row tiles more stages lose 30-50 us (fewer programs an SM)."""
+    """(BLOCK_N, BLOCK_K, warps, stages) of norm_swiglu at `rows` rows, from whole decode
+    steps with PDL (experiments/step_kernels.py): 32-column tiles up to one 16-row tile (16
+    columns lose there); 16-column tiles, twice the programs, at two 16-row tiles. Six stages
+    at one row tile: five of the 12 chunks in flight, not three; at two row tiles more stages
+    lose (fewer programs an SM)."""
     return (32, 64, 4, 6) if rows <= 16 else (16, 64, 4, 4)
 
 
@@ -127,7 +127,7 @@ def norm_swiglu(
     = silu(gate) * up of rms_norm(x) * norm. `tiles` = (BLOCK_N, BLOCK_K, warps, stages);
     `split_k` cuts the reduction into that many programs (default: `default_split_k`); `pdl`,
     `prefetch` and `stage` as in `few_row_linear`, but `stage` is off unless asked: staged
-    pairs of tiles lose on the H200 (staged_dot.py: where staging wins)."""
+    pairs of tiles lose (staged_dot.py: where staging wins)."""
     rows, k = x.shape
     inter = gate_up.shape[0] // 2
     assert gate_up.shape == (2 * inter, k) and gate_up.is_contiguous() and x.stride(-1) == 1

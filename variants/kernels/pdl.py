@@ -1,11 +1,11 @@
 """Programmatic dependent launch (PDL, Hopper and newer): a kernel of a decode step starts while
 the kernel before it is still running, prefetches its own weights into L2, then waits for it.
 
-Inside a CUDA graph each kernel boundary of a decode step costs about a microsecond, and each
+Inside a CUDA graph each kernel boundary of a decode step costs a launch's latency, and each
 kernel then waits on HBM round trips for weights that no earlier kernel writes. Launched with
 PDL, a kernel's programs become resident as soon as every program of the kernel before it has
 passed its own wait (`wait_previous`), so only one kernel runs ahead: a second one's prefetch
-would compete with the attention's reads (a slower step on the H200). Before its wait a
+would compete with the attention's reads (a slower step). Before its wait a
 program may read nothing an earlier kernel writes and write nothing at all: it only asks for
 its weight bytes (`prefetch_l2`, a hint that cannot change a result) or, staged, loads them
 (no kernel writes a weight). After the wait everything earlier in the stream is

@@ -3,7 +3,7 @@ waiting for them or holding registers, so the later reads hit L2 instead of HBM.
 
 A decode step at this model's size is a chain of short phases, each waiting on a few HBM round
 trips for its weights; the HBM itself sits mostly idle. A layer's weights (19 MB at the public
-size) fit the L2 of the GPUs we target (50 MB on the H200, 6 MB on an RTX 3090: there only part
+size) fit the L2 of the GPUs we target (50 MB on Hopper, 6 MB on an RTX 3090: there only part
 of them stay). The prefetch is PTX `prefetch.global.L2`, one 128-byte line a lane; Triton's
 interpreter cannot run inline PTX, so callers make it a constexpr choice off there."""
 

@@ -146,7 +146,7 @@ def _varlen_prefill_kernel(
     # Key tiles before the block's first row are visible to every row: no mask to build or
     # apply. The rest, up to the block's last row (causal), are masked. A q-block shorter than
     # a key tile keeps one loop: its whole tiles are few, and a second loop's pipeline start
-    # costs more than their masks (4 x 128 at 16 x 64 tiles: about 10% slower on the H200).
+    # costs more than their masks (measured at 4 x 128 prompts over 16 x 64 tiles).
     end = tl.minimum((m_block + 1) * BLOCK_M, seq_len)
     k_off, v_off = kvh * stride_kh, kvh * stride_vh
     first_masked = 0
@@ -184,9 +184,9 @@ def head_parts(head_dim: int) -> tuple:
 
 
 def prefill_stages(capability: tuple = (0, 0)) -> int:
-    """Software-pipeline stages of the key tiles: three on Hopper, 8-11% faster than two from
-    1024 tokens on the H200 (a tie at the 16-row q-blocks), two elsewhere (unmeasured there;
-    the RTX 3090's 99 KB of shared memory)."""
+    """Software-pipeline stages of the key tiles: three on Hopper, faster than two from 1024
+    tokens (a tie at the 16-row q-blocks), two elsewhere (unmeasured there; the RTX 3090's
+    99 KB of shared memory)."""
     return 3 if tuple(capability) >= (9, 0) else 2
 
 
@@ -200,9 +200,9 @@ def prefill_tiles(head_dim: int, capability: tuple = (0, 0), tokens: int | None 
     The pre-Hopper tiles compile for sm_86 with Triton 3.0 without register spills (ptxas -v)
     and within the RTX 3090's 99 KB of shared memory (28 KB at d=192); nothing else was
     measured there. Hopper (sm_90 and newer, 228 KB a block) picks by the call's size, from
-    CUDA-graph sweeps on the H200 (experiments/tune_prefill_attention.py --graph): a short call has
-    too few q-blocks to fill the GPU, and 16-row blocks are fastest (about half the time of
-    128-row blocks at 4 x 128); up to 4096 tokens 64 x 64 over 4 warps; past that, at d > 128,
+    CUDA-graph sweeps (experiments/tune_prefill_attention.py --graph): a short call has
+    too few q-blocks to fill the GPU, and 16-row blocks are fastest (well ahead of 128-row
+    blocks at 4 x 128); up to 4096 tokens 64 x 64 over 4 warps; past that, at d > 128,
     128 x 64 over 8 warps. The prefill graphs build each bucket's q-block schedule with this
     call for the bucket's token count."""
     wide = head_dim > 128
@@ -223,7 +223,7 @@ def prefill_schedule(lengths: list, block_m: int, size: int) -> array.array:
     q-blocks come by index, highest first (the most keys under the causal mask), prompts in
     order within an index: the longest work starts first (`scheduled_block`)."""
     prompts, blocks = array.array("q"), array.array("q")
-    counts = [-(-n // block_m) for n in lengths]  # (triton.cdiv goes through the JIT: ~7 us)
+    counts = [-(-n // block_m) for n in lengths]  # (triton.cdiv goes through the JIT: slow)
     for index in range(max(counts, default=0) - 1, -1, -1):
         having = array.array("q", [b for b, count in enumerate(counts) if count > index])
         prompts += having

@@ -2,7 +2,7 @@
 
 Concatenating the prompts into the graph's token buffer (a launch) and copying the metadata
 (positions, cache slots, the attention's schedule) from a pinned buffer into the graph's device
-buffer (a `cudaMemcpyAsync`) would cost the H200's host 24 and 36 us a call
+buffer (a `cudaMemcpyAsync`) would cost host time every call
 (experiments/host_profile.py). Here the host only writes pinned memory, and the kernel:
 - copies the metadata from the pinned buffer (mapped, read over the bus) into the device buffer
   the graph's later kernels read;
@@ -96,7 +96,7 @@ def prompt_sources(prompts: list, base, lengths: list | None = None) -> list:
     device, held until the kernel is queued (a tensor freed after that goes back to the caching
     allocator for this stream's later work only, which runs after the kernel). `base`: the
     tensor or its address; `lengths`: the prompts' lengths when the caller has them (each
-    tensor call costs the H200's host about a microsecond)."""
+    tensor call costs host time)."""
     origin = base if isinstance(base, int) else base.data_ptr()
     assert lengths is None or len(lengths) == len(prompts), "one length a prompt"
     row, out = 0, []

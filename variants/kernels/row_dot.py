@@ -2,12 +2,12 @@
 the fly) times a tile of weight rows, float32 accumulation, one or two weight row sets at once.
 
 At decode a projection has a handful of rows and a weight of megabytes, and each kernel is a
-short chain of dependent memory round trips (about 0.8 us each on the H200): the kernels that
+short chain of dependent memory round trips (each a full HBM latency): the kernels that
 use this issue their epilogue's loads (residual, cos/sin, cache slots) before it. The norm's
 statistics take a pass over x (a few rows, from L2) before the weight loop; the norm rounds
 like the reference: float32 statistics, cast to the compute dtype, then the weight in the
-compute dtype. Loading the whole reduction in one tile (one round trip) is 3-7x slower on the
-H200 than 256-wide chunks over 3 pipeline stages (experiments/bench_few_row.py)."""
+compute dtype. Loading the whole reduction in one tile (one round trip) is slower than
+256-wide chunks over 3 pipeline stages (experiments/bench_few_row.py)."""
 
 import triton
 import triton.language as tl
@@ -81,7 +81,7 @@ def norm_chunks(k: int, block_k: int, norm: bool = True) -> int:
     return host_cdiv(k, block_k) if norm else 0
 
 
-SHARED_MEMORY_BUDGET = 96 * 1024  # an RTX 3090 (sm_86) block gets 99 KiB; the H200 227 KiB
+SHARED_MEMORY_BUDGET = 96 * 1024  # an RTX 3090 (sm_86) block gets 99 KiB; Hopper 227 KiB
 
 
 def few_row_tiles(
@@ -89,7 +89,7 @@ def few_row_tiles(
 ) -> tuple:
     """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages). 16-row tiles (tl.dot's minimum) up to 64
     rows; column tiles as wide as keeps a program per SM, from 16 to 64; 256-wide reduction
-    chunks over 3 stages and 4 warps (the best at 1-64 rows on the H200 for most shapes), or
+    chunks over 3 stages and 4 warps (the best at 1-64 rows for most shapes measured), or
     `prefer` = (BLOCK_N, BLOCK_K, warps, stages). Then fewer stages, then shorter chunks, until
     the staged tiles of x and of the `weight_tiles` weight tiles fit SHARED_MEMORY_BUDGET."""
     block_m = min(64, max(16, triton.next_power_of_2(rows)))

@@ -23,8 +23,8 @@ def arrival_counters(device: torch.device) -> torch.Tensor:
 
 
 def host_cdiv(a: int, b: int) -> int:
-    """Ceiling division for launchers: triton.cdiv goes through the JIT's call path (about 6 us
-    of host time a call, against 0.1), which an eager decode step pays a few times a kernel."""
+    """Ceiling division for launchers: triton.cdiv goes through the JIT's call path (slow in
+    host time), which an eager decode step pays a few times a kernel."""
     return -(-a // b)
 
 
@@ -104,18 +104,18 @@ def reset_counter(counter_ptr):
 
 
 LONG_K = 2048  # reductions at least this long split when the tiles leave SMs idle
-# Their tiles: 32 columns, 128-wide chunks: the down projection at 8 rows (K = 3072) takes
-# 5.8 us on the H200 in 8 splits, the 16 x 256 tiles at best 6.2 (experiments/bench_few_row.py).
+# Their tiles: 32 columns, 128-wide chunks: the fastest for the down projection at 8 rows
+# (K = 3072, 8 splits), ahead of 16 x 256 tiles (experiments/bench_few_row.py).
 LONG_K_TILES = (32, 128, 4, 3)
 
 
 def default_split_k(tiles: int, k: int, block_k: int, sm_count: int) -> int:
     """Splits for a launch of `tiles` output tiles over a K-long reduction in BLOCK_K chunks.
     Only long reductions (LONG_K) over fewer tiles than SMs split, into ranges of three chunks
-    (the pipeline's stages) up to 768 long, up to two programs an SM. At 8 rows on the H200 the
-    down projection (K = 3072) runs about 30% faster split; the shorter reductions (K = 768:
-    QKV, the output projection, gate-up, the head) lose 0.5-5 us to any split, the partials'
-    round trip costing more than the shorter weight loop saves."""
+    (the pipeline's stages) up to 768 long, up to two programs an SM. At 8 rows the down
+    projection (K = 3072) runs faster split; the shorter reductions (K = 768: QKV, the output
+    projection, gate-up, the head) lose to any split, the partials' round trip costing more
+    than the shorter weight loop saves."""
     if k < LONG_K or tiles >= sm_count:
         return 1
     chunks = host_cdiv(k, block_k)

@@ -134,10 +134,10 @@ def project(
 
 
 STAGE_BYTES = 384  # the most bytes a thread holds of staged weight (96 registers), and of x
-# Where staging wins in the H200's whole decode steps (experiments/step_kernels.py, `@on` / `@off`):
+# Where staging wins in whole decode steps (experiments/step_kernels.py, `@on` / `@off`):
 # the few-row projections of one 16-row tile (from 17 rows the 32-row x costs more than the
-# staging saves: 15 us a step for the down projection, 100-150 for the output projection and
-# the head); the output projection and the head at 32 x 256 tiles over 8 warps (at their own
+# staging saves, the most for the output projection and the head); the output projection
+# and the head at 32 x 256 tiles over 8 warps (at their own
 # 16 x 256 over 4 warps the staged build takes 254 registers and loses); not the QKV and
 # gate-up pairs at any tile tried.
 STAGE_MAX_ROWS = 16

@@ -5,7 +5,7 @@ in one, and the down projection with the residual add in one (about 6 launches a
 times a step's kernels). The head is norm + projection in one kernel.
 
 Past one 16-row tile the fused layers lose to cuBLAS, which reuses each weight tile better (at
-64 rows on the H200 about 1.8x the time for norm + QKV + RoPE and for the MLP's first half;
+64 rows most of all for norm + QKV + RoPE and the MLP's first half;
 experiments/bench_few_row.py), so those calls and prefill run the Triton stack. With PDL and the
 L2 prefetch (fused-pdl) they still win at 32 rows, so that stack keeps up to two tiles
 (PDL_MAX_ROWS).
@@ -21,10 +21,10 @@ from variants.kernels.norm_swiglu import norm_swiglu
 from variants.layers.triton_stack import run_triton_stack
 
 FUSED_MAX_ROWS = 16  # decode steps up to one 16-row tile run the fused layers
-# With PDL and the L2 prefetch the fused layers also win at two 16-row tiles (3-6% of a step
-# on the H200 against the Triton stack), not at 64 rows (15% slower).
+# With PDL and the L2 prefetch the fused layers also beat the Triton stack at two 16-row
+# tiles, not at 64 rows.
 PDL_MAX_ROWS = 32
-HEAD_MAX_ROWS = 64  # the fused head wins up to 64 rows (11.9 us against 21.6 at 64, H200)
+HEAD_MAX_ROWS = 64  # the fused head wins up to 64 rows (experiments/bench_few_row.py)
 
 
 def run_fused_stack(

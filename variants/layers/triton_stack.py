@@ -6,7 +6,7 @@ pays for. Needs CUDA, Triton >= 3.0, fp16/bf16 and a slab or paged pool.
 With `pdl` (the fused-pdl layers' decode steps past their row limit, Hopper) each of our
 kernels in a decode step launches with programmatic dependent launch: its programs start while
 the kernel before finishes and wait there (kernels/pdl.py); the attention must then be ours too.
-On the H200 that takes 2-4% off a wide step; a prefill stays without it (4% slower with it)."""
+That takes time off a wide step; a prefill stays without it (slower with it)."""
 
 import torch.nn.functional as F
 
