@@ -479,8 +479,9 @@ def test_the_rules_search_descends_again_from_the_neutral_launch(course, monkeyp
     assert neutral != tuner.prior_launch(spec, *key, SMS, HOPPER)
 
     class Engine:
-        class attention:
-            knobs: dict = {}
+        class model:
+            class attention:
+                knobs: dict = {}
 
         def remove(self, ids):
             pass
