@@ -37,7 +37,7 @@ def anatomy(config: dict, weights: str, variant, budget_gib) -> dict:
     engine = build_engine(config, weights, "cuda", variant, memory_budget_gib=budget_gib)
     torch.cuda.synchronize()
     held = torch.cuda.memory_allocated() - before
-    parts = {"weights": engine.weights.nbytes(), "kv_cache": engine.cache.memory_bytes()}
+    parts = {"weights": engine.model.weights.nbytes(), "kv_cache": engine.cache.memory_bytes()}
     parts["graphs_and_buffers"] = held - sum(parts.values())
     limit = engine.cache.limit_bytes
     engine = None
