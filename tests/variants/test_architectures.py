@@ -19,11 +19,13 @@ VARIANTS = [
     Variant(cache="paged", block_size=16, attention="manual", fuse_qkv=False),
     Variant(cache="contiguous", attention="sdpa", fuse_gate_up=False),
 ]
-STEPS = 40  # decode steps past an 8- and a 5-token prompt: 48 positions, three windows of 16
+# two prompts, one longer than Mistral's window of 16, then decode steps together: up to 60
+# positions, almost four windows
+LENGTHS, STEPS = [24, 5], 36
 
 
 def tokens_of(vocab: int) -> torch.Tensor:
-    return torch.randint(0, vocab, (2, 8 + STEPS), generator=torch.Generator().manual_seed(3))
+    return torch.randint(0, vocab, (2, 64), generator=torch.Generator().manual_seed(3))
 
 
 def transformers_logits(folder, tokens) -> torch.Tensor:
@@ -35,13 +37,12 @@ def transformers_logits(folder, tokens) -> torch.Tensor:
 
 
 def worst_difference(engine, tokens, theirs) -> float:
-    """The largest difference from transformers' logits over the logits' scale: request 0's
-    prompt is 8 tokens, request 1's 5, then both decode together."""
-    lengths = [8, 5]
-    out = engine.prefill([0, 1], [tokens[0, :8], tokens[1, :5]])
-    worst = max((out[r] - theirs[r, n - 1]).abs().max().item() for r, n in enumerate(lengths))
-    for step in range(STEPS - 3):
-        at = [n + step for n in lengths]
+    """The largest difference from transformers' logits over the logits' scale: the prompts
+    (LENGTHS) prefilled together, then both decode together."""
+    out = engine.prefill([0, 1], [tokens[r, :n] for r, n in enumerate(LENGTHS)])
+    worst = max((out[r] - theirs[r, n - 1]).abs().max().item() for r, n in enumerate(LENGTHS))
+    for step in range(STEPS):
+        at = [n + step for n in LENGTHS]
         out = engine.decode([0, 1], torch.stack([tokens[r, p] for r, p in enumerate(at)]))
         worst = max(worst, *((out[r] - theirs[r, p]).abs().max().item() for r, p in enumerate(at)))
     engine.remove([0, 1])
