@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from search.setup import UserError, resolve_device
+from variants.probe import UserError, resolve_device
 from variants.serving.sampling import SEEDS, SamplingParams, TokenSampler
 
 log = logging.getLogger(__name__)

@@ -11,15 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from search.setup import UserError
-from serving.generate import (
-    GenerateError,
-    eos_ids,
-    load_engine,
-    load_tokenizer,
-    model_config,
-    resolve_device,
-)
+from serving.generate import GenerateError, eos_ids, load_engine, load_tokenizer, model_config
+from variants.probe import UserError, resolve_device
 
 log = logging.getLogger(__name__)
 

@@ -2,6 +2,8 @@
 
 The search space is filtered through it, so a trial never starts a component the installed stack
 lacks; `why_invalid` rejects a hand-written Variant before anything is built, with the reason.
+`resolve_device` checks the device a command names; `UserError` is bad input to any of our
+commands (the search's, the sweep's, serving's), here because they all import this layer.
 """
 
 from __future__ import annotations
@@ -12,6 +14,32 @@ import shutil
 from dataclasses import dataclass
 
 import torch
+
+
+class UserError(ValueError):
+    """Bad input to a command (a path, config, device or study name): its one-line message names
+    the problem and the fix; the command prints it and exits 2 (`--debug`: the traceback)."""
+
+
+def resolve_device(text: str) -> str:
+    """The device a command names (auto: CUDA where torch sees it), checked against this
+    machine."""
+    if text == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cuda", "cpu"):
+        raise UserError(f"--device must be auto, cpu, cuda or cuda:N, got {text!r}")
+    if device.type == "cpu" and device.index is not None:
+        raise UserError(f"--device {text}: the CPU takes no index; use --device cpu")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {text}, but torch sees no CUDA device; use --device cpu")
+    count = torch.cuda.device_count() if device.type == "cuda" else 0
+    if device.type == "cuda" and device.index is not None and device.index >= count:
+        raise UserError(f"--device {text}, but torch sees {count} CUDA device(s)")
+    return text
 
 
 def version_tuple(text: str) -> tuple[int, int]:
