@@ -15,6 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
+from variants import registry
+from variants.checkpoint.hf_config import config_dtype_name
+from variants.spec import dtype_from_name
+
 
 class UserError(ValueError):
     """Bad input to a command (a path, config, device or study name): its one-line message names
@@ -121,17 +125,13 @@ class Capabilities:
 
     def choices(self, axis_name: str, partial: dict) -> list:
         """Choices of one axis valid on this machine given the earlier choices in `partial`."""
-        from variants.registry import AXES_BY_NAME
-
-        axis = AXES_BY_NAME[axis_name]
+        axis = registry.AXES_BY_NAME[axis_name]
         return [c.value for c in axis.choices if c.requires(self, partial) is None]
 
     def why_invalid(self, variant) -> str | None:
-        from variants.registry import AXES, OPT_IN_AXES
-
         values = dataclasses.asdict(variant)
         partial: dict = {}
-        for axis in AXES + OPT_IN_AXES:
+        for axis in registry.AXES + registry.OPT_IN_AXES:
             if not axis.applies(partial):
                 continue
             value = values[axis.name]
@@ -147,9 +147,6 @@ class Capabilities:
 
 def _canonical_dtype(config: dict) -> str:
     """The config's dtype as the engine reads it (variants.spec), by canonical name."""
-    from variants.checkpoint.hf_config import config_dtype_name
-    from variants.spec import dtype_from_name
-
     try:
         return str(dtype_from_name(config_dtype_name(config))).replace("torch.", "")
     except ValueError:
