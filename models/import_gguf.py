@@ -106,6 +106,8 @@ def write_model_folder(gguf_path, output, force: bool = False, torch_dtype="bflo
     from safetensors.torch import save_file
     from tqdm import tqdm
 
+    # (tokenizers is the models extra: `python -m search` imports this module for its help,
+    # and runs without it)
     from models.gguf_llama import hf_config, hf_state_dict, read_metadata, tensor_rows
     from models.gguf_tokenizer import byte_level_tokenizer, generation_config, tokenizer_config
 

@@ -16,22 +16,22 @@ from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
-from evaluator.engine_loader import OneLineParser
-from search.report import default_report_dir, render_log
+from evaluator.engine_loader import EngineLoadError, OneLineParser
+from search.kernel_phase import kernel_phase
+from search.report import default_report_dir, render_log, summary, trial_line
 from search.setup import (
     DEFAULT_TRIAL_TIMEOUT_S,
     ENGINES_ALIVE,
     Budget,
     SearchSpace,
-    UserError,
     check_arguments,
     choose_gate,
     device_kind,
     measure_ceilings,
-    resolve_device,
     scratch_dir,
     set_up,
 )
+from search.sweep_command import sweep_leaders
 from search.trial import (
     DEFAULT_RENDERER,
     OBJECTIVE_TRACES,
@@ -41,6 +41,7 @@ from search.trial import (
     neutral_tables,
     write_atomic,
 )
+from search.warmup import warm_first, warm_queued
 from search.write import (
     candidates,
     common_failure,
@@ -53,11 +54,14 @@ from search.write import (
     verify_engine,
     write_verified,
 )
-from tuning.warmup import warm_first, warm_queued
-from variants.checkpoint.preflight import resolve_target
+from variants.checkpoint.preflight import TargetError, resolve_target
 from variants.presets import ranked_defaults
-from variants.probe import probe_capabilities
+from variants.probe import UserError, probe_capabilities, resolve_device
 from variants.variant import Variant
+
+# search.study and search.figures import Optuna and matplotlib: the functions that open a study or
+# draw import them, so the main job runs without Optuna (--no-optuna, or none installed) and the
+# other commands start without either.
 
 log = logging.getLogger("search")
 
@@ -136,9 +140,13 @@ RENDER = ("--trial", "--output", "--renderer")
 COMMANDS = {
     "run": ("search.cli:run", TARGET + STUDY + SEARCH + RUN, "search, verify, write the engine"),
     "worker": ("search.cli:worker", TARGET + STUDY + SEARCH, "add trials to a shared study"),
-    "report": ("search.report:report", STUDY + REPORT, "a study's tables, figures and summary"),
+    "report": ("search.cli:report", STUDY + REPORT, "a study's tables, figures and summary"),
     "render": ("search.report:render", STUDY + RENDER, "write one trial's engine file"),
-    "sweep": ("sweep.command:sweep_command", TARGET + STUDY, "time engines over shapes (JSON)"),
+    "sweep": (
+        "search.sweep_command:sweep_command",
+        TARGET + STUDY,
+        "time engines over shapes (JSON)",
+    ),
     "import-gguf": ("models.import_gguf:import_gguf_command", (), "GGUF LLaMA to an HF folder"),
     "generate": ("serving.generate:generate_command", (), "generate text with an engine file"),
     "serve": ("serving.serve:serve_command", (), "an OpenAI-compatible server over an engine"),
@@ -182,9 +190,6 @@ def configure_logging(level: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     """The command's exit code: 0 done, 1 its job failed, 2 a user error (one line; the
     traceback with --debug)."""
-    from evaluator.engine_loader import EngineLoadError
-    from variants.checkpoint.preflight import TargetError
-
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level)
@@ -275,8 +280,6 @@ class RunJob:
                 remeasure(self, records)
         ranked, self.kernels = rank(records), None
         if standing is None and ranked:
-            from tuning.phase import kernel_phase
-
             with self.phase("kernel search", "the kernel search"):  # (the rules stay)
                 self.kernels = kernel_phase(self, ranked[0])
         with self.phase("verify and write"):
@@ -288,8 +291,6 @@ class RunJob:
                 self.study.set_user_attr("verify_seconds", round(done.verification.seconds, 1))
             log.info("wrote %s: %s", self.workspace / "engine.py", done.record.name)
             if self.study is not None:
-                from sweep.command import sweep_leaders
-
                 with self.phase("shape sweep"):
                     self.notes += sweep_leaders(self, reuse=standing is not None)
         else:
@@ -577,4 +578,37 @@ def worker(args) -> int:
     budget = Budget(start + 60 * minutes, timeout)
     ran = st.optimize(study, space, runner, budget, n_trials=args.trials)
     log.info("worker done: %d trial(s) run here; the study now has %d", ran, len(study.trials))
+    return 0
+
+
+# --- `python -m search report` -----------------------------------------------------------------
+
+
+def report(args) -> int:
+    """Print a study's counts, top-N table, the leader's per-trace numbers and the verified best
+    from its storage; write its PNG figures and summary.md (default: next to the storage)."""
+    from search.study import dashboard_command, load_records, locate_study
+
+    study, url = locate_study(args.storage, args.study, args.studies_dir)
+    records = load_records(study)
+    print(f"study {study.study_name} in {url}")
+    print(summary(records, rank(records), args.top))
+    best = study.user_attrs.get("verified_best")
+    if best:
+        print(
+            f"\nverified best: trial {best['trial']} {best['variant_name']} "
+            f"({best['tokens_per_s']:.1f} tokens/s, verified {best['verified_at']})"
+        )
+    if args.all:
+        print("\nAll trials:")
+        for r in records:
+            print(trial_line(r))
+    if not args.no_plots:
+        from search.figures import write_report
+
+        default = default_report_dir(url, study.study_name, args.studies_dir)
+        out = Path(args.out) if args.out else default
+        paths = write_report(study, out, args.top, args.sweep)
+        print(f"\nwrote {len(paths)} file(s) in {out}: " + ", ".join(p.name for p in paths))
+    print(f"\ndashboard: {dashboard_command(url)}")
     return 0

@@ -22,11 +22,12 @@ from search.report import beyond_presets, status_counts, top_table
 from search.study import load_records
 from search.trial import Record
 from search.write import rank
+from sweep import plots as sweep_plots
+from sweep.plots import STYLE, save
 
 MIN_TRIALS_FOR_IMPORTANCE = 4
 TPS = "tokens/s (geometric mean over the traces, screening)"
 MIB = "peak MiB in the grader's pattern (screening)"
-STYLE = {"font.size": 12, "axes.titlesize": 14, "legend.fontsize": 11, "figure.dpi": 100}
 # name: (its caption in summary.md, why it may not be drawn); {why}: param_importances' reason
 CAPTIONS = {
     "tradeoff.png": (
@@ -79,8 +80,6 @@ def write_report(
 
 def _sweep_figures(out_dir: Path, sweep_path: Path | None) -> tuple[list[Path], list[str]]:
     """The shape-sweep PNGs and their summary lines, when a sweep JSON is there."""
-    from sweep import plots as sweep_plots
-
     path = Path(sweep_path) if sweep_path else out_dir / "sweep.json"
     if sweep_path is None and not path.is_file():
         return [], []
@@ -307,13 +306,6 @@ def _floor(r: Record) -> dict[str, float]:
         if out:
             return out
     return {}
-
-
-def save(fig: Figure, path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    return path
 
 
 def png_bytes(fig: Figure) -> bytes:

@@ -1,6 +1,6 @@
 """What a run leaves for people: `workspace/results.log` and its tables (plain text; neither
-Optuna nor matplotlib needed), and the commands that read a stored study back: `report` (the
-tables; search.figures' figures and summary.md) and `render` (one trial's engine file)."""
+Optuna nor matplotlib needed), which the `report` command (search.cli) prints with
+search.figures' figures and summary.md; and the `render` command (one trial's engine file)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ import statistics
 from collections import Counter
 from pathlib import Path
 
-from search.setup import ENGINES_ALIVE, UserError
+from search.kernel_phase import lines as kernel_lines
+from search.setup import ENGINES_ALIVE
 from search.trial import OBJECTIVE_TRACES, Record, load_renderer
 from search.write import Attempt, installed, rank
+from variants.probe import UserError
 from variants.variant import Variant
 
 log = logging.getLogger(__name__)
@@ -313,10 +315,8 @@ def render_log(job, records: list[Record], ranked: list[Record], attempts: list[
         chosen += "\n\n" + beyond_presets(r, records)
     out.append(_section("chosen", chosen))
     if getattr(job, "kernels", None) is not None:
-        from tuning.phase import lines
-
         title = "kernel search (the decode and prefill attention's and few-row kernels' launches)"
-        out.append(_section(title, lines(job.kernels)))
+        out.append(_section(title, kernel_lines(job.kernels)))
     out.append(_section("verification", _verification(attempts)))
     phases = "\n".join(f"{name}: {secs:.1f} s" for name, secs in job.phases.items())
     out.append(_section("time per phase", phases))
@@ -330,44 +330,14 @@ def render_log(job, records: list[Record], ranked: list[Record], attempts: list[
 def default_report_dir(url: str, study_name: str, studies_dir: str | Path = "studies") -> Path:
     """`<dir of the SQLite file or journal>/<study>/`, else (a database server)
     `<studies_dir>/<study>/`."""
-    from search.study import storage_file
+    from search.study import storage_file  # (Optuna: imported where a study is read)
 
     path = storage_file(url)
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", study_name)
     return (path.parent if path else Path(studies_dir)) / safe
 
 
-# --- `python -m search report` and `render` --------------------------------------------------
-
-
-def report(args) -> int:
-    """Print a study's counts, top-N table, the leader's per-trace numbers and the verified best
-    from its storage; write its PNG figures and summary.md (default: next to the storage)."""
-    from search.study import dashboard_command, load_records, locate_study
-
-    study, url = locate_study(args.storage, args.study, args.studies_dir)
-    records = load_records(study)
-    print(f"study {study.study_name} in {url}")
-    print(summary(records, rank(records), args.top))
-    best = study.user_attrs.get("verified_best")
-    if best:
-        print(
-            f"\nverified best: trial {best['trial']} {best['variant_name']} "
-            f"({best['tokens_per_s']:.1f} tokens/s, verified {best['verified_at']})"
-        )
-    if args.all:
-        print("\nAll trials:")
-        for r in records:
-            print(trial_line(r))
-    if not args.no_plots:
-        from search.figures import write_report
-
-        default = default_report_dir(url, study.study_name, args.studies_dir)
-        out = Path(args.out) if args.out else default
-        paths = write_report(study, out, args.top, args.sweep)
-        print(f"\nwrote {len(paths)} file(s) in {out}: " + ", ".join(p.name for p in paths))
-    print(f"\ndashboard: {dashboard_command(url)}")
-    return 0
+# --- `python -m search render` ---------------------------------------------------------------
 
 
 def _pick(study, records: list[Record], number: int | None) -> Record:
@@ -389,7 +359,7 @@ def _pick(study, records: list[Record], number: int | None) -> Record:
 def render(args) -> int:
     """Write the engine file of a trial (default: the study's verified best, else its best
     correct trial)."""
-    from search.study import load_records, locate_study
+    from search.study import load_records, locate_study  # (Optuna)
 
     study, _ = locate_study(args.storage, args.study, args.studies_dir)
     record = _pick(study, load_records(study), args.trial)

@@ -22,22 +22,25 @@ from pathlib import Path
 
 import torch
 
+from evaluator.benchmark_traces import get_trace
 from evaluator.engine_loader import out_of_range
+from evaluator.floor import measure_ceilings as measure_device_ceilings
 from evaluator.gate_choice import select_gate
-from search.trial import CPU_OBJECTIVE_TRACES, OBJECTIVE_TRACES, PRUNE_SHARE, TrialRunner
-from tuning.phase import LEADER_TIMINGS, LEAST_S, search_share_s
+from evaluator.gates import CourseGate, NoiseGate
+from search.trial import (
+    CPU_OBJECTIVE_TRACES,
+    OBJECTIVE_TRACES,
+    PRUNE_SHARE,
+    TrialRunner,
+    load_renderer,
+)
 from variants.checkpoint.preflight import resolve_target
-from variants.probe import probe_capabilities
+from variants.probe import UserError, probe_capabilities, resolve_device
 from variants.registry import AXES
 from variants.spec import ModelSpec
 from variants.variant import Variant
 
 log = logging.getLogger(__name__)
-
-
-class UserError(ValueError):
-    """Bad input to a command (a path, config, device or study name): its one-line message names
-    the problem and the fix; the command prints it and exits 2 (`--debug`: the traceback)."""
 
 
 DEFAULT_BUDGET_MIN = {"cuda": 20.0, "cpu": 5.0}
@@ -93,8 +96,6 @@ def check_arguments(args) -> None:
             f"--sweep {sweep}: no such file; give the JSON `python -m search sweep` wrote"
         )
     if (renderer := given("--renderer")) is not None:
-        from search.trial import load_renderer
-
         try:
             load_renderer(renderer)
         except Exception as exc:  # a module, file or function that is not there
@@ -104,25 +105,6 @@ def check_arguments(args) -> None:
             ) from None
 
 
-def resolve_device(text: str) -> str:
-    if text == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(text)
-    except RuntimeError:
-        device = None
-    if device is None or device.type not in ("cuda", "cpu"):
-        raise UserError(f"--device must be auto, cpu, cuda or cuda:N, got {text!r}")
-    if device.type == "cpu" and device.index is not None:
-        raise UserError(f"--device {text}: the CPU takes no index; use --device cpu")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"--device {text}, but torch sees no CUDA device; use --device cpu")
-    count = torch.cuda.device_count() if device.type == "cuda" else 0
-    if device.type == "cuda" and device.index is not None and device.index >= count:
-        raise UserError(f"--device {text}, but torch sees {count} CUDA device(s)")
-    return text
-
-
 def device_kind(device: str) -> str:
     """ "cuda" or "cpu": what the defaults (budget, trial limit, traces, sweep) depend on."""
     return "cuda" if device.startswith("cuda") else "cpu"
@@ -130,9 +112,7 @@ def device_kind(device: str) -> str:
 
 def measure_ceilings(device: str) -> dict | None:
     try:
-        from evaluator.floor import measure_ceilings as measure
-
-        return measure(device).to_dict()
+        return measure_device_ceilings(device).to_dict()
     except Exception as exc:  # floor efficiency is a diagnostic
         log.warning("could not measure the device ceilings: %s", exc)
         return None
@@ -155,8 +135,6 @@ def set_up(job) -> None:
     job.budget_s = 60 * minutes
     job.deadline = job.start + job.budget_s
     job.trial_timeout = args.trial_timeout or DEFAULT_TRIAL_TIMEOUT_S[kind]
-    from sweep.command import sweep_reserve_s
-
     # kept after the search: the shape sweep, and on a GPU the leader's kernel search
     kernels = kind == "cuda" and getattr(args, "kernel_search", False)
     prior = "neutral" if getattr(args, "neutral_kernels", False) else "hand"
@@ -239,6 +217,47 @@ VERIFY_TRIALS = {"cpu": 3.0, "cuda": 1.5}
 KERNEL_SEARCH_AFTER = 3
 # the shape sweep's process start, the figures and results.log (2.8 s on this CPU)
 WRAP_UP_S = 5.0
+# The kernel search (search/kernel_phase.py): the share of the run's budget it may take, and its
+# most seconds
+KERNEL_SHARE, KERNEL_MOST_S = 0.1, 300.0
+# the share from the neutral prior (--neutral-kernels), which has every launch to find: 50 s a
+# search reached 4 of the few-row kernels' 7 row buckets on the H200 (docs/PERF.md)
+NEUTRAL_KERNEL_SHARE = 0.25
+# the least that is worth a search (engine build and compiles aside)
+LEAST_S = 20.0
+# the leader timed with the rules and with the table, in typical trials (a full-protocol
+# timing is about one and a half): kept for it in the study's reserve
+LEADER_TIMINGS = 3.0
+# The shape sweep at the end of run.sh (search/sweep_command.py) adds shapes for at most 90 s on
+# a GPU (less when the budget is nearly spent, never under 20 s: the figures need a few shapes),
+# on a CPU for 10 s. The trials leave it a tenth of a GPU's budget within those bounds: a short
+# budget's time goes to trials, not figures.
+PIPELINE_LIMIT_S = {"cpu": 10.0, "cuda": 90.0}
+MIN_GPU_LIMIT_S = 20.0
+SWEEP_SHARE = 0.1
+# The sweep's engines' builds on a GPU, on top of its shapes' limit (28 s on an H200: 48 s in
+# all at the 20 s limit)
+BUILDS_GPU_S = 28.0
+LEAST_GPU_S = MIN_GPU_LIMIT_S + BUILDS_GPU_S
+
+
+def search_share_s(total_s: float, prior: str) -> float:
+    """The kernel search's seconds in a run of `total_s`: its share from `prior`, at most
+    KERNEL_MOST_S."""
+    return min((KERNEL_SHARE if prior == "hand" else NEUTRAL_KERNEL_SHARE) * total_s, KERNEL_MOST_S)
+
+
+def least_sweep_s(kind: str) -> float:
+    """What the sweep takes at the least: on a GPU `LEAST_GPU_S`, on a CPU its limit."""
+    return PIPELINE_LIMIT_S["cpu"] if kind == "cpu" else LEAST_GPU_S
+
+
+def sweep_reserve_s(kind: str, total_s: float) -> float:
+    """What the trials leave the sweep in a budget of `total_s`: on a GPU its share, at least
+    what it takes at the least and at most its limit; on a CPU its limit."""
+    if kind == "cpu":
+        return PIPELINE_LIMIT_S["cpu"]
+    return max(LEAST_GPU_S, min(PIPELINE_LIMIT_S["cuda"], SWEEP_SHARE * total_s))
 
 
 @dataclass
@@ -290,8 +309,6 @@ class Budget:
 def choose_gate(asked: str, target):
     """(gate, one-line reason): --gate course or noise as asked; auto: the course's exact check
     for the course's float16 target, the noise gate for every other model."""
-    from evaluator.gates import CourseGate, NoiseGate
-
     if asked == "course":
         return CourseGate(measure_noise=True), "course gate: asked for with --gate course"
     if asked == "noise":
@@ -395,8 +412,6 @@ def gate_cases(job, kind: str) -> tuple[str, ...]:
 
 def objective_traces(job, kind: str) -> tuple[str, ...]:
     if job.args.traces:
-        from evaluator.benchmark_traces import get_trace
-
         names = tuple(t.strip() for t in job.args.traces.split(",") if t.strip())
         for name in names or [""]:
             try:

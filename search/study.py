@@ -22,9 +22,10 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 from tqdm import tqdm
 
-from search.setup import Budget, UserError
+from search.setup import Budget
 from search.trial import PRUNE_SHARE, Record
 from variants.presets import PRESETS
+from variants.probe import UserError
 from variants.variant import Variant
 
 log = logging.getLogger(__name__)

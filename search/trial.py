@@ -431,6 +431,8 @@ def trace_attrs(traces: dict[str, dict], prefix: str = "") -> dict:
 
 
 # --- the child: `python -m search.trial JOB.json` -----------------------------------------------
+# Its functions import what they run (the evaluator, the library, the kernel searches and with
+# them Triton, which a CPU trial never loads): a child's imports are timed as its start-up phase.
 
 
 def load_renderer(spec: str):

@@ -15,7 +15,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from search.setup import REMEASURE_TRIALS, WRAP_UP_S, device_kind
+from search.setup import (
+    LEADER_TIMINGS,
+    REMEASURE_TRIALS,
+    WRAP_UP_S,
+    device_kind,
+    least_sweep_s,
+)
 from search.trial import Record, run_child, tail
 from variants.presets import ranked_defaults
 from variants.variant import Variant
@@ -229,9 +235,6 @@ def after_remeasure_s(job, kernels: bool = True) -> float:
     """What the steps after the re-measurement need at the least: the verification (the
     budget's estimate), the shape sweep at its least with the wrap-up and, with `kernels`, the
     kernel search and its leader's timings."""
-    from sweep.command import least_sweep_s
-    from tuning.phase import LEADER_TIMINGS
-
     durations = job.runner.durations
     need = job.budget.verify_estimate_s(durations) + least_sweep_s(device_kind(job.device))
     need += WRAP_UP_S
@@ -332,7 +335,7 @@ def common_failure(records: list[Record], attempts) -> str:
 def remember(job, record: Record) -> None:
     if job.study is None:
         return
-    from search.study import started_trials
+    from search.study import started_trials  # (Optuna: imported where a study is open)
 
     digest = hashlib.sha256((job.workspace / "engine.py").read_bytes()).hexdigest()
     job.study.set_user_attr(

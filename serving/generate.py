@@ -16,7 +16,9 @@ from pathlib import Path
 
 import torch
 
-from search.setup import UserError, resolve_device
+from evaluator.engine_loader import EngineLoadError, load_engine_module, load_model_config
+from serving.chat_template import ChatTemplateError, render_chat
+from variants.probe import UserError, resolve_device
 from variants.serving.sampling import SEEDS, SamplingParams, TokenSampler
 
 log = logging.getLogger(__name__)
@@ -117,8 +119,6 @@ def sampling_params(args) -> SamplingParams:
 
 
 def model_config(model: Path) -> dict:
-    from evaluator.engine_loader import EngineLoadError, load_model_config
-
     if not model.is_dir():
         raise GenerateError(f"--model {model} is not a folder: give the model folder")
     for name in CONFIG_NAMES:
@@ -165,8 +165,6 @@ def encode_prompts(model: Path, tokenizer, texts: list, chat: bool) -> list:
     if not chat:
         prompts = [tokenizer.encode(t).ids for t in texts]
     else:
-        from serving.chat_template import ChatTemplateError, render_chat
-
         try:
             rendered = [render_chat(model, t) for t in texts]
         except ChatTemplateError as exc:
@@ -221,8 +219,6 @@ def run_generate(args) -> int:
 
 def load_engine(path: str, config: dict, model: Path, device: str):
     """create_engine of the engine file, loaded as the grader loads it, on the model folder."""
-    from evaluator.engine_loader import EngineLoadError, load_engine_module
-
     try:
         module = load_engine_module(path)
     except EngineLoadError as exc:

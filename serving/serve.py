@@ -11,15 +11,10 @@ import sys
 import time
 from pathlib import Path
 
-from search.setup import UserError
-from serving.generate import (
-    GenerateError,
-    eos_ids,
-    load_engine,
-    load_tokenizer,
-    model_config,
-    resolve_device,
-)
+from serving.chat_template import ChatTemplateError, chat_renderer
+from serving.generate import GenerateError, eos_ids, load_engine, load_tokenizer, model_config
+from variants.probe import UserError, resolve_device
+from variants.serving.engine_loop import EngineLoop
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +63,9 @@ def serve_command(args) -> int:
         kind = "" if isinstance(exc, UserError) else f"{type(exc).__name__}: "
         print(f"error: {kind}{text}", file=sys.stderr)
         return 2
-    import uvicorn
+    import uvicorn  # (FastAPI and uvicorn: the serve extra, imported once the input is good)
 
     from serving.openai_api import create_app
-    from variants.serving.engine_loop import EngineLoop
 
     loop = EngineLoop(engine, args.max_live, args.max_prefill_tokens).start()
     host, port = sock.getsockname()[:2]
@@ -132,8 +126,6 @@ def load_served_model(args):
 
 
 def chat_renderer_or_none(model: Path):
-    from serving.chat_template import ChatTemplateError, chat_renderer
-
     try:
         return chat_renderer(model)
     except ChatTemplateError as exc:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from evaluator.floor import Ceilings, CostModel, dtype_bytes_for, measure_ceilings
+from variants.build import build_engine
 from variants.variant import Variant
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64)
@@ -70,7 +71,7 @@ def sweep(
     ceilings: Ceilings | dict | None = None,
     floor: bool = True,
     seed: int = 0,
-    build: Callable | None = None,
+    build: Callable = build_engine,
     progress: Callable[[str], None] = lambda line: None,
     on_variant: Callable[[dict], None] | None = None,
 ) -> dict:
@@ -89,8 +90,6 @@ def sweep(
     `on_variant(result)` is called with the partial result after each variant (to write it as it
     goes). Floor values are None when `floor` is False or the ceilings cannot be measured.
     """
-    if build is None:
-        from variants.build import build_engine as build
     dev = torch.device(device)
     context = decode_context(config, context, warmup, decode_repeats)
     lengths = prefill_lengths(config, lengths)

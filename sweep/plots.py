@@ -12,8 +12,8 @@ import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullLocator
 
-from search.figures import STYLE, save
-
+# the look of every figure of ours (search.figures' too)
+STYLE = {"font.size": 12, "axes.titlesize": 14, "legend.fontsize": 11, "figure.dpi": 100}
 DECODE_PNG = "decode_vs_batch.png"
 PREFILL_PNG = "prefill_vs_length.png"
 DECODE_LABELS = ("decode batch size (requests per step)", "decode step time (ms, median)")
@@ -110,6 +110,13 @@ def decode_figure(sweep: dict) -> Figure | None:
 def prefill_figure(sweep: dict) -> Figure | None:
     """Prefill tokens/s of one prompt against its length, one line per engine, and the floor."""
     return _figure(sweep, "prefill", "Prefill throughput vs prompt length (batch 1)")
+
+
+def save(fig: Figure, path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return path
 
 
 def write_sweep_figures(sweep: dict, out_dir) -> list[tuple[Path, str]]:

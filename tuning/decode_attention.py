@@ -36,7 +36,9 @@ import torch
 
 from evaluator.benchmark_traces import SUITES
 from evaluator.traces import Decode, replay
+from variants.build import build_engine
 from variants.execution.cuda_graphs import batch_buckets
+from variants.kernels.decode_attention import paged_decode_attention
 from variants.kernels.decode_attention_rules import (
     choose_num_splits,
     default_max_registers,
@@ -49,7 +51,9 @@ from variants.kernels.decode_attention_rules import (
 )
 from variants.kernels.device import device_capability, device_sm_count
 from variants.kernels.prefill_attention import head_parts
+from variants.presets import PRESETS
 from variants.spec import ModelSpec
+from variants.variant import Variant
 
 # (BLOCK_N, warps, stages) tried for every bucket; the prior's own is tried first
 TILES = ((16, 1, 2), (16, 2, 2), (32, 1, 2), (32, 2, 2), (32, 4, 2), (64, 4, 2))
@@ -238,8 +242,6 @@ class KernelCheck:
         return out
 
     def run(self, launch: dict) -> torch.Tensor:
-        from variants.kernels.decode_attention import paged_decode_attention
-
         return paged_decode_attention(
             self.q, self.k, self.v, self.table, self.lens, self.block, self.scale, **launch,
             pdl=self.pdl, offsets=self.offsets,
@@ -597,8 +599,6 @@ def tune(
     """(table, results): the launch of every decode graph bucket of `variant`'s engine (the
     prior's where the traces never go or the budget ran out) and what the search did per
     bucket, most steps first."""
-    from variants.build import build_engine
-
     spec = ModelSpec.from_config(config)
     device = torch.device(device)
     sm_count = device_sm_count(device)
@@ -670,8 +670,6 @@ def load_or_tune(config, weight_dir, variant, folder, prior="hand", budget_s=120
 def kernel_parser(doc: str) -> argparse.ArgumentParser:
     """The arguments every kernel search's command takes: the target, the assembly, the budget,
     the cache and the output."""
-    from variants.presets import PRESETS
-
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--config", default="target/model_config.json")
     parser.add_argument("--weight-dir", default="target/weights")
@@ -691,9 +689,6 @@ def kernel_parser(doc: str) -> argparse.ArgumentParser:
 
 def kernel_target(args) -> tuple:
     """(config, variant) of a kernel search's command line."""
-    from variants.presets import PRESETS
-    from variants.variant import Variant
-
     config = json.loads(Path(args.config).read_text())
     variant = Variant.from_dict(json.loads(args.variant)) if args.variant else PRESETS[args.preset]
     return config, variant

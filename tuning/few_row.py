@@ -40,8 +40,11 @@ from tuning.decode_attention import (
     trace_buckets,
     tune_bucket,
 )
+from variants.build import build_engine
 from variants.kernels.device import device_capability, device_sm_count
-from variants.kernels.norm_swiglu import swiglu_tiles
+from variants.kernels.few_row_linear import few_row_linear
+from variants.kernels.norm_qkv_rope import norm_qkv_rope
+from variants.kernels.norm_swiglu import norm_swiglu, swiglu_tiles
 from variants.kernels.row_dot import few_row_tiles
 from variants.kernels.split_k import LONG_K, LONG_K_TILES, host_cdiv, splits_for
 from variants.kernels.staged_dot import default_stage, short_staged_tiles
@@ -163,10 +166,6 @@ class FewRowCheck:
         return [rotated[0].flatten(1), rotated[1], v.unflatten(-1, (-1, s.head_dim))]
 
     def run(self, launch: dict) -> list:
-        from variants.kernels.few_row_linear import few_row_linear
-        from variants.kernels.norm_qkv_rope import norm_qkv_rope
-        from variants.kernels.norm_swiglu import norm_swiglu
-
         s, common = self.spec, {"sm_count": self.sm_count, "pdl": self.pdl, **launch}
         if self.kernel in ("o", "down"):
             return [few_row_linear(self.x, self.weight, residual=self.residual, **common)]
@@ -256,8 +255,6 @@ def tune(config: dict, weight_dir: str, variant, budget_s: float = 120.0, device
     neutral `prior`: every bucket's, the neutral launch where nothing beat it), and what the
     search did per (kernel, rows bucket), the heaviest buckets first. `bench` and `check` make a
     bucket's StepBench and FewRowCheck (the tests' fakes elsewhere)."""
-    from variants.build import build_engine
-
     spec = ModelSpec.from_config(config)
     device = torch.device(device)
     sm_count, capability = device_sm_count(device), device_capability(device)

@@ -2,6 +2,8 @@
 
 The search space is filtered through it, so a trial never starts a component the installed stack
 lacks; `why_invalid` rejects a hand-written Variant before anything is built, with the reason.
+`resolve_device` checks the device a command names; `UserError` is bad input to any of our
+commands (the search's, the sweep's, serving's), here because they all import this layer.
 """
 
 from __future__ import annotations
@@ -12,6 +14,36 @@ import shutil
 from dataclasses import dataclass
 
 import torch
+
+from variants import registry
+from variants.checkpoint.hf_config import config_dtype_name
+from variants.spec import dtype_from_name
+
+
+class UserError(ValueError):
+    """Bad input to a command (a path, config, device or study name): its one-line message names
+    the problem and the fix; the command prints it and exits 2 (`--debug`: the traceback)."""
+
+
+def resolve_device(text: str) -> str:
+    """The device a command names (auto: CUDA where torch sees it), checked against this
+    machine."""
+    if text == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cuda", "cpu"):
+        raise UserError(f"--device must be auto, cpu, cuda or cuda:N, got {text!r}")
+    if device.type == "cpu" and device.index is not None:
+        raise UserError(f"--device {text}: the CPU takes no index; use --device cpu")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {text}, but torch sees no CUDA device; use --device cpu")
+    count = torch.cuda.device_count() if device.type == "cuda" else 0
+    if device.type == "cuda" and device.index is not None and device.index >= count:
+        raise UserError(f"--device {text}, but torch sees {count} CUDA device(s)")
+    return text
 
 
 def version_tuple(text: str) -> tuple[int, int]:
@@ -99,17 +131,13 @@ class Capabilities:
 
     def choices(self, axis_name: str, partial: dict) -> list:
         """Choices of one axis valid on this machine given the earlier choices in `partial`."""
-        from variants.registry import AXES_BY_NAME
-
-        axis = AXES_BY_NAME[axis_name]
+        axis = registry.AXES_BY_NAME[axis_name]
         return [c.value for c in axis.choices if c.requires(self, partial) is None]
 
     def why_invalid(self, variant) -> str | None:
-        from variants.registry import AXES, OPT_IN_AXES
-
         values = dataclasses.asdict(variant)
         partial: dict = {}
-        for axis in AXES + OPT_IN_AXES:
+        for axis in registry.AXES + registry.OPT_IN_AXES:
             if not axis.applies(partial):
                 continue
             value = values[axis.name]
@@ -125,9 +153,6 @@ class Capabilities:
 
 def _canonical_dtype(config: dict) -> str:
     """The config's dtype as the engine reads it (variants.spec), by canonical name."""
-    from variants.checkpoint.hf_config import config_dtype_name
-    from variants.spec import dtype_from_name
-
     try:
         return str(dtype_from_name(config_dtype_name(config))).replace("torch.", "")
     except ValueError:

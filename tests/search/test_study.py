@@ -183,7 +183,7 @@ def test_a_missing_database_driver_is_one_line_naming_the_extra(
     monkeypatch, capsys, tmp_path, micro_config_path, tiny_weights
 ):
     from search.cli import main
-    from search.setup import UserError
+    from variants.probe import UserError
 
     monkeypatch.setitem(sys.modules, "psycopg", None)  # `import psycopg` raises ImportError
     url = "postgresql://someone:secret@127.0.0.1:1/optuna"
@@ -287,7 +287,7 @@ def test_a_trial_far_behind_the_best_on_a_trace_is_pruned(tmp_path, tiny_config)
 
 
 def test_locate_study_names_the_study_or_says_which_to_pass(tmp_path):
-    from search.setup import UserError
+    from variants.probe import UserError
 
     with pytest.raises(UserError, match="no study in .* yet: run `bash run.sh` first"):
         st.locate_study(None, None, tmp_path)

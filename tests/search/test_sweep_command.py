@@ -9,13 +9,13 @@ import pytest
 
 from search.cli import main
 from search.report import default_report_dir
-from search.setup import UserError
 from search.study import load_records
+from search.sweep_command import leaders, study_variants, variant_from_spec
 from search.trial import Record
 from search.write import rank
-from sweep.command import leaders, study_variants, variant_from_spec
 from sweep.plots import DECODE_PNG, PREFILL_PNG
 from variants.presets import PRESETS
+from variants.probe import UserError
 from variants.variant import Variant
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -3,7 +3,8 @@ fuller sweep of the same variants is not replaced by it."""
 
 import json
 
-from sweep.command import _kept_sweep, sweep_limit, sweep_reserve_s
+from search.setup import sweep_reserve_s
+from search.sweep_command import _kept_sweep, sweep_limit
 
 
 def test_a_gpu_sweep_gets_what_is_left_within_20_to_90_s():

@@ -124,7 +124,7 @@ def test_a_planted_wrong_launch_is_rejected_by_the_float32_check(
         out = real(*args, split_k=split_k, **kwargs)
         return out + 0.5 if split_k == 2 else out  # (a lost split, say)
 
-    monkeypatch.setattr(few_row_linear, "few_row_linear", planted)
+    monkeypatch.setattr(tuner, "few_row_linear", planted)
     check = tuner.FewRowCheck("down", spec, 3, torch.device("cpu"), torch.float32, False, 4)
 
     class Timed(fake_bench):

@@ -466,8 +466,6 @@ def test_the_rules_search_descends_again_from_the_neutral_launch(course, monkeyp
     """From an H200's rules, each decode bucket's search also descends from the neutral prior's
     launch once its own descent ended (the engine, its check and its step bench faked): at the
     first bucket only that launch is faster, and the table keeps it."""
-    import variants.build
-
     config, spec = course
     variant = Variant(cache="slab", attention="triton", layers="fused-pdl", graphs="pow2")
     monkeypatch.setattr(tuner, "device_capability", lambda device: HOPPER)
@@ -501,7 +499,7 @@ def test_the_rules_search_descends_again_from_the_neutral_launch(course, monkeyp
         def time_ms(self, launch):
             return 0.5 if self.bucket == first and launch == neutral else 1.0
 
-    monkeypatch.setattr(variants.build, "build_engine", lambda *args, **kwargs: Engine())
+    monkeypatch.setattr(tuner, "build_engine", lambda *args, **kwargs: Engine())
     monkeypatch.setattr(tuner, "KernelCheck", lambda *args: None)
     monkeypatch.setattr(tuner, "StepBench", Bench)
     table, results = tuner.tune(config, "", variant, "hand", 60.0, "cpu", lambda line: None)

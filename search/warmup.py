@@ -153,7 +153,7 @@ def warm_queued(job, study) -> str | None:
     """`warm_first` over the study's queued assemblies, those that `--trials` leaves room for."""
     if not workers_for(job):
         return None
-    from search.study import started_trials
+    from search.study import started_trials  # (Optuna: imported where a study is open)
 
     queued = queued_variants(study)
     if job.args.trials is not None:

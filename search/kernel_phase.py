@@ -1,7 +1,7 @@
 """The kernel search as a phase of the main job (`bash run.sh`): after the study, the leading
-assembly's decode attention is searched on this GPU (decode_attention.py, in a child process,
-its table cached under studies/kernels/), then with prefill graphs its prefill attention
-(prefill_attention.py, likewise) and with the fused layers its few-row kernels (few_row.py);
+assembly's decode attention is searched on this GPU (tuning/decode_attention.py, in a child
+process, its table cached under studies/kernels/), then with prefill graphs its prefill attention
+(tuning/prefill_attention.py, likewise) and with the fused layers its few-row kernels (few_row.py);
 then the leader is timed with the tables in the grader's protocol, behind the correctness gate;
 they are written into engine.py only where it is faster on the traces' geometric mean.
 results.log says what moved and by how much."""
@@ -11,21 +11,17 @@ import json
 import math
 import sys
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from evaluator.benchmark_traces import get_trace
+from search.setup import LEADER_TIMINGS, LEAST_S, search_share_s
+from search.trial import run_child
+from search.write import after_remeasure_s
 from tuning.decode_attention import table_from_json, table_to_json
-
-# the share of the run's budget the kernel search may take, and its most seconds
-SHARE, MOST_S = 0.1, 300.0
-# the share from the neutral prior (--neutral-kernels), which has every launch to find: 50 s a
-# search reached 4 of the few-row kernels' 7 row buckets on the H200 (docs/PERF.md)
-NEUTRAL_SHARE = 0.25
-# the least that is worth a search (engine build and compiles aside)
-LEAST_S = 20.0
-# the leader timed with the rules and with the table, in typical trials (a full-protocol
-# timing is about one and a half): kept for it in the study's reserve
-LEADER_TIMINGS = 3.0
+from tuning.few_row import table_to_json as few_row_to_json
+from tuning.prefill_attention import table_to_json as prefill_to_json
+from variants.variant import Variant
 
 
 @dataclass
@@ -75,12 +71,6 @@ class KernelSearch:
         return math.exp(sum(math.log(self.before[t] / self.after[t]) for t in common) / len(common))
 
 
-def search_share_s(total_s: float, prior: str) -> float:
-    """The kernel search's seconds in a run of `total_s`: its share from `prior`, at most
-    MOST_S."""
-    return min((SHARE if prior == "hand" else NEUTRAL_SHARE) * total_s, MOST_S)
-
-
 def search_budget_s(total_s: float, left_s: float, reserve_s: float, prior: str = "hand") -> float:
     """Seconds for the search: its share of the run's budget (`search_share_s`), within what
     the steps after it leave (0: no search)."""
@@ -107,8 +97,6 @@ def search_child(job, variant, module: str, budget_s: float, *options) -> tuple:
     """(the search's JSON or None, seconds, its log or why it failed): `python -m module` for
     `variant` in a child process (so a crash or a hung compile costs only this phase), its
     table cached per GPU, model shape, layout and Triton version."""
-    from search.trial import run_child
-
     folder = Path(getattr(job.args, "studies_dir", "studies")) / "kernels"
     with tempfile.TemporaryDirectory(prefix="kernels-") as tmp:
         out, log_path = Path(tmp) / "table.json", Path(tmp) / "log.txt"
@@ -157,11 +145,6 @@ def timed_with(job, variant, table: dict | None, timeout_s: float, few_row_table
                prefill_table=None) -> tuple:  # fmt: skip
     """(trace -> seconds, failure): `variant` in the grader's protocol behind the gate, with
     the tables (None: the rules)."""
-    from dataclasses import replace
-
-    from tuning.few_row import table_to_json as few_row_to_json
-    from tuning.prefill_attention import table_to_json as prefill_to_json
-
     runner = replace(
         job.runner,
         knobs=None if table is None else table_to_json(table),
@@ -229,9 +212,6 @@ def kernel_phase(job, leader) -> KernelSearch | None:
     attention where it runs them), time the leader with the tables, decide. None where there is
     nothing to search: no CUDA, the phase off, or a leader that does not launch our decode
     attention."""
-    from search.write import after_remeasure_s
-    from variants.variant import Variant
-
     if leader is None or not str(job.device).startswith("cuda"):
         return None
     variant = Variant.from_dict(leader.variant)
@@ -267,8 +247,6 @@ def kernel_phase(job, leader) -> KernelSearch | None:
         return found
     # the leader timed with the rules and then with the table, back to back (numbers from the
     # re-measure, minutes earlier, differ by a few percent on their own)
-    from evaluator.benchmark_traces import get_trace
-
     config = job.target.config
     if not found.prefill.table:  # (a prefill table moves every trace's prefill calls)
         decoding = (t for t in job.runner.traces if get_trace(t, config).decode_tokens)

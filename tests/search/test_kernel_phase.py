@@ -3,7 +3,8 @@ what results.log says."""
 
 import pytest
 
-from tuning.phase import LEAST_S, KernelSearch, TableSearch, decide, lines, search_budget_s
+from search.kernel_phase import KernelSearch, TableSearch, decide, lines, search_budget_s
+from search.setup import LEAST_S
 
 
 def test_the_budget_is_a_share_of_the_run_within_what_is_left():
@@ -85,9 +86,9 @@ def test_the_phase_times_the_leader_with_the_rules_then_the_table(monkeypatch, t
     """Both timings come from the phase itself, back to back; a failure of either is named."""
     from types import SimpleNamespace
 
+    from search import kernel_phase as phase
     from search.setup import Budget
     from search.trial import Record
-    from tuning import phase
 
     table = {(8, 1024): {"num_splits": 4}}
     moved = [{"moved": {"num_splits": 4}}]
@@ -185,8 +186,8 @@ def test_a_fused_leader_s_few_row_kernels_are_searched_after_its_attention(
     """Half the budget for the attention, what it left for the few-row kernels; the leader
     timed with both tables; the log names both searches' moves. A failed few-row search leaves
     the attention's table to be timed alone."""
+    from search import kernel_phase as phase
     from search.trial import Record
-    from tuning import phase
 
     table = {(8, 1024): {"num_splits": 4}}
     few_row = {("down", 8): {"tiles": (16, 128, 4, 3), "split_k": 4}}
@@ -239,8 +240,8 @@ def test_a_leader_s_searches_share_what_those_before_them_left(
     then the few-row kernels the rest (the search that runs out of time); the leader timed with
     every table; the log names the prefill buckets' moves, and every trace decides (a prefill
     table moves each one's prefill calls)."""
+    from search import kernel_phase as phase
     from search.trial import Record
-    from tuning import phase
 
     table = {(8, 1024): {"num_splits": 4}}
     tables = {

@@ -1,5 +1,6 @@
 """`python -m search sweep`: measure engines over shapes (sweep.measure) and write the JSON that
-`python -m search report` draws; and the short sweep of a study's leaders at the end of run.sh.
+`python -m search report` draws; and the short sweep of a study's leaders at the end of run.sh
+(its time in the budget: search.setup's `sweep_reserve_s`).
 
 Variants come from --variant (a preset name of variants.presets.PRESETS, or a JSON object of
 Variant fields such as '{"cache": "paged", "block_size": 64}', the other fields keeping their
@@ -16,11 +17,20 @@ import sys
 import time
 from pathlib import Path
 
-from search.setup import WRAP_UP_S, UserError, device_kind, resolve_device
+from search.report import default_report_dir
+from search.setup import (
+    BUILDS_GPU_S,
+    MIN_GPU_LIMIT_S,
+    PIPELINE_LIMIT_S,
+    WRAP_UP_S,
+    device_kind,
+)
 from search.trial import Record, run_child, tail, write_atomic
 from search.write import rank
+from sweep.measure import sweep
 from variants.checkpoint.preflight import resolve_target
 from variants.presets import PRESETS
+from variants.probe import UserError, probe_capabilities, resolve_device
 from variants.variant import Variant
 
 log = logging.getLogger(__name__)
@@ -91,8 +101,7 @@ def _study_and_out(args):
     --variant, the last run's), or Nones."""
     if args.variant and not (args.storage or args.study):
         return None, Path(SWEEP_FILE), args.model_config, args.weight_dir
-    from search.report import default_report_dir
-    from search.study import locate_study
+    from search.study import locate_study  # (Optuna: imported where a study is read)
 
     study, url = locate_study(args.storage, args.study, args.studies_dir)
     config = args.model_config or study.user_attrs.get("model_config_path")
@@ -102,9 +111,6 @@ def _study_and_out(args):
 
 
 def sweep_command(args) -> int:
-    from sweep.measure import sweep
-    from variants.probe import probe_capabilities
-
     variants = [variant_from_spec(v) for v in args.variant]
     from_study, out, config_path, weight_dir = _study_and_out(args)
     variants += from_study or []
@@ -181,7 +187,7 @@ def variant_from_spec(text: str) -> tuple[str, Variant]:
 
 def study_variants(study, top: int, compile: bool = True) -> list[tuple[str, Variant]]:
     """The verified best, then the best distinct correct trials of a study (see `leaders`)."""
-    from search.study import load_records
+    from search.study import load_records  # (Optuna)
 
     best = study.user_attrs.get("verified_best") or {}
     return leaders(best, load_records(study), top, compile)
@@ -211,23 +217,15 @@ def leaders(best: dict, records: list[Record], top: int, compile: bool = True):
     return out[:top]
 
 
-# run.sh: the defaults on a GPU, adding shapes for at most 90 s (less when the budget is nearly
-# spent, never under 20 s: the figures need a few shapes); on a CPU small shapes for 10 s, and no
-# torch.compile variant (its build alone took 12 s on the tiny test model). The trials leave it a
-# tenth of a GPU's budget within those bounds: a short budget's time goes to trials, not figures.
+# run.sh: the defaults on a GPU (for the time search.setup's PIPELINE_LIMIT_S gives it); on a
+# CPU small shapes, and no torch.compile variant (its build alone took 12 s on the tiny test
+# model)
 PIPELINE_SETTINGS = {
     "cpu": ["--batches", "1,2,4", "--lengths", "16,64", "--repeats", "2"],
     "cuda": [],
 }
-PIPELINE_LIMIT_S = {"cpu": 10.0, "cuda": 90.0}
-MIN_GPU_LIMIT_S = 20.0
-SWEEP_SHARE = 0.1
 PIPELINE_COMPILE = {"cpu": False, "cuda": True}
 PIPELINE_TIMEOUT_S = {"cpu": 120.0, "cuda": 400.0}  # engine builds come on top of the limit
-# The sweep's engines' builds on a GPU, on top of its shapes' limit (28 s on an H200: 48 s in
-# all at the 20 s limit)
-BUILDS_GPU_S = 28.0
-LEAST_GPU_S = MIN_GPU_LIMIT_S + BUILDS_GPU_S
 
 
 def sweep_leaders(job, reuse: bool) -> list[str]:
@@ -238,8 +236,6 @@ def sweep_leaders(job, reuse: bool) -> list[str]:
     raises.
     The child gets the variants by value and skips the probe: it then imports neither Optuna
     nor torch._dynamo, a few seconds less on a CPU."""
-    from search.report import default_report_dir
-
     out = default_report_dir(job.storage_url, job.study_name, job.args.studies_dir) / SWEEP_FILE
     try:
         kind = device_kind(job.device)
@@ -275,19 +271,6 @@ def sweep_leaders(job, reuse: bool) -> list[str]:
         log.warning("the shape sweep ended with %s:\n%s", status, tail(log_path, 1500))
         note += " — " + (tail(log_path, 300).splitlines() or ["no output"])[-1]
     return [note]
-
-
-def least_sweep_s(kind: str) -> float:
-    """What the sweep takes at the least: on a GPU `LEAST_GPU_S`, on a CPU its limit."""
-    return PIPELINE_LIMIT_S["cpu"] if kind == "cpu" else LEAST_GPU_S
-
-
-def sweep_reserve_s(kind: str, total_s: float) -> float:
-    """What the trials leave the sweep in a budget of `total_s`: on a GPU its share, at least
-    what it takes at the least and at most its limit; on a CPU its limit."""
-    if kind == "cpu":
-        return PIPELINE_LIMIT_S["cpu"]
-    return max(LEAST_GPU_S, min(PIPELINE_LIMIT_S["cuda"], SWEEP_SHARE * total_s))
 
 
 def sweep_limit(kind: str, seconds_left: float) -> float:

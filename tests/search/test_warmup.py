@@ -11,7 +11,7 @@ import torch
 
 from search.setup import SearchSpace
 from search.trial import TrialRunner
-from tuning.warmup import (
+from search.warmup import (
     WARM_BASE_S,
     WARM_S_PER_GIB,
     default_workers,
