@@ -14,7 +14,7 @@ import os
 
 import torch
 
-from evaluator.reference_model import NoReference, compute_dtype_for, exact_float32
+from evaluator.dtypes import NoReference, compute_dtype_for, exact_float32
 
 
 def import_transformers():

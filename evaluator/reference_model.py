@@ -11,47 +11,19 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+# (the judge's dtypes: its callers import them from here too)
+from evaluator.dtypes import DTYPES as DTYPES
+from evaluator.dtypes import NoReference, compute_dtype_for, exact_float32
+from evaluator.dtypes import config_dtype_name as config_dtype_name
+from evaluator.dtypes import dtype_named as dtype_named
+from evaluator.hf_reference import TransformersReference, transformers_model_class
+
 COURSE_WEIGHTS = "model.pt"
-DTYPES = {"float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
-DTYPES |= {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
-DTYPES |= {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32}
-
-
-class NoReference(ValueError):
-    """The judge cannot build a reference for this model; the message is one line and the fix."""
-
-
-def dtype_named(name) -> torch.dtype:
-    """A config's or a flag's dtype name (`torch.` prefix and case ignored)."""
-    key = str(name).replace("torch.", "").lower()
-    if key not in DTYPES:
-        raise ValueError(f"unsupported dtype {name!r}; expected one of {sorted(DTYPES)}")
-    return DTYPES[key]
-
-
-def config_dtype_name(config: dict) -> str:
-    """`torch_dtype`, or `dtype` as transformers >= 4.56 writes it; float16 when neither."""
-    for key in ("torch_dtype", "dtype"):
-        if config.get(key) is not None:
-            return str(config[key])
-    return "float16"
-
-
-def compute_dtype_for(config: dict, device: str | torch.device) -> torch.dtype:
-    """CUDA: float16, or bfloat16 when torch_dtype says so (any case, with or without a
-    `torch.` prefix; `dtype` as newer Hugging Face configs write it); anywhere else float32."""
-    if torch.device(device).type != "cuda":
-        return torch.float32
-    if config_dtype_name(config).lower().replace("torch.", "") in ("bfloat16", "bf16"):
-        return torch.bfloat16
-    return torch.float16
 
 
 def is_course_format(weight_dir: str | os.PathLike) -> bool:
@@ -65,7 +37,6 @@ def load_reference(config: dict, weight_dir, device="cpu", dtype: torch.dtype | 
     the folder (`hf_reference.TransformersReference`); raises NoReference with the fix."""
     if is_course_format(weight_dir):
         return ReferenceModel(config, weight_dir, device, dtype)
-    from evaluator.hf_reference import TransformersReference  # imports transformers
 
     return TransformersReference(config, weight_dir, device, dtype)
 
@@ -76,7 +47,6 @@ def check_judgeable(config: dict, weight_dir) -> str:
     if is_course_format(weight_dir):
         course_weights(config, weight_dir)  # names and shapes (memory-mapped: no data read)
         return "the course's reference model (the contract's math, its model.pt)"
-    from evaluator.hf_reference import transformers_model_class
 
     return f"transformers' own {transformers_model_class(config).__name__}"
 
@@ -159,21 +129,6 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     x0, x1 = pairs[..., 0], pairs[..., 1]
     out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
     return out.flatten(-2)
-
-
-@contextmanager
-def exact_float32(device: torch.device) -> Iterator[None]:
-    """On CUDA, float32 matmuls in full precision (no TF32) for the duration, whatever an engine
-    in this process chose: the contract's float32 scores, and a float32 reference that is one."""
-    if device.type != "cuda":
-        yield
-        return
-    saved = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(saved)
 
 
 class ReferenceModel:
