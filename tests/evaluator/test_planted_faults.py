@@ -146,15 +146,18 @@ def test_each_planted_fault_fails_the_gate(held_out, prepared, fault, dtype_name
     )
 
 
-def test_our_engine_reading_hf_llama_as_interleaved_fails(held_out, prepared, monkeypatch):
-    """The engine as the search builds it, honest and with the layout misread."""
-    from variants.build import build_engine
-    from variants.checkpoint import hf_llama
+def test_our_engine_reading_hf_llama_as_interleaved_fails(
+    held_out, prepared, monkeypatch, tmp_path
+):
+    """The engine as the search builds it (its file), honest and with the layout misread."""
+    from evaluator.engine_loader import load_engine_module
+    from variants.render import render_engine
     from variants.variant import Variant
 
     check = prepared("llama", "float32")
-    honest = check_prepared(lambda *a: build_engine(*a, Variant()), check)
+    engine = load_engine_module(render_engine(Variant(), tmp_path / "engine.py"))
+    honest = check_prepared(engine.create_engine, check)
     assert all(r["passed"] for r in honest.values()), honest
-    monkeypatch.setattr(hf_llama, "uses_rotate_half", lambda *args: False)
-    misread = check_prepared(lambda *a: build_engine(*a, Variant()), check)
+    monkeypatch.setattr(engine, "uses_rotate_half", lambda *args: False)
+    misread = check_prepared(engine.create_engine, check)
     assert not any(r["passed"] for r in misread.values()), misread

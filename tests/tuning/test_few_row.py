@@ -175,21 +175,17 @@ def _odd_table():
 
 
 def test_an_engine_with_a_table_launches_it_and_matches_the_reference(
-    tiny_config, sharp_weights, monkeypatch
+    tiny_config, sharp_weights, engine_namespace, patch_engine
 ):
-    from variants.layers import fused_stack
-
-    asked = []
+    engine = build_engine(tiny_config, sharp_weights, "cpu", FUSED, few_row_knobs=_odd_table())
+    asked, namespace = [], engine_namespace(engine)
     for name in ("few_row_linear", "norm_qkv_rope", "norm_swiglu"):
-        real = getattr(fused_stack, name)
 
-        def launch(*args, real=real, name=name, **kwargs):
+        def launch(*args, real=namespace[name], name=name, **kwargs):
             asked.append((name, len(args[0]), kwargs.get("tiles"), kwargs.get("split_k")))
             return real(*args, **kwargs)
 
-        monkeypatch.setattr(fused_stack, name, launch)
-    engine = build_engine(tiny_config, sharp_weights, "cpu", FUSED, few_row_knobs=_odd_table())
-    asked.clear()
+        patch_engine(engine, name, launch)
     ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
     assert _scenario(engine, ref, tiny_config["vocab_size"]) < 1e-4
     # the two steps' two layers of four kernels and heads, and the prefill's head (its 3 rows)

@@ -311,13 +311,13 @@ def _scenario(engine, ref, vocab) -> float:
 
 
 def test_an_engine_with_a_table_launches_it_and_matches_the_reference(
-    tiny_config, sharp_weights, prefill_launches
+    tiny_config, sharp_weights, engine_prefill_launches
 ):
     """Eagerly on the CPU: a call of as many tokens as a table's entry launches its tiles, any
     other the rules'."""
     engine = build_engine(tiny_config, sharp_weights, "cpu", OURS, prefill_knobs={46: ODD})
     assert engine.model.attention.prefill_knobs == {46: ODD}
-    prefill_launches.clear()
+    prefill_launches = engine_prefill_launches(engine)
     ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
     assert _scenario(engine, ref, tiny_config["vocab_size"]) < 1e-4
     assert prefill_launches == [(46, ODD["tiles"])] * 2 + [(9, None)] * 2  # two layers a call

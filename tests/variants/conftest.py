@@ -1,5 +1,5 @@
 """Fixtures of the variants tests: one torch thread, the tiny ModelSpec, the CPU variant list,
-decode steps checked against the reference.
+an engine assembled from the library's classes, decode steps checked against the reference.
 
 The tensors here are tiny, so a second intra-op thread only adds contention on the 2-core CI
 machine (measured: the same check_engine run took 0.6 s with 1 thread, 5 s with 2 threads on a
@@ -7,6 +7,8 @@ loaded box). `cpu_variant` parametrizes a test over every variant the CPU probe 
 """
 
 import dataclasses
+import functools
+import importlib
 import json
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import pytest
 import torch
 
 from evaluator.reference_model import ReferenceModel
+from variants.components import Ref, Table, assembly_path, component_parts, model_options
 from variants.probe import probe_capabilities
 from variants.registry import AXES
 from variants.spec import ModelSpec
@@ -113,6 +116,36 @@ class EagerReplay:
 
     def replay(self):
         self.graphs._body(self.batch, self.ctx)
+
+
+def resolve(path: str):
+    """The library's component at `module:name`."""
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def assembled_engine(config: dict, weight_dir: str, device: str, variant, **tables):
+    """`variant`'s engine assembled in this process from the library's own classes (`tables`:
+    component_parts' kernel tables): what a test runs the library's graph runners on (emulated
+    on the CPU) or patches the library's modules for. build_engine runs the variant's rendered
+    file instead, which keeps only what its own assembly calls."""
+
+    def bound(path: str, options: dict):
+        values = {
+            k: resolve(v.path) if isinstance(v, Ref) else v.value if isinstance(v, Table) else v
+            for k, v in options.items()
+        }
+        return functools.partial(resolve(path), **values) if values else resolve(path)
+
+    parts = component_parts(variant, **tables)
+    parts = {key: bound(path, options) for key, (path, options) in parts.items()}
+    assemble = resolve(assembly_path(variant))
+    return assemble(config, weight_dir, device, **parts, **model_options(variant))
+
+
+@pytest.fixture(scope="session")
+def library_engine():
+    return assembled_engine
 
 
 def emulated_decode_graphs(engine, largest, check_ids=None, warm=False, gathered_embedding=None):

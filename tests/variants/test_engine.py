@@ -338,7 +338,7 @@ def clean_runs(tiny_config, sharp_weights):
 @pytest.mark.parametrize("variant", BAD_CALL_LAYOUTS, ids=lambda v: v.cache)
 @pytest.mark.parametrize("name", BAD_CALLS)
 def test_bad_call_raises_and_changes_nothing(
-    tiny_config, sharp_weights, clean_runs, variant, name, check, monkeypatch
+    tiny_config, sharp_weights, clean_runs, variant, name, check, patch_engine
 ):
     """`deferred`: the token-range check as a CUDA engine runs it for ids on the GPU, read after
     the forward pass, its state changes undone on a bad id."""
@@ -347,7 +347,7 @@ def test_bad_call_raises_and_changes_nothing(
     set_up(engine)
     if check == "deferred":
         engine.check_device_tokens = False
-        monkeypatch.setattr(variants.engine, "token_ids_on_host", lambda ids: False)
+        patch_engine(engine, "token_ids_on_host", lambda ids: False)
     with pytest.raises(error, match=message):
         call(engine)
     state, logits = clean_runs[variant.cache]
@@ -394,12 +394,12 @@ def test_gpu_ids_on_the_device_are_checked_after_the_launch(tmp_path, layers):
 
 
 def test_a_refused_decode_across_a_block_gives_the_block_back(
-    tiny_config, sharp_weights, monkeypatch
+    tiny_config, sharp_weights, patch_engine
 ):
     """The deferred check (as for ids on a GPU) refusing a decode that took a new block."""
     engine = build_engine(tiny_config, sharp_weights, "cpu", Variant(cache="paged", block_size=16))
     engine.check_device_tokens = False
-    monkeypatch.setattr(variants.engine, "token_ids_on_host", lambda ids: False)
+    patch_engine(engine, "token_ids_on_host", lambda ids: False)
     engine.prefill([1, 2], [tok(16), tok(5)])
     state = bookkeeping(engine)
     with pytest.raises(ValueError, match="decode: token id 300 is outside"):

@@ -1,9 +1,10 @@
 """Every registered component implements its interface (variants/interfaces.py)."""
 
+import importlib
+
 import pytest
 import torch
 
-from variants.build import resolve
 from variants.components import ATTENTION, CACHES, COMPILE, SDPA_PINNED, STACKS
 from variants.interfaces import (
     Attention,
@@ -19,6 +20,12 @@ from variants.variant import Variant
 IN_PLACE_CACHES = {"slab", "paged", "prefix"}
 # the prefix-caching assembly's cache (an opt-in, not a searched choice)
 ALL_CACHES = {**CACHES, "prefix": "variants.cache.prefix:PrefixCachedPagedKVCache"}
+
+
+def resolve(path: str):
+    """The library's component at `module:name`."""
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def _load(path: str):
@@ -68,15 +75,14 @@ def test_a_cache_without_release_is_not_a_kv_cache(tiny_config):
     assert not isinstance(Leaky(), KVCache)
 
 
-def test_every_runner_is_a_runner(tiny_config, tiny_weights):
+def test_every_runner_is_a_runner(tiny_config, tiny_weights, library_engine):
     """The eager runner runs both calls; each graph runner one (on the CPU: built, not captured,
     with a Triton attention's in-place reads)."""
     pytest.importorskip("triton")
-    from variants import build_engine
     from variants.execution.cuda_graphs import DecodeGraphs
     from variants.execution.prefill_graphs import PrefillGraphs
 
-    engine = build_engine(tiny_config, tiny_weights, "cpu", Variant(attention="triton"))
+    engine = library_engine(tiny_config, tiny_weights, "cpu", Variant(attention="triton"))
     assert isinstance(engine.eager, PrefillRunner) and isinstance(engine.eager, DecodeRunner)
     assert engine.prefill_runner is engine.decode_runner is engine.eager
     decode = DecodeGraphs(engine, "pow2", largest_batch=4)

@@ -151,7 +151,7 @@ def check_script(engine, script_and_expected):
 )
 def test_engine_matches_the_reference(tiny_config, sharp_weights, script_and_expected, variant):
     engine = build_engine(tiny_config, sharp_weights, "cpu", variant)
-    assert isinstance(engine.model.attention, FlexAttention)
+    assert type(engine.model.attention).__name__ == "FlexAttention"
     check_script(engine, script_and_expected)
 
 

@@ -32,10 +32,10 @@ def test_buckets_double_up_to_the_largest():
 
 @pytest.mark.parametrize("cache", ["slab", "paged"])
 def test_padded_buckets_match_reference_and_touch_no_live_state(
-    cache, tiny_config, sharp_weights, emulate_decode_graphs
+    cache, tiny_config, sharp_weights, emulate_decode_graphs, library_engine
 ):
     ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
-    engine = build_engine(tiny_config, sharp_weights, "cpu", Variant(cache=cache, block_size=16))
+    engine = library_engine(tiny_config, sharp_weights, "cpu", Variant(cache=cache, block_size=16))
     emulate_decode_graphs(engine, largest=4)
     gen = torch.Generator().manual_seed(3)
     history = {}
@@ -58,9 +58,9 @@ def test_padded_buckets_match_reference_and_touch_no_live_state(
 
 
 def test_returned_logits_are_a_copy_of_the_static_buffer(
-    tiny_config, tiny_weights, emulate_decode_graphs
+    tiny_config, tiny_weights, emulate_decode_graphs, library_engine
 ):
-    engine = build_engine(tiny_config, tiny_weights, "cpu", Variant(cache="slab"))
+    engine = library_engine(tiny_config, tiny_weights, "cpu", Variant(cache="slab"))
     graphs = emulate_decode_graphs(engine, largest=2)
     engine.prefill([1, 2], [torch.tensor([1, 2, 3]), torch.tensor([4, 5])])
     first = engine.decode([1], torch.tensor([7]))
@@ -72,9 +72,9 @@ def test_returned_logits_are_a_copy_of_the_static_buffer(
 
 
 def test_cache_growth_recaptures_the_buckets_calls_need(
-    tiny_config, tiny_weights, emulate_decode_graphs
+    tiny_config, tiny_weights, emulate_decode_graphs, library_engine
 ):
-    engine = build_engine(tiny_config, tiny_weights, "cpu", Variant(cache="slab"))
+    engine = library_engine(tiny_config, tiny_weights, "cpu", Variant(cache="slab"))
     graphs = emulate_decode_graphs(engine, largest=2)
     graphs.captured.clear()
     slots = engine.cache.slots
@@ -89,7 +89,7 @@ def test_cache_growth_recaptures_the_buckets_calls_need(
 
 @pytest.mark.parametrize("check_ids", [False, True], ids=["engine-check", "graph-check"])
 def test_a_bad_id_raises_by_name_and_leaves_the_requests_as_they_were(
-    check_ids, tiny_config, sharp_weights, monkeypatch, emulate_decode_graphs
+    check_ids, tiny_config, sharp_weights, monkeypatch, emulate_decode_graphs, library_engine
 ):
     """Ids on a GPU are checked after the step is queued: by the engine before the replay, or
     inside the graph (and before the eager step beyond the largest bucket). A bad id raises by
@@ -97,7 +97,9 @@ def test_a_bad_id_raises_by_name_and_leaves_the_requests_as_they_were(
     buffer holds it clamped, and the next steps, the bad id left in a padding row, match the
     reference."""
     ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
-    engine = build_engine(tiny_config, sharp_weights, "cpu", Variant(cache="paged", block_size=16))
+    engine = library_engine(
+        tiny_config, sharp_weights, "cpu", Variant(cache="paged", block_size=16)
+    )
     graphs = emulate_decode_graphs(engine, largest=4, check_ids=check_ids)
     engine.check_device_tokens = False  # the deferred check of ids on a GPU:
     monkeypatch.setattr(variants.engine, "token_ids_on_host", lambda ids: False)
@@ -121,7 +123,7 @@ def test_a_bad_id_raises_by_name_and_leaves_the_requests_as_they_were(
 
 
 def test_triton_attention_graphs_fix_their_splits_per_context_bucket(
-    tiny_config, sharp_weights, monkeypatch, emulate_decode_graphs
+    tiny_config, sharp_weights, monkeypatch, emulate_decode_graphs, library_engine
 ):
     """On Hopper the Triton attention asks for two context buckets (LONG_CONTEXT lowered to 64
     here, the capability and SM count the H200's): steps up to 64 tokens of context replay the
@@ -142,7 +144,7 @@ def test_triton_attention_graphs_fix_their_splits_per_context_bucket(
     )  # fmt: skip
     ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
     variant = Variant(cache="slab", attention="triton")
-    engine = build_engine(tiny_config, sharp_weights, "cpu", variant)
+    engine = library_engine(tiny_config, sharp_weights, "cpu", variant)
     graphs = emulate_decode_graphs(engine, largest=2)
     assert graphs.contexts == [64, tiny_config["max_position_embeddings"]]
     history = list(range(1, 63))
@@ -157,7 +159,7 @@ def test_triton_attention_graphs_fix_their_splits_per_context_bucket(
 
 
 def test_a_knob_table_sets_the_graphs_contexts_and_each_buckets_launch(
-    tiny_config, sharp_weights, monkeypatch, emulate_decode_graphs
+    tiny_config, sharp_weights, monkeypatch, emulate_decode_graphs, library_engine
 ):
     """The kernel search's table (tuning/decode_attention.py): its contexts are the graphs'
     buckets and a bucket's graph launches the decode attention with its row of the table, on
@@ -176,7 +178,7 @@ def test_a_knob_table_sets_the_graphs_contexts_and_each_buckets_launch(
     knobs = {(b, c): dict(row) for b in (1, 2) for c, row in ((64, short), (most, long))}
     ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
     variant = Variant(cache="slab", attention="triton")
-    engine = build_engine(tiny_config, sharp_weights, "cpu", variant, knobs=knobs)
+    engine = library_engine(tiny_config, sharp_weights, "cpu", variant, knobs=knobs)
     graphs = emulate_decode_graphs(engine, largest=2)
     assert graphs.contexts == [64, most]
     history = list(range(1, 63))
@@ -192,10 +194,10 @@ def test_a_knob_table_sets_the_graphs_contexts_and_each_buckets_launch(
 
 
 def test_triton_attention_graphs_before_hopper_keep_one_context_bucket(
-    tiny_config, tiny_weights, emulate_decode_graphs
+    tiny_config, tiny_weights, emulate_decode_graphs, library_engine
 ):
     pytest.importorskip("triton")
-    engine = build_engine(
+    engine = library_engine(
         tiny_config, tiny_weights, "cpu", Variant(cache="slab", attention="triton")
     )
     graphs = emulate_decode_graphs(engine, largest=2)
@@ -295,6 +297,7 @@ def test_a_slab_laid_out_anew_in_place_keeps_the_graphs_that_read_its_table(
     emulate_decode_graphs,
     monkeypatch,
     steps_match_reference,
+    library_engine,
 ):
     """A prompt longer than the slab's slots, under a limit the pool's memory already meets:
     the slots grow longer in place. Graphs that read the cache through its block table (Triton)
@@ -315,7 +318,7 @@ def test_a_slab_laid_out_anew_in_place_keeps_the_graphs_that_read_its_table(
 
     config = {**tiny_config, "max_position_embeddings": 2048}
     variant = Variant(cache="slab", attention=attention, cache_tokens=4 * 512)
-    engine = build_engine(config, sharp_weights, "cpu", variant)
+    engine = library_engine(config, sharp_weights, "cpu", variant)
     graphs = emulate_decode_graphs(engine, largest=2)
     cache = engine.cache
     cache.limit_bytes = pool_bytes(engine.spec, cache.dtype, cache.k.shape[1])
@@ -379,14 +382,14 @@ class Graph:
 
 
 def test_a_dropped_engines_graphs_are_destroyed_when_the_next_engine_is_made(
-    tiny_config, tiny_weights
+    tiny_config, tiny_weights, library_engine
 ):
     """The grader's `engine = create_engine(...)` drops the last engine just before the new
     one's first timed call: its graphs outlive it until the next runner is made (with the
     collector off, as the grader runs)."""
     from variants.execution.cuda_graphs import RETIRED_GRAPHS, DecodeGraphs
 
-    engine = build_engine(tiny_config, tiny_weights, "cpu", Variant(cache="slab"))
+    engine = library_engine(tiny_config, tiny_weights, "cpu", Variant(cache="slab"))
     gc.disable()
     try:
         runner = DecodeGraphs(engine, "pow2", largest_batch=2)

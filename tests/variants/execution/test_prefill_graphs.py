@@ -393,7 +393,7 @@ def test_gpu_captured_prefill_matches_eager_and_reference(cache, tmp_path):
 
 
 def test_a_dropped_runners_layer_and_head_graphs_wait_for_the_next_runner(
-    tiny_config, tiny_weights
+    tiny_config, tiny_weights, library_engine
 ):
     """As the decode runner's (test_cuda_graphs.py): the head graphs too."""
     from variants.execution.cuda_graphs import RETIRED_GRAPHS
@@ -401,7 +401,7 @@ def test_a_dropped_runners_layer_and_head_graphs_wait_for_the_next_runner(
     class Graph:  # stands in for a captured graph
         pass
 
-    engine = build_engine(
+    engine = library_engine(
         tiny_config, tiny_weights, "cpu", Variant(cache="slab", attention="triton")
     )
     gc.disable()
