@@ -25,7 +25,7 @@ from search.write import rank
 
 MIN_TRIALS_FOR_IMPORTANCE = 4
 TPS = "tokens/s (geometric mean over the traces, screening)"
-MIB = "peak MiB in the grader's pattern (screening)"
+MIB = "peak MiB with one engine alive (screening)"
 STYLE = {"font.size": 12, "axes.titlesize": 14, "legend.fontsize": 11, "figure.dpi": 100}
 # name: (its caption in summary.md, why it may not be drawn); {why}: param_importances' reason
 CAPTIONS = {

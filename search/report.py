@@ -46,18 +46,19 @@ def trace_names(records: list[Record]) -> list[str]:
 
 def top_table(ranked: list[Record], n: int = 5) -> str:
     """The leaders in rank order: screening and full-protocol throughput in their own columns,
-    the peak, and tokens/s per trace (full-protocol numbers where measured)."""
+    the peak (the grader's pattern's where the full protocol ran, else one engine's), and
+    tokens/s per trace (full-protocol numbers where measured)."""
     if not ranked:
         return "(no correct trial)"
     traces = trace_names(ranked)
-    header = ["rank", "trial", "variant", "screening tok/s", "full tok/s", "grader peak MiB"]
+    header = ["rank", "trial", "variant", "screening tok/s", "full tok/s", "peak MiB"]
     header += [f"{t} tok/s" for t in traces] + ["max err", "tol share"]
     rows = []
     for i, r in enumerate(ranked[:n], 1):
         per = r.trace_numbers("full_" if r.has_full else "")
         full = r.attrs.get("full_tokens_per_s")
         row = [str(i), str(r.number), r.name, _num(r.screening_tokens_per_s), _num(full)]
-        row.append(_num(r.peak_mib, 0))
+        row.append(_num(r.peak_mib, 0) + ("" if r.has_full else " (1 engine)"))
         row += [_num(per.get(t, {}).get("tps")) for t in traces]
         err = r.attrs.get("max_abs_err")
         row += ["-" if err is None else f"{err:.3g}", _num(r.attrs.get("tol_share"), 3)]
@@ -104,8 +105,8 @@ def trial_line(r: Record) -> str:
             if n in per
         )
         peak = f"peak {_num(a.get('peak_mib'), 0)} MiB"
-        if a.get("grader_peak_mib") is not None:  # (a trial of a worker: the grader's too)
-            peak += " in the grader's pattern"
+        # screening holds one engine; a study's older trials ran in the grader's pattern
+        peak += " in the grader's pattern" if a.get("grader_peak_mib") else " with one engine"
         body = (
             f" | {_num(a.get('tokens_per_s'))} tok/s gmean, {peak},"
             f" create {_num(a.get('create_s'), 2)} s | tok/s/decode tok/s per trace: {traces}"

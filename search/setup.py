@@ -193,8 +193,9 @@ def set_up(job) -> None:
     check_weights_fit(job.target, job.device, job.memory_budget_gib, why)
     job.notes.append(
         f"memory budget {job.memory_budget_gib:g} GiB ({why}): an assembly whose peak in the "
-        "grader's pattern (a warm-up engine and two repeats alive) exceeds it is rejected; the "
-        f"written engine's MEMORY_BUDGET_GIB is a third of it"
+        "grader's pattern (a warm-up engine and two repeats alive, the full protocol's) exceeds "
+        "it is rejected, and one whose single screening engine does; the written engine's "
+        "MEMORY_BUDGET_GIB is a third of it"
     )
     job.runner = TrialRunner(
         job.target.config,

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from search.setup import REMEASURE_TRIALS, WRAP_UP_S, device_kind
+from search.setup import ENGINES_ALIVE, REMEASURE_TRIALS, WRAP_UP_S, device_kind
 from search.trial import Record, run_child, tail
 from variants.presets import ranked_defaults
 from variants.variant import Variant
@@ -242,9 +242,20 @@ def after_remeasure_s(job, kernels: bool = True) -> float:
 
 
 def candidates(job, records: list[Record], ranked: list[Record]) -> list[Record]:
-    """Ranked trials, then defaults never shown wrong (so some engine is always written)."""
+    """Ranked trials within the memory budget, then defaults never shown wrong (so some engine
+    is always written). A trial screened on one engine and never timed in the grader's pattern
+    is kept only where three of its engines fit the budget."""
     tried = {repr(sorted(r.variant.items())) for r in records if r.variant and _ruled_out(r)}
     tried |= {repr(sorted(r.variant.items())) for r in ranked}
+    budget = job.runner.memory_budget_mib
+    ranked = [
+        r
+        for r in ranked
+        if budget is None
+        or r.has_full
+        or r.attrs.get("grader_peak_mib") is not None
+        or ENGINES_ALIVE * r.peak_mib <= budget
+    ]
     extra = []
     for i, v in enumerate(ranked_defaults(job.caps)):
         v = job.space.canonical(v)
