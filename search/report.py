@@ -250,19 +250,25 @@ def beyond_presets(chosen: Record, records: list[Record]) -> str:
     sampled = [r for r in correct if not r.attrs.get("source")]
     if all(r.status == "waiting" for r in records):
         return f"beyond the presets: {NONE_RAN}"
-    tried = sum(1 for r in records if r.status != "waiting" and not r.attrs.get("source"))
-    if not tried:
+    proposed = [r for r in records if r.status != "waiting" and not r.attrs.get("source")]
+    copies = sum(r.attrs.get("duplicate_of") is not None for r in proposed)
+    tried = len(proposed) - copies  # (a proposal of an assembly already run is not run again)
+    if copies:
+        tried = f"{tried} trial(s) (and proposed {copies} already run, not run again)"
+    else:
+        tried = f"{tried} trial(s)"
+    if not proposed:
         return "beyond the presets: the sampler ran no trial (the budget went to the presets)"
     if not queued:
-        return f"beyond the presets: no queued assembly was timed; the sampler ran {tried} trial(s)"
+        return f"beyond the presets: no queued assembly was timed; the sampler ran {tried}"
     if not sampled:
-        return f"beyond the presets: the sampler ran {tried} trial(s), none correct and timed"
+        return f"beyond the presets: the sampler ran {tried}, none correct and timed"
     best = max(sampled, key=lambda r: r.screening_tokens_per_s)
     preset = max(queued, key=lambda r: r.screening_tokens_per_s)
     ratio = best.screening_tokens_per_s / preset.screening_tokens_per_s
     verdict = "beat" if ratio > 1 else "did not beat"
     lines = [
-        f"beyond the presets: the sampler ran {tried} trial(s); its best, trial {best.number}, "
+        f"beyond the presets: the sampler ran {tried}; its best, trial {best.number}, "
         f"{verdict} the best queued one ({preset.attrs['source']}, trial {preset.number}): "
         f"{ratio:.3f}x on the geometric mean (screening)"
         + (" and is the one written" if best.number == chosen.number else "")

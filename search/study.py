@@ -205,9 +205,24 @@ def dashboard_command(url: str) -> str:
     return f"optuna-dashboard {journal_path(url) if _is_journal(url) else url}"
 
 
+# Finished trials before TPE models the study: the queued presets' results are its prior (a CPU
+# queues three, a GPU more), so its first proposals are the leaders with an axis or two moved.
+STARTUP_TRIALS = 3
+
+
 def make_sampler(seed: int | None = None) -> optuna.samplers.BaseSampler:
-    """Multi-objective TPE that ranks infeasible (wrong or too-close) trials below feasible ones."""
-    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=8, constant_liar=True)
+    """Multi-objective TPE that ranks infeasible (wrong or too-close) trials below feasible ones,
+    modelling the axes jointly (`multivariate`; `group`: the axes that apply depend on earlier
+    choices) from the presets' results on."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # (`group`)
+        return optuna.samplers.TPESampler(
+            seed=seed,
+            n_startup_trials=STARTUP_TRIALS,
+            multivariate=True,
+            group=True,
+            constant_liar=True,
+        )
 
 
 def open_study(storage, name: str, fresh: bool = False, seed: int | None = None) -> optuna.Study:
@@ -379,12 +394,15 @@ def enqueue_known_good(study, space, caps, storage, name, hardware, studies_dir)
 
 
 def find_duplicate(study, variant: Variant):
-    """An earlier finished trial of the same variant whose result still stands."""
+    """An earlier finished trial of the same variant whose result still stands (the trial that
+    ran it, not a copy)."""
     values = variant.to_dict()
     done = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
     for trial in study.get_trials(deepcopy=False, states=done):
         attrs = trial.user_attrs
         if attrs.get("variant") != values or attrs.get("status") in ("skipped", None):
+            continue
+        if attrs.get("duplicate_of") is not None:
             continue
         if trial.state == TrialState.FAIL and attrs.get("timed_out"):
             continue  # a timeout may have been a short budget, not the variant
@@ -393,19 +411,20 @@ def find_duplicate(study, variant: Variant):
 
 
 def copy_result(study, trial, earlier) -> str:
+    """A proposal of an assembly already run is not run again: it carries the earlier trial's
+    attributes and status and is told pruned, which TPE counts against proposing it again (told
+    with the earlier values, each copy added weight where TPE already looked, and it proposed
+    the same few assemblies again and again; told failed, TPE would not see it at all)."""
     for key, value in earlier.user_attrs.items():
         if key not in ("source", "status"):
             trial.set_user_attr(key, value)
     trial.set_user_attr("duplicate_of", earlier.number)
-    if earlier.state in (TrialState.FAIL, TrialState.PRUNED):
+    if earlier.state == TrialState.COMPLETE:
+        status = "duplicate" if earlier.user_attrs.get("status") == "ok" else "infeasible"
+    else:
         status = "failed" if earlier.state == TrialState.FAIL else "pruned"
-        trial.set_user_attr("status", status)
-        study.tell(trial, state=earlier.state)
-        return status
-    status = "duplicate" if earlier.user_attrs.get("status") == "ok" else "infeasible"
     trial.set_user_attr("status", status)
-    set_constraint(trial, earlier.user_attrs.get("constraint", [1.0])[0])
-    study.tell(trial, values=earlier.values)
+    study.tell(trial, state=TrialState.PRUNED)
     return status
 
 
