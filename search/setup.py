@@ -238,6 +238,18 @@ VERIFY_TRIALS = {"cpu": 3.0, "cuda": 1.5}
 # The trials timed before the kernel search's time is kept in the reserve: it searches a
 # leader's kernels, and on a short budget the trials that find the leader come first.
 KERNEL_SEARCH_AFTER = 3
+# Choices whose trials cost several others and do not win here, offered only while a budget has
+# time for them (`Budget.affords_costly`): on a CPU torch.compile (a trial ten times an eager
+# one on the held-out LLaMA, never the fastest there), on a GPU max-autotune (builds of minutes)
+# and float32 compute on a 16-bit model (twice the bytes a step).
+COSTLY = {
+    "cpu": {"execution": ("compile",)},
+    "cuda": {"compile_mode": ("max-autotune-no-cudagraphs",), "dtype": ("float32",)},
+}
+# Their trials' share of the search's seconds at most, and their seconds in typical trials until
+# one is timed.
+COSTLY_SHARE = 0.25
+COSTLY_PRIOR_TRIALS = 3.0
 # the shape sweep's process start, the figures and results.log (2.8 s on this CPU)
 WRAP_UP_S = 5.0
 
@@ -274,18 +286,34 @@ class Budget:
             return 0.0
         return self.verify_s or self.verify_trials * self.typical_trial_s(durations)
 
-    def time_for_trial(self, durations: list[float]) -> float | None:
-        """Seconds the next trial may take, or None when the budget is spent."""
+    def seconds_for_trials(self, durations: list[float]) -> float:
+        """Seconds left for trials: to the deadline, less the reserve."""
         typical = self.typical_trial_s(durations)
         needed = self.verify_estimate_s(durations) + self.after_s
         wanted = needed + self.leader_trials * typical
         reserve = max(min(wanted, self.max_reserve_share * self.total_s), needed)
         if len(durations) >= self.kept_after:
             reserve += self.kept_s + self.kept_trials * typical
-        left = self.deadline - time.monotonic() - reserve
-        if left < 0.75 * typical:
+        return self.deadline - time.monotonic() - reserve
+
+    def time_for_trial(self, durations: list[float]) -> float | None:
+        """Seconds the next trial may take, or None when the budget is spent."""
+        left = self.seconds_for_trials(durations)
+        if left < 0.75 * self.typical_trial_s(durations):
             return None
         return min(self.trial_timeout_s, left)
+
+    def affords_costly(
+        self, durations: list[float], costly_s: list[float], spent_s: float, searched_s: float
+    ) -> bool:
+        """Whether a costly assembly (COSTLY) may start now: its seconds (the median of the
+        costly trials timed, `costly_s`, else COSTLY_PRIOR_TRIALS typical trials) fit in what is
+        left for trials, and with the `spent_s` costly trials took so far stay within
+        COSTLY_SHARE of the search's seconds (the `searched_s` run and those left)."""
+        left = self.seconds_for_trials(durations)
+        typical = self.typical_trial_s(durations)
+        expected = statistics.median(costly_s) if costly_s else COSTLY_PRIOR_TRIALS * typical
+        return expected <= left and spent_s + expected <= COSTLY_SHARE * (searched_s + left)
 
 
 def choose_gate(asked: str, target):
@@ -493,7 +521,7 @@ class SearchSpace:
             return axis_name
         return f"{axis_name}[{'|'.join(str(c) for c in full)}]"
 
-    def _choose(self, pick) -> tuple[Variant, dict]:
+    def _choose(self, pick, skip: dict | None = None) -> tuple[Variant, dict]:
         partial: dict = {}
         params: dict = {}
         for axis in AXES:
@@ -502,6 +530,8 @@ class SearchSpace:
             choices = self.caps.choices(axis.name, partial)
             if not choices:
                 raise RuntimeError(f"no valid {axis.name} here after {partial}")
+            kept = [c for c in choices if c not in (skip or {}).get(axis.name, ())]
+            choices = kept or choices
             if len(choices) == 1:
                 partial[axis.name] = choices[0]
                 continue
@@ -509,9 +539,16 @@ class SearchSpace:
             partial[axis.name] = params[name] = pick(axis.name, name, choices)
         return Variant.from_dict(partial), params
 
-    def suggest(self, trial) -> Variant:
-        """The variant of an Optuna trial, suggesting one parameter per open axis."""
-        return self._choose(lambda axis, name, choices: trial.suggest_categorical(name, choices))[0]
+    def suggest(self, trial, skip: dict | None = None) -> Variant:
+        """The variant of an Optuna trial, suggesting one parameter per open axis; `skip`: axis
+        -> choices not offered this time (an axis keeps its last choice)."""
+        pick = lambda axis, name, choices: trial.suggest_categorical(name, choices)  # noqa: E731
+        return self._choose(pick, skip)[0]
+
+    def is_costly(self, variant: Variant, kind: str) -> bool:
+        """Whether `variant` takes one of COSTLY's choices for a `kind` device."""
+        values = self.canonical(variant).to_dict()
+        return any(values[axis] in choices for axis, choices in COSTLY[kind].items())
 
     def params_for(self, variant: Variant) -> dict:
         """The parameters `suggest` would record for `variant` (for `enqueue_trial`)."""
