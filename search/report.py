@@ -177,7 +177,13 @@ def _why(chosen: Record, ranked: list[Record], ran: bool = True) -> str:
             f"{chosen.name}: a ranked default that was not measured here; {why}, so the "
             "safest default that passes verification was written."
         )
-    protocol = "full protocol" if chosen.has_full else "screening"
+    if chosen.has_full:  # the written engine's figures: the grader's protocol, not one screening
+        protocol = (
+            "full protocol: the grader's pattern, a fresh engine for each of three repeats; "
+            f"screening had {chosen.screening_tokens_per_s:.1f}"
+        )
+    else:
+        protocol = "screening on one engine; not re-measured with the full protocol"
     a = chosen.attrs
     share = (  # the share of the gate that judged it (search.trial.constraint's)
         f"{_num(a.get('noise_share'), 2)} of the noise gate's limit"

@@ -170,6 +170,7 @@ def set_up(job) -> None:
         leader_trials=getattr(args, "remeasure", 0) * REMEASURE_TRIALS[kind],
         verify_trials=VERIFY_TRIALS[kind],
         after_s=sweep_reserve_s(kind, job.budget_s) + WRAP_UP_S,
+        confirm_trials=REMEASURE_TRIALS[kind] if getattr(args, "remeasure", 0) else 0.0,
         kept_s=job.kernel_search_s,
         kept_trials=LEADER_TIMINGS if kernels else 0.0,
         kept_after=KERNEL_SEARCH_AFTER,
@@ -177,8 +178,8 @@ def set_up(job) -> None:
     job.notes.append(
         f"budget {minutes:g} min from run.sh's start, trial limit {job.trial_timeout:.0f} s; the "
         f"trials stop where the verification ({VERIFY_TRIALS[kind]:g} typical trials until the "
-        f"study has timed one), the sweep and, within {job.budget.max_reserve_share:.0%} of the "
-        "budget, the leaders' full-protocol runs still fit"
+        f"study has timed one), the sweep, the leader's full-protocol run and, within "
+        f"{job.budget.max_reserve_share:.0%} of the budget, the other leaders' still fit"
         + (
             f" (and, once {KERNEL_SEARCH_AFTER} trials are timed, the kernel search's "
             f"{job.kernel_search_s:.0f} s and its leader's timings)"
@@ -259,7 +260,9 @@ class Budget:
     """The loop's deadline and the reserve after it: the leaders' full-protocol runs
     (`leader_trials` typical trials), the verification (`verify_s` as the study measured it,
     else `verify_trials` typical trials; 0: none) and `after_s` (the shape sweep), at most
-    `max_reserve_share` of the budget but never less than the verification and the sweep; then
+    `max_reserve_share` of the budget but never less than the verification, the sweep and the
+    winner's full-protocol run (`confirm_trials` typical trials: its figures are the grader's
+    protocol's, not one screening measurement); then
     `kept_s` plus `kept_trials` typical trials (the kernel search and its leader's timings)
     once `kept_after` trials are timed: a search needs a leader, and on a short budget the
     first trials come before it (it then runs in what is left, or says there was no time)."""
@@ -273,6 +276,7 @@ class Budget:
     max_reserve_share: float = 0.35
     first_guess_s: float = 20.0
     after_s: float = 0.0
+    confirm_trials: float = 0.0
     kept_s: float = 0.0
     kept_trials: float = 0.0
     kept_after: int = 0
@@ -289,8 +293,8 @@ class Budget:
     def seconds_for_trials(self, durations: list[float]) -> float:
         """Seconds left for trials: to the deadline, less the reserve."""
         typical = self.typical_trial_s(durations)
-        needed = self.verify_estimate_s(durations) + self.after_s
-        wanted = needed + self.leader_trials * typical
+        needed = self.verify_estimate_s(durations) + self.after_s + self.confirm_trials * typical
+        wanted = needed + max(0.0, self.leader_trials - self.confirm_trials) * typical
         reserve = max(min(wanted, self.max_reserve_share * self.total_s), needed)
         if len(durations) >= self.kept_after:
             reserve += self.kept_s + self.kept_trials * typical

@@ -84,6 +84,19 @@ def test_the_budget_counts_from_run_sh_s_start(monkeypatch):
     assert launched_s_ago() == 0.0
 
 
+def test_the_leaders_full_protocol_run_is_kept_beyond_the_share():
+    kw = dict(leader_trials=4.5, verify_trials=3.0, after_s=15.0)
+    # typical trial 30 s: the verification (90 s), the sweep and the leader's run (45 s) kept
+    # whatever the share (84 s of 240); the two other leaders' runs are within the share
+    assert budget(240.0, confirm_trials=1.5, **kw).time_for_trial([30.0]) == pytest.approx(
+        240.0 - 150.0, abs=1.0
+    )
+    assert budget(240.0, **kw).time_for_trial([30.0]) == pytest.approx(240.0 - 105.0, abs=1.0)
+    # a roomy budget keeps the same 4.5 trials for the leaders, the first's among them
+    roomy = budget(1000.0, confirm_trials=1.5, **kw)
+    assert roomy.time_for_trial([20.0]) == pytest.approx(1000.0 - 165.0, abs=1.0)
+
+
 def test_a_costly_assembly_waits_for_time_and_keeps_to_its_share():
     b = budget(200.0)  # no reserve: 200 s left for trials
     # until one is timed, three typical trials (2 s); the costly trials' share is a quarter
