@@ -455,13 +455,14 @@ def find_duplicate(study, variant: Variant):
 
 
 def copy_result(study, trial, earlier) -> str:
-    """A proposal of an assembly already run is not run again: it carries the earlier trial's
-    attributes and status and is told pruned, which TPE counts against proposing it again (told
+    """A proposal of an assembly already run is not run again: it names the earlier trial and
+    carries its status, and is told pruned, which TPE counts against proposing it again (told
     with the earlier values, each copy added weight where TPE already looked, and it proposed
-    the same few assemblies again and again; told failed, TPE would not see it at all)."""
-    for key, value in earlier.user_attrs.items():
-        if key not in ("source", "status"):
-            trial.set_user_attr(key, value)
+    the same few assemblies again and again; told failed, TPE would not see it at all). Its
+    numbers stay with the earlier trial: copied, they counted again in the medians of a trial's
+    time and of the typical trial."""
+    for key in ("variant", "variant_name"):
+        trial.set_user_attr(key, earlier.user_attrs[key])
     trial.set_user_attr("duplicate_of", earlier.number)
     if earlier.state == TrialState.COMPLETE:
         status = "duplicate" if earlier.user_attrs.get("status") == "ok" else "infeasible"
