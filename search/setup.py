@@ -260,9 +260,9 @@ class Budget:
     """The loop's deadline and the reserve after it: the leaders' full-protocol runs
     (`leader_trials` typical trials), the verification (`verify_s` as the study measured it,
     else `verify_trials` typical trials; 0: none) and `after_s` (the shape sweep), at most
-    `max_reserve_share` of the budget but never less than the verification, the sweep and the
-    winner's full-protocol run (`confirm_trials` typical trials: its figures are the grader's
-    protocol's, not one screening measurement); then
+    `max_reserve_share` of the budget but never less than the verification, the sweep and,
+    once a trial is timed, the winner's full-protocol run (`confirm_trials` typical trials: its
+    figures are the grader's protocol's, not one screening measurement); then
     `kept_s` plus `kept_trials` typical trials (the kernel search and its leader's timings)
     once `kept_after` trials are timed: a search needs a leader, and on a short budget the
     first trials come before it (it then runs in what is left, or says there was no time)."""
@@ -293,7 +293,9 @@ class Budget:
     def seconds_for_trials(self, durations: list[float]) -> float:
         """Seconds left for trials: to the deadline, less the reserve."""
         typical = self.typical_trial_s(durations)
-        needed = self.verify_estimate_s(durations) + self.after_s + self.confirm_trials * typical
+        # the leader's run once there is one (a first guess of it would keep the first trial out)
+        confirm = self.confirm_trials * typical if durations else 0.0
+        needed = self.verify_estimate_s(durations) + self.after_s + confirm
         wanted = needed + max(0.0, self.leader_trials - self.confirm_trials) * typical
         reserve = max(min(wanted, self.max_reserve_share * self.total_s), needed)
         if len(durations) >= self.kept_after:

@@ -92,6 +92,9 @@ def test_the_leaders_full_protocol_run_is_kept_beyond_the_share():
         240.0 - 150.0, abs=1.0
     )
     assert budget(240.0, **kw).time_for_trial([30.0]) == pytest.approx(240.0 - 105.0, abs=1.0)
+    # before any trial is timed, no leader: a first guess of its run keeps no first trial out
+    b = budget(120.0, confirm_trials=1.5, **kw)
+    assert b.time_for_trial([]) == pytest.approx(120.0 - 75.0, abs=1.0)
     # a roomy budget keeps the same 4.5 trials for the leaders, the first's among them
     roomy = budget(1000.0, confirm_trials=1.5, **kw)
     assert roomy.time_for_trial([20.0]) == pytest.approx(1000.0 - 165.0, abs=1.0)
