@@ -248,9 +248,9 @@ COSTLY = {
     "cuda": {"compile_mode": ("max-autotune-no-cudagraphs",), "dtype": ("float32",)},
 }
 # Their trials' share of the search's seconds at most, and their seconds in typical trials until
-# one is timed.
+# one is timed (the CPU's compile trial above: ten).
 COSTLY_SHARE = 0.25
-COSTLY_PRIOR_TRIALS = 3.0
+COSTLY_PRIOR_TRIALS = 10.0
 # the shape sweep's process start, the figures and results.log (2.8 s on this CPU)
 WRAP_UP_S = 5.0
 

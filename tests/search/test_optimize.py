@@ -102,9 +102,9 @@ def test_the_leaders_full_protocol_run_is_kept_beyond_the_share():
 
 def test_a_costly_assembly_waits_for_time_and_keeps_to_its_share():
     b = budget(200.0)  # no reserve: 200 s left for trials
-    # until one is timed, three typical trials (2 s); the costly trials' share is a quarter
-    assert b.affords_costly([2.0], [], spent_s=0.0, searched_s=0.0)
-    assert not b.affords_costly([2.0], [], spent_s=45.0, searched_s=0.0)  # 51 s > 50 s
-    assert b.affords_costly([2.0], [], spent_s=45.0, searched_s=100.0)  # of 300 s: 75 s
-    assert not b.affords_costly([2.0], [60.0], spent_s=0.0, searched_s=0.0)  # as timed: 60 s
-    assert not budget(5.0).affords_costly([2.0], [], spent_s=0.0, searched_s=100.0)  # 6 s > 5 s
+    # until one is timed, ten typical trials (1 s); the costly trials' share is a quarter
+    assert b.affords_costly([1.0], [], spent_s=0.0, searched_s=0.0)
+    assert not b.affords_costly([1.0], [], spent_s=45.0, searched_s=0.0)  # 55 s > 50 s
+    assert b.affords_costly([1.0], [], spent_s=45.0, searched_s=100.0)  # of 300 s: 75 s
+    assert not b.affords_costly([1.0], [60.0], spent_s=0.0, searched_s=0.0)  # as timed: 60 s
+    assert not budget(9.0).affords_costly([1.0], [], spent_s=0.0, searched_s=100.0)  # 10 > 9 s

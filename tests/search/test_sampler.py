@@ -58,7 +58,7 @@ def search(space, seconds: float, trials: int, seed: int = 0):
 
 
 def test_a_costly_preset_waits_and_the_sampler_offers_no_costly_choice_without_time(space):
-    # 10 s: a compile trial's three typical trials (until one is timed, 1 s each here) are over a
+    # 10 s: a compile trial's ten typical trials (until one is timed, 1 s each here) are over a
     # quarter of it
     study, queued, ran = search(space, 10.0, trials=14)
     assert not any("compile" in q for q in queued) and len(ran) >= 10
