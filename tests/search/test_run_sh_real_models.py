@@ -120,7 +120,7 @@ def test_run_sh_on_a_held_out_llama_matches_transformers_step_by_step(
 def test_a_resumed_study_of_a_held_out_llama_searches_within_its_budget(
     held_out, tmp_path, child_env
 ):
-    """The presets, then a 45-second resume: it times assemblies beyond them, ends within the
+    """The presets, then a one-minute resume: it times assemblies beyond them, ends within the
     budget's 5 % and 15 s, and writes the leader its full-protocol figures confirm."""
     import optuna
 
@@ -130,8 +130,8 @@ def test_a_resumed_study_of_a_held_out_llama_searches_within_its_budget(
     (name,) = optuna.get_all_study_names(storage)
     before = len(optuna.load_study(study_name=name, storage=storage).trials)
     start = time.monotonic()
-    run_sh(folder, tmp_path, child_env, "--budget-minutes", "0.75")
-    assert time.monotonic() - start <= 45 * 1.05 + 15
+    run_sh(folder, tmp_path, child_env, "--budget-minutes", "1")
+    assert time.monotonic() - start <= 60 * 1.05 + 15
     trials = optuna.load_study(study_name=name, storage=storage).trials[before:]
     timed = [t for t in trials if "tokens_per_s" in t.user_attrs or "tps_prefill" in t.user_attrs]
     assert len(timed) >= 3 and not any(t.user_attrs.get("source") for t in timed)
