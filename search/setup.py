@@ -169,6 +169,7 @@ def set_up(job) -> None:
         total_s=job.budget_s,
         leader_trials=getattr(args, "remeasure", 0) * REMEASURE_TRIALS[kind],
         verify_trials=VERIFY_TRIALS[kind],
+        verify_least_s=VERIFY_LEAST_S[kind],
         after_s=sweep_reserve_s(kind, job.budget_s) + WRAP_UP_S,
         confirm_trials=REMEASURE_TRIALS[kind] if getattr(args, "remeasure", 0) else 0.0,
         kept_s=job.kernel_search_s,
@@ -236,6 +237,10 @@ def scratch_dir(prefix: str) -> str:
 # (32.5 s against about 23, 56.2 against about 50).
 REMEASURE_TRIALS = {"cpu": 1.5, "cuda": 1.0}
 VERIFY_TRIALS = {"cpu": 3.0, "cuda": 1.5}
+# ... and at the least, where trials take a second: its two fresh processes' start-up (a
+# held-out LLaMA of 2 layers on this CPU: 7.2 s, 12-32 s while other jobs ran, against trials
+# of 1-3 s).
+VERIFY_LEAST_S = {"cpu": 10.0, "cuda": 0.0}
 # The trials timed before the kernel search's time is kept in the reserve: it searches a
 # leader's kernels, and on a short budget the trials that find the leader come first.
 KERNEL_SEARCH_AFTER = 3
@@ -259,10 +264,11 @@ WRAP_UP_S = 5.0
 class Budget:
     """The loop's deadline and the reserve after it: the leaders' full-protocol runs
     (`leader_trials` typical trials), the verification (`verify_s` as the study measured it,
-    else `verify_trials` typical trials; 0: none) and `after_s` (the shape sweep), at most
-    `max_reserve_share` of the budget but never less than the verification, the sweep and,
-    once a trial is timed, the winner's full-protocol run (`confirm_trials` typical trials: its
-    figures are the grader's protocol's, not one screening measurement); then
+    else `verify_trials` typical trials and at least `verify_least_s`; 0: none) and `after_s`
+    (the shape sweep), at most `max_reserve_share` of the budget but never less than the
+    verification, the sweep and, once a trial is timed, the winner's full-protocol run
+    (`confirm_trials` typical trials: its figures are the grader's protocol's, not one
+    screening measurement); then
     `kept_s` plus `kept_trials` typical trials (the kernel search and its leader's timings)
     once `kept_after` trials are timed: a search needs a leader, and on a short budget the
     first trials come before it (it then runs in what is left, or says there was no time)."""
@@ -273,6 +279,7 @@ class Budget:
     leader_trials: float = 0.0
     verify_trials: float = 0.0
     verify_s: float | None = None
+    verify_least_s: float = 0.0
     max_reserve_share: float = 0.35
     first_guess_s: float = 20.0
     after_s: float = 0.0
@@ -288,7 +295,8 @@ class Budget:
         """Seconds the verification is expected to take (0 without one)."""
         if not self.verify_trials:
             return 0.0
-        return self.verify_s or self.verify_trials * self.typical_trial_s(durations)
+        guess = max(self.verify_trials * self.typical_trial_s(durations), self.verify_least_s)
+        return self.verify_s or guess
 
     def seconds_for_trials(self, durations: list[float]) -> float:
         """Seconds left for trials: to the deadline, less the reserve."""

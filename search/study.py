@@ -432,6 +432,21 @@ def costly_seconds(study, space) -> list[float]:
     return seconds
 
 
+def untried(study, space, skip: dict) -> int:
+    """How many assemblies the space offers, less `skip`'s choices (axis -> values), no trial
+    has run to a verdict (a timeout is none)."""
+    done = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
+    run = {
+        json.dumps(t.user_attrs["variant"], sort_keys=True)
+        for t in study.get_trials(deepcopy=False, states=done)
+        if t.user_attrs.get("variant")
+        and t.user_attrs.get("duplicate_of") is None
+        and not t.user_attrs.get("timed_out")
+    }
+    offered = [v for v in space.assemblies if not any(getattr(v, a) in c for a, c in skip.items())]
+    return sum(json.dumps(v.to_dict(), sort_keys=True) not in run for v in offered)
+
+
 def enqueue(study, space, source: str, variant: Variant) -> None:
     attrs = {"source": source, "variant": variant.to_dict(), "variant_name": variant.name}
     study.enqueue_trial(space.params_for(variant), user_attrs=attrs)
@@ -534,6 +549,9 @@ def optimize(study, space, runner, budget: Budget, n_trials: int | None = None) 
             log.info("trial %d %s: %s", trial.number, variant.name, summary)
             bar.update(1)
             bar.set_postfix_str(summary[:60])
+            if not ran and untried(study, space, skip) == 0:  # (TPE would propose copies on)
+                log.info("every assembly offered here has run: the search ends")
+                break
     return done
 
 

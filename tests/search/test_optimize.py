@@ -108,3 +108,11 @@ def test_a_costly_assembly_waits_for_time_and_keeps_to_its_share():
     assert b.affords_costly([1.0], [], spent_s=45.0, searched_s=100.0)  # of 300 s: 75 s
     assert not b.affords_costly([1.0], [60.0], spent_s=0.0, searched_s=0.0)  # as timed: 60 s
     assert not budget(9.0).affords_costly([1.0], [], spent_s=0.0, searched_s=100.0)  # 10 > 9 s
+
+
+def test_a_first_verification_is_guessed_at_no_less_than_its_processes_start_up():
+    # trials of a second: three of them (3 s) would not start the verification's two processes
+    b = budget(100.0, verify_trials=3.0, verify_least_s=10.0)
+    assert b.verify_estimate_s([1.0]) == 10.0 and b.verify_estimate_s([20.0]) == 60.0
+    b.verify_s = 7.0  # as the study measured it
+    assert b.verify_estimate_s([1.0]) == 7.0

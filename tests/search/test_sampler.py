@@ -32,26 +32,26 @@ def speed(v: Variant) -> float:
 
 
 class Runner:
-    """Times nothing: a second a trial, the landscape's speed."""
+    """Times nothing: `seconds` a trial (as the budget sees it), the landscape's speed."""
 
     traces = ("prefill",)
 
-    def __init__(self):
-        self.durations, self.ran = [], []
+    def __init__(self, seconds: float = 1.0):
+        self.durations, self.ran, self.seconds = [], [], seconds
 
     def run(self, variant, timeout_s=None, prune_below=None):
         self.ran.append(variant)
-        self.durations.append(1.0)
+        self.durations.append(self.seconds)
         tps = speed(variant)
         attrs = {"variant": variant.to_dict(), "variant_name": variant.name, "status": "ok"}
         attrs.update(constraint=[-0.5], tokens_per_s=tps, tps_prefill=tps, trial_seconds=1.0)
         return TrialOutcome("ok", attrs, (tps, 200.0))
 
 
-def search(space, seconds: float, trials: int, seed: int = 0):
+def search(space, seconds: float, trials: int | None, seed: int = 0, trial_s: float = 1.0):
     study = optuna.create_study(directions=["maximize", "minimize"], sampler=st.make_sampler(seed))
     queued = st.enqueue_known_good(study, space, space.caps, None, "s", "x", None)
-    runner = Runner()
+    runner = Runner(trial_s)
     budget = Budget(time.monotonic() + seconds, 100.0, total_s=seconds, first_guess_s=1.0)
     st.optimize(study, space, runner, budget, n_trials=trials)
     return study, queued, runner.ran
@@ -81,3 +81,15 @@ def test_the_sampler_moves_from_the_presets_to_the_best_and_rarely_repeats(space
         assert sum(t.user_attrs.get("duplicate_of") is not None for t in study.trials) <= 4
         found += max(speed(v) for v in ran) == best == 85.0
     assert found >= 2
+
+
+def test_the_search_ends_when_every_assembly_offered_has_run(space):
+    # 2 s a trial: compile (ten typical trials) is never affordable in 60 s; the 84 eager
+    # assemblies are
+    start = time.monotonic()
+    study, queued, ran = search(space, 60.0, trials=None, trial_s=2.0)
+    eager = [v for v in space.assemblies if v.execution == "eager"]
+    assert len(eager) == 84 and sorted(v.name for v in ran) == sorted(v.name for v in eager)
+    assert time.monotonic() - start < 60.0  # it stopped there, not at the deadline
+    assert st.untried(study, space, {"execution": ("compile",)}) == 0
+    assert st.untried(study, space, {}) == 84  # the compiled ones
