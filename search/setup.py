@@ -318,16 +318,21 @@ class Budget:
         return min(self.trial_timeout_s, left)
 
     def affords_costly(
-        self, durations: list[float], costly_s: list[float], spent_s: float, searched_s: float
+        self,
+        durations: list[float],
+        costly_s: list[float],
+        spent_s: float,
+        searched_s: float,
+        share: float = COSTLY_SHARE,
     ) -> bool:
         """Whether a costly assembly (COSTLY) may start now: its seconds (the median of the
         costly trials timed, `costly_s`, else COSTLY_PRIOR_TRIALS typical trials) fit in what is
-        left for trials, and with the `spent_s` costly trials took so far stay within
-        COSTLY_SHARE of the search's seconds (the `searched_s` run and those left)."""
+        left for trials, and with the `spent_s` costly trials took so far stay within `share`
+        of the search's seconds (the `searched_s` run and those left)."""
         left = self.seconds_for_trials(durations)
         typical = self.typical_trial_s(durations)
         expected = statistics.median(costly_s) if costly_s else COSTLY_PRIOR_TRIALS * typical
-        return expected <= left and spent_s + expected <= COSTLY_SHARE * (searched_s + left)
+        return expected <= left and spent_s + expected <= share * (searched_s + left)
 
 
 def choose_gate(asked: str, target):

@@ -502,9 +502,10 @@ def tell_outcome(study, trial, outcome) -> None:
 
 
 def optimize(study, space, runner, budget: Budget, n_trials: int | None = None) -> int:
-    """Run trials until `n_trials` have started or the budget is spent; how many ran here.
-    Costly assemblies (setup.COSTLY) are queued (presets) or proposed only while the budget
-    affords one (`Budget.affords_costly`)."""
+    """Run trials until `n_trials` have started, the budget is spent or every assembly has run;
+    how many ran here. Costly assemblies (setup.COSTLY) are queued (presets) or proposed only
+    while the budget affords one (`Budget.affords_costly`; the whole search's time once every
+    other assembly has run)."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     done = 0
     kind, deferred, start = device_type(space.caps), costly_presets(study, space), time.monotonic()
@@ -525,6 +526,8 @@ def optimize(study, space, runner, budget: Budget, n_trials: int | None = None) 
             fail_stale_trials(study, older_than_s=2 * budget.trial_timeout_s + 120)
             searched = time.monotonic() - start
             affords = budget.affords_costly(runner.durations, costly_s, spent, searched)
+            if not affords and untried(study, space, COSTLY[kind]) == 0:  # nothing else left
+                affords = budget.affords_costly(runner.durations, costly_s, spent, searched, 1.0)
             waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
             if affords and deferred and not waiting:
                 enqueue(study, space, *deferred.pop(0))

@@ -108,6 +108,8 @@ def test_a_costly_assembly_waits_for_time_and_keeps_to_its_share():
     assert b.affords_costly([1.0], [], spent_s=45.0, searched_s=100.0)  # of 300 s: 75 s
     assert not b.affords_costly([1.0], [60.0], spent_s=0.0, searched_s=0.0)  # as timed: 60 s
     assert not budget(9.0).affords_costly([1.0], [], spent_s=0.0, searched_s=100.0)  # 10 > 9 s
+    # with every other assembly run, the search's whole time is theirs
+    assert b.affords_costly([1.0], [], spent_s=45.0, searched_s=0.0, share=1.0)
 
 
 def test_a_first_verification_is_guessed_at_no_less_than_its_processes_start_up():
