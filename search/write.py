@@ -199,13 +199,13 @@ def remeasure(job, records: list[Record]) -> None:
             log.info("no time left to re-measure trial %d with the full protocol", record.number)
             break
         # a run slower than expected (a loaded machine) may take what the later steps leave
-        limit = min(3 * expected, max(expected, job.seconds_left() - after))
+        limit = min(job.runner.timeout_s, max(expected, job.seconds_left() - after))
         outcome = job.runner.run(
             Variant.from_dict(record.variant), protocol="full", check=False, timeout_s=limit
         )
-        if outcome.status != "ok" and outcome.attrs.get("timed_out") and limit < 3 * expected:
+        if outcome.attrs.get("timed_out") and limit < job.runner.timeout_s:
             log.info("trial %d full protocol: cut short by the budget", record.number)
-            break  # no verdict on the variant: it keeps its screening numbers
+            break  # no verdict on the variant (a trial may take longer): its screening stands
         if outcome.status == "ok":
             full = {k: v for k, v in outcome.attrs.items() if k.startswith("full_")}
             full["full_status"] = "ok"

@@ -16,6 +16,8 @@ class Clock:
 class FakeRunner:
     """Each full-protocol run takes its trial's seconds off the clock."""
 
+    timeout_s = 300.0  # a trial's limit
+
     def __init__(self, clock: Clock, durations: list[float]):
         self.clock, self.durations, self.runs = clock, durations, []
 
