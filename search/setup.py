@@ -229,8 +229,10 @@ def scratch_dir(prefix: str) -> str:
 
 
 # What the steps after the search take, in typical trials (a median trial's seconds). A
-# leader's full-protocol run (no gate, a fresh engine a repeat): on a CPU about one and a half
-# (SmolLM2 on this CPU: 15.5 s against a 12.3 s trial), on a GPU about one (the H200's studies
+# leader's full-protocol run (no gate, a fresh engine a repeat, where screening builds one
+# engine a trace): on a CPU about one and a half (SmolLM2 on this CPU: 15.5 s against a 12.3 s
+# trial; the held-out LLaMA of 2 layers, whose engines build in no time: 6.3 s against 2.3 s,
+# which the sweep's time, after it on a CPU, covers), on a GPU about one (the H200's studies
 # in docs/: 18 s against about 23). The verification, until a study has measured its own: on a
 # CPU about three (34.7 s there: every correctness case from a cold reference, the stress case
 # at a long context, then a benchmark, each a fresh process), on a GPU about one and a half

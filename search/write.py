@@ -186,16 +186,18 @@ def remeasure(job, records: list[Record]) -> None:
     """The `--remeasure` leaders timed with the grader's full protocol in the time the steps
     after it leave (the budget keeps the first one's: the written engine's figures are the
     grader's protocol's); their `full_*` numbers go into the records and the study."""
-    after = after_remeasure_s(job)
     leaders, kind = rank(records)[: job.args.remeasure], device_kind(job.device)
     measured: dict[int, dict] = {}
+    after = after_remeasure_s(job)
     for record in leaders:
         if record.has_full:
             continue
-        # no gate, but a fresh engine per repeat: about one screening trial, with a margin
+        # no gate, but a fresh engine per repeat: a few screening trials
         expected = REMEASURE_TRIALS[kind] * (record.attrs.get("trial_seconds") or 30.0)
-        least = expected if measured else 0.5 * expected  # (the first: its share of the reserve)
-        if job.seconds_left() - after < least:
+        # the first comes before a CPU's sweep (which takes what is left), with half its time
+        first = not measured
+        after = after_remeasure_s(job, sweep=not (first and kind == "cpu"))
+        if job.seconds_left() - after < (0.5 if first else 1.0) * expected:
             log.info("no time left to re-measure trial %d with the full protocol", record.number)
             break
         # a run slower than expected (a loaded machine) may take what the later steps leave
@@ -232,16 +234,16 @@ def remeasure(job, records: list[Record]) -> None:
         )
 
 
-def after_remeasure_s(job, kernels: bool = True) -> float:
+def after_remeasure_s(job, kernels: bool = True, sweep: bool = True) -> float:
     """What the steps after the re-measurement need at the least: the verification (the
-    budget's estimate), the shape sweep at its least with the wrap-up and, with `kernels`, the
-    kernel search and its leader's timings."""
+    budget's estimate), with `sweep` the shape sweep at its least, the wrap-up and, with
+    `kernels`, the kernel search and its leader's timings."""
     from sweep.command import least_sweep_s
     from tuning.phase import LEADER_TIMINGS
 
     durations = job.runner.durations
-    need = job.budget.verify_estimate_s(durations) + least_sweep_s(device_kind(job.device))
-    need += WRAP_UP_S
+    need = job.budget.verify_estimate_s(durations) + WRAP_UP_S
+    need += least_sweep_s(device_kind(job.device)) if sweep else 0.0
     search_s = getattr(job, "kernel_search_s", 0.0)
     if kernels and search_s:
         need += search_s + LEADER_TIMINGS * job.budget.typical_trial_s(durations)

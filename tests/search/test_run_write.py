@@ -121,3 +121,12 @@ def test_the_leader_is_confirmed_in_the_reserve_kept_for_it_and_a_cut_run_rules_
     remeasure(cut, records)
     assert cut.runner.runs == [(Variant.from_dict(records[0].variant).name, 20.0)]
     assert not any(k.startswith("full_") for r in records for k in r.attrs)
+
+
+def test_on_a_cpu_the_leaders_confirmation_comes_before_the_sweep():
+    # 80 s left: the verification (58.5 s) and the wrap-up (5 s) leave 16.5 s, half a CPU
+    # leader's expected 30 s and more; the sweep's 10 s, which takes what is left, wait
+    cpu = job("cpu", 80.0)
+    records = leaders()
+    remeasure(cpu, records)
+    assert cpu.runner.runs == [Variant.from_dict(records[0].variant).name]
