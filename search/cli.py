@@ -20,6 +20,8 @@ from evaluator.engine_loader import EngineLoadError, OneLineParser
 from search.kernel_phase import kernel_phase
 from search.report import default_report_dir, render_log, summary, trial_line
 from search.setup import (
+    COSTLY,
+    COSTLY_SHARE,
     DEFAULT_TRIAL_TIMEOUT_S,
     ENGINES_ALIVE,
     Budget,
@@ -415,6 +417,13 @@ def search_with_optuna(job) -> tuple[list[Record], Record | None]:
         job.notes.append("enqueued first: " + "; ".join(queued))
     elif records:
         job.notes.append(f"resumed study {name} with {len(records)} earlier trial(s)")
+    costly = [f"{axis}={'/'.join(v)}" for axis, v in COSTLY[device_kind(job.device)].items()]
+    later = "; ".join(f"{source} ({v.name})" for source, v in st.costly_presets(study, job.space))
+    job.notes.append(
+        f"costly here ({', '.join(costly)}): queued{f' ({later})' if later else ''} or proposed "
+        f"only while one fits in the time left for trials and they keep within "
+        f"{COSTLY_SHARE:.0%} of the search's seconds"
+    )
     job.runner.durations += [
         r.attrs["trial_seconds"]
         for r in records

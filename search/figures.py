@@ -27,7 +27,7 @@ from sweep.plots import STYLE, save
 
 MIN_TRIALS_FOR_IMPORTANCE = 4
 TPS = "tokens/s (geometric mean over the traces, screening)"
-MIB = "peak MiB in the grader's pattern (screening)"
+MIB = "peak MiB with one engine alive (screening)"
 # name: (its caption in summary.md, why it may not be drawn); {why}: param_importances' reason
 CAPTIONS = {
     "tradeoff.png": (

@@ -48,18 +48,19 @@ def trace_names(records: list[Record]) -> list[str]:
 
 def top_table(ranked: list[Record], n: int = 5) -> str:
     """The leaders in rank order: screening and full-protocol throughput in their own columns,
-    the peak, and tokens/s per trace (full-protocol numbers where measured)."""
+    the peak (the grader's pattern's where the full protocol ran, else one engine's), and
+    tokens/s per trace (full-protocol numbers where measured)."""
     if not ranked:
         return "(no correct trial)"
     traces = trace_names(ranked)
-    header = ["rank", "trial", "variant", "screening tok/s", "full tok/s", "grader peak MiB"]
+    header = ["rank", "trial", "variant", "screening tok/s", "full tok/s", "peak MiB"]
     header += [f"{t} tok/s" for t in traces] + ["max err", "tol share"]
     rows = []
     for i, r in enumerate(ranked[:n], 1):
         per = r.trace_numbers("full_" if r.has_full else "")
         full = r.attrs.get("full_tokens_per_s")
         row = [str(i), str(r.number), r.name, _num(r.screening_tokens_per_s), _num(full)]
-        row.append(_num(r.peak_mib, 0))
+        row.append(_num(r.peak_mib, 0) + ("" if r.has_full else " (1 engine)"))
         row += [_num(per.get(t, {}).get("tps")) for t in traces]
         err = r.attrs.get("max_abs_err")
         row += ["-" if err is None else f"{err:.3g}", _num(r.attrs.get("tol_share"), 3)]
@@ -106,8 +107,8 @@ def trial_line(r: Record) -> str:
             if n in per
         )
         peak = f"peak {_num(a.get('peak_mib'), 0)} MiB"
-        if a.get("grader_peak_mib") is not None:  # (a trial of a worker: the grader's too)
-            peak += " in the grader's pattern"
+        # screening holds one engine; a study's older trials ran in the grader's pattern
+        peak += " in the grader's pattern" if a.get("grader_peak_mib") else " with one engine"
         body = (
             f" | {_num(a.get('tokens_per_s'))} tok/s gmean, {peak},"
             f" create {_num(a.get('create_s'), 2)} s | tok/s/decode tok/s per trace: {traces}"
@@ -178,7 +179,13 @@ def _why(chosen: Record, ranked: list[Record], ran: bool = True) -> str:
             f"{chosen.name}: a ranked default that was not measured here; {why}, so the "
             "safest default that passes verification was written."
         )
-    protocol = "full protocol" if chosen.has_full else "screening"
+    if chosen.has_full:  # the written engine's figures: the grader's protocol, not one screening
+        protocol = (
+            "full protocol: the grader's pattern, a fresh engine for each of three repeats; "
+            f"screening had {chosen.screening_tokens_per_s:.1f}"
+        )
+    else:
+        protocol = "screening on one engine; not re-measured with the full protocol"
     a = chosen.attrs
     share = (  # the share of the gate that judged it (search.trial.constraint's)
         f"{_num(a.get('noise_share'), 2)} of the noise gate's limit"
@@ -251,19 +258,25 @@ def beyond_presets(chosen: Record, records: list[Record]) -> str:
     sampled = [r for r in correct if not r.attrs.get("source")]
     if all(r.status == "waiting" for r in records):
         return f"beyond the presets: {NONE_RAN}"
-    tried = sum(1 for r in records if r.status != "waiting" and not r.attrs.get("source"))
-    if not tried:
+    proposed = [r for r in records if r.status != "waiting" and not r.attrs.get("source")]
+    copies = sum(r.attrs.get("duplicate_of") is not None for r in proposed)
+    tried = len(proposed) - copies  # (a proposal of an assembly already run is not run again)
+    if copies:
+        tried = f"{tried} trial(s) (and proposed {copies} already run, not run again)"
+    else:
+        tried = f"{tried} trial(s)"
+    if not proposed:
         return "beyond the presets: the sampler ran no trial (the budget went to the presets)"
     if not queued:
-        return f"beyond the presets: no queued assembly was timed; the sampler ran {tried} trial(s)"
+        return f"beyond the presets: no queued assembly was timed; the sampler ran {tried}"
     if not sampled:
-        return f"beyond the presets: the sampler ran {tried} trial(s), none correct and timed"
+        return f"beyond the presets: the sampler ran {tried}, none correct and timed"
     best = max(sampled, key=lambda r: r.screening_tokens_per_s)
     preset = max(queued, key=lambda r: r.screening_tokens_per_s)
     ratio = best.screening_tokens_per_s / preset.screening_tokens_per_s
     verdict = "beat" if ratio > 1 else "did not beat"
     lines = [
-        f"beyond the presets: the sampler ran {tried} trial(s); its best, trial {best.number}, "
+        f"beyond the presets: the sampler ran {tried}; its best, trial {best.number}, "
         f"{verdict} the best queued one ({preset.attrs['source']}, trial {preset.number}): "
         f"{ratio:.3f}x on the geometric mean (screening)"
         + (" and is the one written" if best.number == chosen.number else "")

@@ -147,7 +147,9 @@ def set_up(job) -> None:
         total_s=job.budget_s,
         leader_trials=getattr(args, "remeasure", 0) * REMEASURE_TRIALS[kind],
         verify_trials=VERIFY_TRIALS[kind],
+        verify_least_s=VERIFY_LEAST_S[kind],
         after_s=sweep_reserve_s(kind, job.budget_s) + WRAP_UP_S,
+        confirm_trials=REMEASURE_TRIALS[kind] if getattr(args, "remeasure", 0) else 0.0,
         kept_s=job.kernel_search_s,
         kept_trials=LEADER_TIMINGS if kernels else 0.0,
         kept_after=KERNEL_SEARCH_AFTER,
@@ -155,8 +157,8 @@ def set_up(job) -> None:
     job.notes.append(
         f"budget {minutes:g} min from run.sh's start, trial limit {job.trial_timeout:.0f} s; the "
         f"trials stop where the verification ({VERIFY_TRIALS[kind]:g} typical trials until the "
-        f"study has timed one), the sweep and, within {job.budget.max_reserve_share:.0%} of the "
-        "budget, the leaders' full-protocol runs still fit"
+        f"study has timed one), the sweep, the leader's full-protocol run and, within "
+        f"{job.budget.max_reserve_share:.0%} of the budget, the other leaders' still fit"
         + (
             f" (and, once {KERNEL_SEARCH_AFTER} trials are timed, the kernel search's "
             f"{job.kernel_search_s:.0f} s and its leader's timings)"
@@ -171,8 +173,9 @@ def set_up(job) -> None:
     check_weights_fit(job.target, job.device, job.memory_budget_gib, why)
     job.notes.append(
         f"memory budget {job.memory_budget_gib:g} GiB ({why}): an assembly whose peak in the "
-        "grader's pattern (a warm-up engine and two repeats alive) exceeds it is rejected; the "
-        f"written engine's MEMORY_BUDGET_GIB is a third of it"
+        "grader's pattern (a warm-up engine and two repeats alive, the full protocol's) exceeds "
+        "it is rejected, and one whose single screening engine does; the written engine's "
+        "MEMORY_BUDGET_GIB is a third of it"
     )
     job.runner = TrialRunner(
         job.target.config,
@@ -204,17 +207,35 @@ def scratch_dir(prefix: str) -> str:
 
 
 # What the steps after the search take, in typical trials (a median trial's seconds). A
-# leader's full-protocol run (no gate, a fresh engine a repeat): on a CPU about one and a half
-# (SmolLM2 on this CPU: 15.5 s against a 12.3 s trial), on a GPU about one (the H200's studies
+# leader's full-protocol run (no gate, a fresh engine a repeat, where screening builds one
+# engine a trace): on a CPU about one and a half (SmolLM2 on this CPU: 15.5 s against a 12.3 s
+# trial; the held-out LLaMA of 2 layers, whose engines build in no time: 6.3 s against 2.3 s,
+# which the sweep's time, after it on a CPU, covers), on a GPU about one (the H200's studies
 # in docs/: 18 s against about 23). The verification, until a study has measured its own: on a
 # CPU about three (34.7 s there: every correctness case from a cold reference, the stress case
 # at a long context, then a benchmark, each a fresh process), on a GPU about one and a half
 # (32.5 s against about 23, 56.2 against about 50).
 REMEASURE_TRIALS = {"cpu": 1.5, "cuda": 1.0}
 VERIFY_TRIALS = {"cpu": 3.0, "cuda": 1.5}
+# ... and at the least, where trials take a second: its two fresh processes' start-up (a
+# held-out LLaMA of 2 layers on this CPU: 7.2 s, 12-32 s while other jobs ran, against trials
+# of 1-3 s).
+VERIFY_LEAST_S = {"cpu": 10.0, "cuda": 0.0}
 # The trials timed before the kernel search's time is kept in the reserve: it searches a
 # leader's kernels, and on a short budget the trials that find the leader come first.
 KERNEL_SEARCH_AFTER = 3
+# Choices whose trials cost several others and do not win here, offered only while a budget has
+# time for them (`Budget.affords_costly`): on a CPU torch.compile (a trial ten times an eager
+# one on the held-out LLaMA, never the fastest there), on a GPU max-autotune (builds of minutes)
+# and float32 compute on a 16-bit model (twice the bytes a step).
+COSTLY = {
+    "cpu": {"execution": ("compile",)},
+    "cuda": {"compile_mode": ("max-autotune-no-cudagraphs",), "dtype": ("float32",)},
+}
+# Their trials' share of the search's seconds at most, and their seconds in typical trials until
+# one is timed (the CPU's compile trial above: ten).
+COSTLY_SHARE = 0.25
+COSTLY_PRIOR_TRIALS = 10.0
 # the shape sweep's process start, the figures and results.log (2.8 s on this CPU)
 WRAP_UP_S = 5.0
 # The kernel search (search/kernel_phase.py): the share of the run's budget it may take, and its
@@ -264,8 +285,11 @@ def sweep_reserve_s(kind: str, total_s: float) -> float:
 class Budget:
     """The loop's deadline and the reserve after it: the leaders' full-protocol runs
     (`leader_trials` typical trials), the verification (`verify_s` as the study measured it,
-    else `verify_trials` typical trials; 0: none) and `after_s` (the shape sweep), at most
-    `max_reserve_share` of the budget but never less than the verification and the sweep; then
+    else `verify_trials` typical trials and at least `verify_least_s`; 0: none) and `after_s`
+    (the shape sweep), at most `max_reserve_share` of the budget but never less than the
+    verification, the sweep and, once a trial is timed, the winner's full-protocol run
+    (`confirm_trials` typical trials: its figures are the grader's protocol's, not one
+    screening measurement); then
     `kept_s` plus `kept_trials` typical trials (the kernel search and its leader's timings)
     once `kept_after` trials are timed: a search needs a leader, and on a short budget the
     first trials come before it (it then runs in what is left, or says there was no time)."""
@@ -276,9 +300,11 @@ class Budget:
     leader_trials: float = 0.0
     verify_trials: float = 0.0
     verify_s: float | None = None
+    verify_least_s: float = 0.0
     max_reserve_share: float = 0.35
     first_guess_s: float = 20.0
     after_s: float = 0.0
+    confirm_trials: float = 0.0
     kept_s: float = 0.0
     kept_trials: float = 0.0
     kept_after: int = 0
@@ -290,20 +316,44 @@ class Budget:
         """Seconds the verification is expected to take (0 without one)."""
         if not self.verify_trials:
             return 0.0
-        return self.verify_s or self.verify_trials * self.typical_trial_s(durations)
+        guess = max(self.verify_trials * self.typical_trial_s(durations), self.verify_least_s)
+        return self.verify_s or guess
 
-    def time_for_trial(self, durations: list[float]) -> float | None:
-        """Seconds the next trial may take, or None when the budget is spent."""
+    def seconds_for_trials(self, durations: list[float]) -> float:
+        """Seconds left for trials: to the deadline, less the reserve."""
         typical = self.typical_trial_s(durations)
-        needed = self.verify_estimate_s(durations) + self.after_s
-        wanted = needed + self.leader_trials * typical
+        # the leader's run once there is one (a first guess of it would keep the first trial out)
+        confirm = self.confirm_trials * typical if durations else 0.0
+        needed = self.verify_estimate_s(durations) + self.after_s + confirm
+        wanted = needed + max(0.0, self.leader_trials - self.confirm_trials) * typical
         reserve = max(min(wanted, self.max_reserve_share * self.total_s), needed)
         if len(durations) >= self.kept_after:
             reserve += self.kept_s + self.kept_trials * typical
-        left = self.deadline - time.monotonic() - reserve
-        if left < 0.75 * typical:
+        return self.deadline - time.monotonic() - reserve
+
+    def time_for_trial(self, durations: list[float]) -> float | None:
+        """Seconds the next trial may take, or None when the budget is spent."""
+        left = self.seconds_for_trials(durations)
+        if left < 0.75 * self.typical_trial_s(durations):
             return None
         return min(self.trial_timeout_s, left)
+
+    def affords_costly(
+        self,
+        durations: list[float],
+        costly_s: list[float],
+        spent_s: float,
+        searched_s: float,
+        share: float = COSTLY_SHARE,
+    ) -> bool:
+        """Whether a costly assembly (COSTLY) may start now: its seconds (the median of the
+        costly trials timed, `costly_s`, else COSTLY_PRIOR_TRIALS typical trials) fit in what is
+        left for trials, and with the `spent_s` costly trials took so far stay within `share`
+        of the search's seconds (the `searched_s` run and those left)."""
+        left = self.seconds_for_trials(durations)
+        typical = self.typical_trial_s(durations)
+        expected = statistics.median(costly_s) if costly_s else COSTLY_PRIOR_TRIALS * typical
+        return expected <= left and spent_s + expected <= share * (searched_s + left)
 
 
 def choose_gate(asked: str, target):
@@ -507,7 +557,7 @@ class SearchSpace:
             return axis_name
         return f"{axis_name}[{'|'.join(str(c) for c in full)}]"
 
-    def _choose(self, pick) -> tuple[Variant, dict]:
+    def _choose(self, pick, skip: dict | None = None) -> tuple[Variant, dict]:
         partial: dict = {}
         params: dict = {}
         for axis in AXES:
@@ -516,6 +566,8 @@ class SearchSpace:
             choices = self.caps.choices(axis.name, partial)
             if not choices:
                 raise RuntimeError(f"no valid {axis.name} here after {partial}")
+            kept = [c for c in choices if c not in (skip or {}).get(axis.name, ())]
+            choices = kept or choices
             if len(choices) == 1:
                 partial[axis.name] = choices[0]
                 continue
@@ -523,9 +575,16 @@ class SearchSpace:
             partial[axis.name] = params[name] = pick(axis.name, name, choices)
         return Variant.from_dict(partial), params
 
-    def suggest(self, trial) -> Variant:
-        """The variant of an Optuna trial, suggesting one parameter per open axis."""
-        return self._choose(lambda axis, name, choices: trial.suggest_categorical(name, choices))[0]
+    def suggest(self, trial, skip: dict | None = None) -> Variant:
+        """The variant of an Optuna trial, suggesting one parameter per open axis; `skip`: axis
+        -> choices not offered this time (an axis keeps its last choice)."""
+        pick = lambda axis, name, choices: trial.suggest_categorical(name, choices)  # noqa: E731
+        return self._choose(pick, skip)[0]
+
+    def is_costly(self, variant: Variant, kind: str) -> bool:
+        """Whether `variant` takes one of COSTLY's choices for a `kind` device."""
+        values = self.canonical(variant).to_dict()
+        return any(values[axis] in choices for axis, choices in COSTLY[kind].items())
 
     def params_for(self, variant: Variant) -> dict:
         """The parameters `suggest` would record for `variant` (for `enqueue_trial`)."""

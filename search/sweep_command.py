@@ -226,6 +226,10 @@ PIPELINE_SETTINGS = {
 }
 PIPELINE_COMPILE = {"cpu": False, "cuda": True}
 PIPELINE_TIMEOUT_S = {"cpu": 120.0, "cuda": 400.0}  # engine builds come on top of the limit
+# A CPU sweep's process start and engine builds on top of its shapes, and the fewest seconds of
+# shapes worth a process: with less left of the budget it is not run.
+STARTS_CPU_S = 5.0
+MIN_CPU_LIMIT_S = 2.0
 
 
 def sweep_leaders(job, reuse: bool) -> list[str]:
@@ -246,13 +250,16 @@ def sweep_leaders(job, reuse: bool) -> list[str]:
             return [f"shape sweep: no variant to sweep{left_out}"]
         if kept := _kept_sweep(out, wanted, job.device, reuse):
             return [f"shape sweep: kept {out} ({kept})"]
+        limit = sweep_limit(kind, job.seconds_left())
+        if limit is None:
+            return [f"shape sweep: not run, {job.seconds_left():.0f} s of the budget left"]
         cmd = [sys.executable, "-m", "search", "sweep", "--out", str(out.resolve()), "--no-probe"]
         for name, variant in chosen:
             cmd += ["--variant", f"{name}={json.dumps(variant.to_dict())}"]
         cmd += ["--model-config", str(job.target.config_path)]
         cmd += ["--weight-dir", str(job.target.weight_dir), "--device", job.device]
         cmd += PIPELINE_SETTINGS[kind]
-        cmd += ["--time-limit", f"{sweep_limit(kind, job.seconds_left()):.0f}"]
+        cmd += ["--time-limit", f"{limit:.0f}"]
         if job.runner.ceilings:
             cmd += ["--ceilings", json.dumps(job.runner.ceilings)]
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -273,11 +280,13 @@ def sweep_leaders(job, reuse: bool) -> list[str]:
     return [note]
 
 
-def sweep_limit(kind: str, seconds_left: float) -> float:
-    """Seconds of shapes for the sweep: on a GPU what is left of the job's budget once its
-    builds and the steps after it are counted, within 20-90 s; on a CPU always 10."""
+def sweep_limit(kind: str, seconds_left: float) -> float | None:
+    """Seconds of shapes for the sweep: what is left of the job's budget once its start (on a
+    GPU its builds) and the steps after it are counted, on a GPU within 20-90 s, on a CPU at
+    most 10 s, and on a CPU None (no sweep) where that is under 2 s."""
     if kind == "cpu":
-        return PIPELINE_LIMIT_S["cpu"]
+        shapes_s = min(PIPELINE_LIMIT_S["cpu"], seconds_left - STARTS_CPU_S - WRAP_UP_S)
+        return shapes_s if shapes_s >= MIN_CPU_LIMIT_S else None
     shapes_s = seconds_left - BUILDS_GPU_S - WRAP_UP_S  # (the figures, results.log)
     return max(MIN_GPU_LIMIT_S, min(PIPELINE_LIMIT_S["cuda"], shapes_s))
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from search.setup import (
+    ENGINES_ALIVE,
     LEADER_TIMINGS,
     REMEASURE_TRIALS,
     WRAP_UP_S,
@@ -190,21 +191,30 @@ def installed(attempts: list[Attempt]) -> Attempt | None:
 
 def remeasure(job, records: list[Record]) -> None:
     """The `--remeasure` leaders timed with the grader's full protocol in the time the steps
-    after it leave; their `full_*` numbers go into the records and the study."""
-    after = after_remeasure_s(job)
+    after it leave (the budget keeps the first one's: the written engine's figures are the
+    grader's protocol's); their `full_*` numbers go into the records and the study."""
     leaders, kind = rank(records)[: job.args.remeasure], device_kind(job.device)
     measured: dict[int, dict] = {}
+    after = after_remeasure_s(job)
     for record in leaders:
         if record.has_full:
             continue
-        # no gate, but a fresh engine per repeat: about one screening trial, with a margin
+        # no gate, but a fresh engine per repeat: a few screening trials
         expected = REMEASURE_TRIALS[kind] * (record.attrs.get("trial_seconds") or 30.0)
-        if job.seconds_left() - after < expected:
+        # the first comes before a CPU's sweep (which takes what is left), with half its time
+        first = not measured
+        after = after_remeasure_s(job, sweep=not (first and kind == "cpu"))
+        if job.seconds_left() - after < (0.5 if first else 1.0) * expected:
             log.info("no time left to re-measure trial %d with the full protocol", record.number)
             break
+        # a run slower than expected (a loaded machine) may take what the later steps leave
+        limit = min(job.runner.timeout_s, max(expected, job.seconds_left() - after))
         outcome = job.runner.run(
-            Variant.from_dict(record.variant), protocol="full", check=False, timeout_s=3 * expected
+            Variant.from_dict(record.variant), protocol="full", check=False, timeout_s=limit
         )
+        if outcome.attrs.get("timed_out") and limit < job.runner.timeout_s:
+            log.info("trial %d full protocol: cut short by the budget", record.number)
+            break  # no verdict on the variant (a trial may take longer): its screening stands
         if outcome.status == "ok":
             full = {k: v for k, v in outcome.attrs.items() if k.startswith("full_")}
             full["full_status"] = "ok"
@@ -231,13 +241,13 @@ def remeasure(job, records: list[Record]) -> None:
         )
 
 
-def after_remeasure_s(job, kernels: bool = True) -> float:
+def after_remeasure_s(job, kernels: bool = True, sweep: bool = True) -> float:
     """What the steps after the re-measurement need at the least: the verification (the
-    budget's estimate), the shape sweep at its least with the wrap-up and, with `kernels`, the
-    kernel search and its leader's timings."""
+    budget's estimate), with `sweep` the shape sweep at its least, the wrap-up and, with
+    `kernels`, the kernel search and its leader's timings."""
     durations = job.runner.durations
-    need = job.budget.verify_estimate_s(durations) + least_sweep_s(device_kind(job.device))
-    need += WRAP_UP_S
+    need = job.budget.verify_estimate_s(durations) + WRAP_UP_S
+    need += least_sweep_s(device_kind(job.device)) if sweep else 0.0
     search_s = getattr(job, "kernel_search_s", 0.0)
     if kernels and search_s:
         need += search_s + LEADER_TIMINGS * job.budget.typical_trial_s(durations)
@@ -245,9 +255,20 @@ def after_remeasure_s(job, kernels: bool = True) -> float:
 
 
 def candidates(job, records: list[Record], ranked: list[Record]) -> list[Record]:
-    """Ranked trials, then defaults never shown wrong (so some engine is always written)."""
+    """Ranked trials within the memory budget, then defaults never shown wrong (so some engine
+    is always written). A trial screened on one engine and never timed in the grader's pattern
+    is kept only where three of its engines fit the budget."""
     tried = {repr(sorted(r.variant.items())) for r in records if r.variant and _ruled_out(r)}
     tried |= {repr(sorted(r.variant.items())) for r in ranked}
+    budget = job.runner.memory_budget_mib
+    ranked = [
+        r
+        for r in ranked
+        if budget is None
+        or r.has_full
+        or r.attrs.get("grader_peak_mib") is not None
+        or ENGINES_ALIVE * r.peak_mib <= budget
+    ]
     extra = []
     for i, v in enumerate(ranked_defaults(job.caps)):
         v = job.space.canonical(v)

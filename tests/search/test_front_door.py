@@ -241,6 +241,14 @@ def test_the_log_compares_the_chosen_and_the_runner_up_on_one_protocol():
     assert "1.356x its throughput" in text and RANKING in text
     both = _why(chosen, rank([chosen, _record(3, 50_000.0, full=7_500.0)]))
     assert "against 6991.0 tokens/s (full protocol, both)" in both
+    # the chosen line says where its figures come from: the grader's protocol, or screening
+    assert text.startswith(
+        "v1 (trial 1): 6991.0 tokens/s (geometric mean, full protocol: the grader's pattern, a "
+        "fresh engine for each of three repeats; screening had 80033.0), peak 120 MiB"
+    )
+    assert "80033.0 tokens/s (geometric mean, screening on one engine; not re-measured" in _why(
+        _record(1, 80_033.0), []
+    )
 
 
 def test_the_chosen_line_gives_the_share_of_the_gate_that_judged_it():

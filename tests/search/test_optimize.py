@@ -82,3 +82,39 @@ def test_the_budget_counts_from_run_sh_s_start(monkeypatch):
         assert launched_s_ago() == 0.0
     monkeypatch.delenv("AUTOTUNER_STARTED_AT")
     assert launched_s_ago() == 0.0
+
+
+def test_the_leaders_full_protocol_run_is_kept_beyond_the_share():
+    kw = dict(leader_trials=4.5, verify_trials=3.0, after_s=15.0)
+    # typical trial 30 s: the verification (90 s), the sweep and the leader's run (45 s) kept
+    # whatever the share (84 s of 240); the two other leaders' runs are within the share
+    assert budget(240.0, confirm_trials=1.5, **kw).time_for_trial([30.0]) == pytest.approx(
+        240.0 - 150.0, abs=1.0
+    )
+    assert budget(240.0, **kw).time_for_trial([30.0]) == pytest.approx(240.0 - 105.0, abs=1.0)
+    # before any trial is timed, no leader: a first guess of its run keeps no first trial out
+    b = budget(120.0, confirm_trials=1.5, **kw)
+    assert b.time_for_trial([]) == pytest.approx(120.0 - 75.0, abs=1.0)
+    # a roomy budget keeps the same 4.5 trials for the leaders, the first's among them
+    roomy = budget(1000.0, confirm_trials=1.5, **kw)
+    assert roomy.time_for_trial([20.0]) == pytest.approx(1000.0 - 165.0, abs=1.0)
+
+
+def test_a_costly_assembly_waits_for_time_and_keeps_to_its_share():
+    b = budget(200.0)  # no reserve: 200 s left for trials
+    # until one is timed, ten typical trials (1 s); the costly trials' share is a quarter
+    assert b.affords_costly([1.0], [], spent_s=0.0, searched_s=0.0)
+    assert not b.affords_costly([1.0], [], spent_s=45.0, searched_s=0.0)  # 55 s > 50 s
+    assert b.affords_costly([1.0], [], spent_s=45.0, searched_s=100.0)  # of 300 s: 75 s
+    assert not b.affords_costly([1.0], [60.0], spent_s=0.0, searched_s=0.0)  # as timed: 60 s
+    assert not budget(9.0).affords_costly([1.0], [], spent_s=0.0, searched_s=100.0)  # 10 > 9 s
+    # with every other assembly run, the search's whole time is theirs
+    assert b.affords_costly([1.0], [], spent_s=45.0, searched_s=0.0, share=1.0)
+
+
+def test_a_first_verification_is_guessed_at_no_less_than_its_processes_start_up():
+    # trials of a second: three of them (3 s) would not start the verification's two processes
+    b = budget(100.0, verify_trials=3.0, verify_least_s=10.0)
+    assert b.verify_estimate_s([1.0]) == 10.0 and b.verify_estimate_s([20.0]) == 60.0
+    b.verify_s = 7.0  # as the study measured it
+    assert b.verify_estimate_s([1.0]) == 7.0

@@ -22,9 +22,11 @@ def test_the_samplers_best_against_the_best_queued_trace_by_trace():
     queued = record(0, PRESET, "preset:slab-fused", prefill=400.0, decode=100.0)
     slower = record(1, {**PRESET, "cache": "contiguous"}, prefill=100.0, decode=50.0)
     found = record(2, SAMPLED, prefill=380.0, decode=125.0)
-    text = beyond_presets(found, [queued, slower, found])
+    again = Record(3, "duplicate", SAMPLED, {**found.attrs, "duplicate_of": 2})
+    text = beyond_presets(found, [queued, slower, found, again])
     assert text.splitlines() == [
-        "beyond the presets: the sampler ran 2 trial(s); its best, trial 2, beat the best "
+        "beyond the presets: the sampler ran 2 trial(s) (and proposed 1 already run, not run "
+        "again); its best, trial 2, beat the best "
         "queued one (preset:slab-fused, trial 0): 1.090x on the geometric mean (screening) and "
         "is the one written",
         "per trace: prefill 0.950x, decode 1.250x",

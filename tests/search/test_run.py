@@ -133,6 +133,8 @@ def test_results_log_names_every_trial_and_the_choice(planted):
         assert f"#{trial.number:<3d}" in text
     chosen = text.split("== chosen ==")[1].split("==")[0]
     assert PLANTED["fast"].name in chosen and "Runner-up: " + PLANTED["safest"].name in chosen
+    # the written engine's figures are the grader's protocol's, not one screening measurement
+    assert "(geometric mean, full protocol: the grader's pattern" in chosen.splitlines()[1]
     for section in (
         "environment",
         "target",
@@ -189,11 +191,15 @@ def test_a_second_run_without_trials_asked_spends_its_budget_on_new_trials(
     del args[args.index("--trials") : args.index("--trials") + 2]
     args[args.index("--budget-minutes") + 1] = "1.2"
     args[args.index("--workspace") + 1] = str(tmp_path / "ws")
+    start = time.monotonic()
     proc = search_cli(args)
+    seconds = time.monotonic() - start
     assert proc.returncode == 0, proc.stderr[-3000:]
     study = st.load_study(st.open_storage(storage), "planted")
-    assert len(study.trials) > before
+    new = [t for t in study.trials[before:] if t.user_attrs.get("duplicate_of") is None]
+    assert len(new) >= 3  # assemblies timed, not copies of those run before
     assert "no new trials were run" not in (tmp_path / "ws" / "results.log").read_text()
+    assert seconds <= 1.2 * 60 * 1.05 + 15  # the budget, every phase included
 
 
 def test_without_optuna_the_ranked_defaults_still_give_a_verified_engine(

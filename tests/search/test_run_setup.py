@@ -68,15 +68,20 @@ def test_a_trial_over_the_memory_budget_in_the_graders_pattern_is_infeasible(
     from search.trial import Phases, run_job
 
     phases = Phases(tmp_path / "result.json")
-    ok = run_job(_job_dict(tiny_config, tiny_weights, tmp_path, 10**6), phases)
-    assert ok["status"] == "ok" and ok["grader_peak_mib"] > 0
-    # the grader's pattern holds three engines where the timing held one
-    assert ok["grader_peak_mib"] >= ok["traces"]["decode"]["peak_mib"] - 1
-    over = run_job(_job_dict(tiny_config, tiny_weights, tmp_path, 1.0), phases)
-    assert over["status"] == "infeasible"
-    assert (
-        over["reason"].startswith("peak ") and "over the memory budget of 1 MiB" in over["reason"]
-    )
+    job = _job_dict(tiny_config, tiny_weights, tmp_path, 10**6)
+    screened = run_job(job, phases)  # one engine a trace: not the grader's peak
+    assert screened["status"] == "ok" and "grader_peak_mib" not in screened
+    assert screened["traces"]["decode"]["pattern"] == "one engine"
+    full = run_job({**job, "protocol": "full"}, phases)
+    assert full["status"] == "ok" and full["grader_peak_mib"] > 0
+    assert full["traces"]["decode"]["pattern"] == "grader"
+    for protocol, where in (("quick", "with one engine alive"), ("full", "in the grader's")):
+        over = run_job({**job, "protocol": protocol, "memory_budget_mib": 1.0}, phases)
+        assert over["status"] == "infeasible" and where in over["reason"]
+        assert (
+            over["reason"].startswith("peak ")
+            and "over the memory budget of 1 MiB" in over["reason"]
+        )
 
 
 def test_a_gated_trial_keeps_the_noise_measurement_for_the_next(

@@ -6,6 +6,7 @@ and `save_pretrained` checkpoints of every architecture the engine computes (ste
 import hashlib
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,29 @@ def test_run_sh_on_a_held_out_checkpoint_matches_transformers_step_by_step(
     for seed in (1, 2):
         agree, worst = step_by_step(ours, model, config["vocab_size"], seed)
         assert agree == 41 and worst <= 1e-3, (seed, agree, worst)
+
+
+@pytest.mark.slow
+def test_a_resumed_study_of_a_held_out_llama_searches_within_its_budget(
+    held_out, tmp_path, child_env
+):
+    """The presets, then a one-minute resume: it times assemblies beyond them, ends within the
+    budget's 5 % and 15 s, and writes the leader its full-protocol figures confirm."""
+    import optuna
+
+    folder = held_out("llama")
+    run_sh(folder, tmp_path, child_env, "--trials", "3", "--remeasure", "1")
+    storage = f"sqlite:///{tmp_path}/study.db"
+    (name,) = optuna.get_all_study_names(storage)
+    before = len(optuna.load_study(study_name=name, storage=storage).trials)
+    start = time.monotonic()
+    run_sh(folder, tmp_path, child_env, "--budget-minutes", "1")
+    assert time.monotonic() - start <= 60 * 1.05 + 15
+    trials = optuna.load_study(study_name=name, storage=storage).trials[before:]
+    timed = [t for t in trials if "tokens_per_s" in t.user_attrs or "tps_prefill" in t.user_attrs]
+    assert len(timed) >= 3 and not any(t.user_attrs.get("source") for t in timed)
+    chosen = (tmp_path / "ws" / "results.log").read_text().split("== chosen ==")[1]
+    assert "(geometric mean, full protocol: the grader's pattern" in chosen.splitlines()[1]
 
 
 @pytest.mark.parametrize(

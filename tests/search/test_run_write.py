@@ -16,6 +16,8 @@ class Clock:
 class FakeRunner:
     """Each full-protocol run takes its trial's seconds off the clock."""
 
+    timeout_s = 300.0  # a trial's limit
+
     def __init__(self, clock: Clock, durations: list[float]):
         self.clock, self.durations, self.runs = clock, durations, []
 
@@ -92,3 +94,39 @@ def test_the_leaders_are_remeasured_while_the_later_steps_still_fit():
     assert roomy.runner.runs == [Variant.from_dict(records[i].variant).name for i in (0, 1)]
     assert [("full_tokens_per_s" in r.attrs) for r in records] == [True, True, False]
     assert roomy.notes[0].startswith("full-protocol re-measure: 1 leader(s) keep their screening")
+
+
+class CutShort(FakeRunner):
+    """A full-protocol run killed at its limit: the budget's, not the variant's."""
+
+    def run(self, variant, protocol, check, timeout_s):
+        self.runs.append((variant.name, timeout_s))
+        self.clock.left -= timeout_s
+        return SimpleNamespace(status="failed", attrs={"timed_out": True}, reason="timed out")
+
+
+def test_the_leader_is_confirmed_in_the_reserve_kept_for_it_and_a_cut_run_rules_nothing_out():
+    # 124 s left, 111.5 s kept for later: the first leader (20 s expected on a GPU) still runs,
+    # limited to the 20 s it expects; the second waits for a whole 20 s
+    tight = job("cuda", 124.0)
+    records = leaders()
+    remeasure(tight, records)
+    assert tight.runner.runs == [Variant.from_dict(records[0].variant).name]
+    assert records[0].has_full
+    # a run the budget cut short is no verdict: the leader keeps its screening numbers and rank
+    cut = job("cuda", 124.0)
+    cut.runner = CutShort(Clock(124.0), [19.0, 20.0])
+    cut.seconds_left = lambda: cut.runner.clock.left
+    records = leaders()
+    remeasure(cut, records)
+    assert cut.runner.runs == [(Variant.from_dict(records[0].variant).name, 20.0)]
+    assert not any(k.startswith("full_") for r in records for k in r.attrs)
+
+
+def test_on_a_cpu_the_leaders_confirmation_comes_before_the_sweep():
+    # 80 s left: the verification (58.5 s) and the wrap-up (5 s) leave 16.5 s, half a CPU
+    # leader's expected 30 s and more; the sweep's 10 s, which takes what is left, wait
+    cpu = job("cpu", 80.0)
+    records = leaders()
+    remeasure(cpu, records)
+    assert cpu.runner.runs == [Variant.from_dict(records[0].variant).name]

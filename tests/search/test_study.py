@@ -126,15 +126,21 @@ def test_constraints_reach_the_sampler_and_duplicates_reuse_results(tmp_path, ti
     assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.COMPLETE]
     assert [t.user_attrs["constraint"][0] > 0 for t in trials] == [False, True]
     assert trials[1].constraints == {"correctness": pytest.approx(2.5)}
-    # The same variant again is not run: the trial copies the earlier result.
+    # The same variant again is not run: the trial copies the earlier result, told pruned (no
+    # second point where TPE already looked), and a later copy names the trial that ran it.
     earlier = find_duplicate(study, Variant(cache="slab"))
     assert earlier.number == 0
-    trial = study.ask()
-    assert copy_result(study, trial, earlier) == "duplicate"
-    copied = study.get_trials()[-1]
-    assert copied.values == trials[0].values and copied.user_attrs["duplicate_of"] == 0
+    for _ in range(2):
+        trial = study.ask()
+        assert (
+            copy_result(study, trial, find_duplicate(study, Variant(cache="slab"))) == "duplicate"
+        )
+    copies = study.get_trials()[2:]
+    assert [t.state for t in copies] == [TrialState.PRUNED] * 2 and copies[0].values is None
+    assert [t.user_attrs["duplicate_of"] for t in copies] == [0, 0]
+    assert "tokens_per_s" not in copies[0].user_attrs  # (counted once, with the trial that ran)
     records = st.load_records(study)
-    assert [r.status for r in records] == ["ok", "infeasible", "duplicate"]
+    assert [r.status for r in records] == ["ok", "infeasible", "duplicate", "duplicate"]
 
 
 def test_stale_running_trials_are_failed(tmp_path):

@@ -21,9 +21,11 @@ def test_the_trials_leave_a_gpu_sweep_a_tenth_of_the_budget_within_its_bounds():
     assert sweep_reserve_s("cpu", 240.0) == 10.0
 
 
-def test_a_cpu_sweep_always_gets_10_s():
+def test_a_cpu_sweep_gets_what_is_left_up_to_10_s_or_none():
     assert sweep_limit("cpu", 500.0) == 10.0
-    assert sweep_limit("cpu", -30.0) == 10.0
+    assert sweep_limit("cpu", 16.0) == 6.0  # its start (5 s) and the wrap-up (5 s) after
+    assert sweep_limit("cpu", 11.0) is None  # under 2 s of shapes: not run
+    assert sweep_limit("cpu", -30.0) is None  # already over the budget
 
 
 def test_a_full_sweep_of_the_same_variants_stays_and_a_cut_one_is_swept_again(tmp_path):
