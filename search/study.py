@@ -531,12 +531,20 @@ def optimize(study, space, runner, budget: Budget, n_trials: int | None = None) 
                 affords = budget.affords_costly(runner.durations, costly_s, spent, searched, 1.0)
             waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
             if affords and deferred and not waiting:
-                enqueue(study, space, *deferred.pop(0))
+                deferred = costly_presets(study, space)  # another process may have queued one
+                if deferred:
+                    enqueue(study, space, *deferred.pop(0))
             with warnings.catch_warnings():
                 # Optuna would beat only inside study.optimize; `heartbeat` does it here.
                 warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used")
                 trial = study.ask()
             with heartbeat(study, trial):
+                twin = queued_twin(study, trial)
+                if twin is not None:  # two processes queued it at once: the first one runs it
+                    trial.set_user_attr("status", "skipped")
+                    trial.set_user_attr("reason", f"queued twice; trial {twin} runs it")
+                    study.tell(trial, state=TrialState.FAIL)
+                    continue
                 earlier = sum(t.number < trial.number for t in started_trials(study))
                 if n_trials is not None and earlier >= n_trials:
                     trial.set_user_attr("status", "skipped")
@@ -557,6 +565,22 @@ def optimize(study, space, runner, budget: Budget, n_trials: int | None = None) 
                 log.info("every assembly offered here has run: the search ends")
                 break
     return done
+
+
+def queued_twin(study, trial) -> int | None:
+    """The number of an earlier trial queued from the same source with the same assembly, not
+    skipped, when `trial` was queued (two processes may queue one costly preset at once: the
+    check before queueing and the queueing are not one step in the storage)."""
+    attrs = trial.user_attrs
+    if not attrs.get("source"):
+        return None
+    for t in study.get_trials(deepcopy=False):
+        a = t.user_attrs
+        if t.number >= trial.number or a.get("status") == "skipped":
+            continue
+        if a.get("source") == attrs["source"] and a.get("variant") == attrs.get("variant"):
+            return t.number
+    return None
 
 
 def _run_one(study, space, runner, trial, limit: float, skip: dict) -> tuple[Variant, str, bool]:

@@ -69,6 +69,22 @@ def test_a_costly_preset_waits_and_the_sampler_offers_no_costly_choice_without_t
     assert study.trials[len(queued)].user_attrs["source"] == "preset:slab-sdpa-compile"
 
 
+def test_a_preset_two_processes_queued_at_once_runs_once(space):
+    # The race planted: the costly preset queued twice, as two processes would have, each having
+    # found it neither run nor queued. The first pop runs it, the second is skipped, not counted.
+    study = optuna.create_study(directions=["maximize", "minimize"], sampler=st.make_sampler(0))
+    (source, variant), *_ = st.costly_presets(study, space)
+    st.enqueue(study, space, source, variant)
+    st.enqueue(study, space, source, variant)
+    runner = Runner()
+    budget = Budget(time.monotonic() + 10000.0, 100.0, total_s=10000.0, first_guess_s=1.0)
+    st.optimize(study, space, runner, budget, n_trials=3)
+    assert runner.ran[0] == variant and runner.ran.count(variant) == 1
+    twin = study.trials[1].user_attrs
+    assert twin["status"] == "skipped" and twin["reason"] == "queued twice; trial 0 runs it"
+    assert len(st.started_trials(study)) == 3 and len(runner.ran) == 3
+
+
 def test_the_sampler_moves_from_the_presets_to_the_best_and_rarely_repeats(space):
     """The presets' best is 80 (paged 64, SDPA, fused); the landscape's, 85, is two axes away.
     TPE as it was (each axis alone, eight trials before it modelled, copies told as results)
