@@ -13,7 +13,7 @@ from pathlib import Path
 
 from search.kernel_phase import lines as kernel_lines
 from search.setup import ENGINES_ALIVE
-from search.trial import OBJECTIVE_TRACES, Record, load_renderer
+from search.trial import NEAREST, OBJECTIVE_TRACES, Record, load_renderer
 from search.write import Attempt, installed, rank
 from variants.probe import UserError
 from variants.variant import Variant
@@ -253,16 +253,21 @@ def beyond_presets(chosen: Record, records: list[Record]) -> str:
     """What the sampler found beyond the queued presets: its best correct assembly against the
     best preset, trace by trace (screening numbers, which every trial has), and the axes where
     they differ."""
+    known = lambda r: r.attrs.get("source") not in (None, NEAREST)  # noqa: E731 (queued first)
     correct = [r for r in records if r.status == "ok" and r.feasible]
-    queued = [r for r in correct if r.attrs.get("source")]
-    sampled = [r for r in correct if not r.attrs.get("source")]
+    queued = [r for r in correct if known(r)]
+    sampled = [r for r in correct if not known(r)]
     if all(r.status == "waiting" for r in records):
         return f"beyond the presets: {NONE_RAN}"
-    proposed = [r for r in records if r.status != "waiting" and not r.attrs.get("source")]
+    proposed = [r for r in records if r.status not in ("waiting", "skipped") and not known(r)]
     copies = sum(r.attrs.get("duplicate_of") is not None for r in proposed)
+    nearest = sum(r.attrs.get("source") == NEAREST for r in proposed)
     tried = len(proposed) - copies  # (a proposal of an assembly already run is not run again)
     if copies:
-        tried = f"{tried} trial(s) (and proposed {copies} already run, not run again)"
+        tried = f"{tried} trial(s) (and proposed {copies} already run, not run again"
+        tried += (
+            f"; in their place {nearest} untried one(s) nearest the leader)" if nearest else ")"
+        )
     else:
         tried = f"{tried} trial(s)"
     if not proposed:

@@ -36,6 +36,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # trial's speed there: to win the geometric mean, its other three would need 1.6x the best's.
 PRUNE_SHARE = 0.25
 INFEASIBLE = 1.0e6  # the constraint of a result that reports no share of the tolerance
+# The source of an assembly the search queues in place of the sampler's copy of one already run:
+# the search's proposal, not a known-good one (presets, earlier studies' bests).
+NEAREST = "untried, nearest the leader"
 
 
 @dataclass

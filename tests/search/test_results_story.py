@@ -1,7 +1,7 @@
 """results.log's account of what the sampler found beyond the queued presets."""
 
 from search.report import beyond_presets
-from search.trial import Record
+from search.trial import NEAREST, Record
 
 
 def record(number, variant, source=None, status="ok", **tps):
@@ -24,13 +24,20 @@ def test_the_samplers_best_against_the_best_queued_trace_by_trace():
     found = record(2, SAMPLED, prefill=380.0, decode=125.0)
     again = Record(3, "duplicate", SAMPLED, {**found.attrs, "duplicate_of": 2})
     text = beyond_presets(found, [queued, slower, found, again])
-    assert text.splitlines() == [
+    assert text.splitlines()[0].startswith(
         "beyond the presets: the sampler ran 2 trial(s) (and proposed 1 already run, not run "
         "again); its best, trial 2, beat the best "
-        "queued one (preset:slab-fused, trial 0): 1.090x on the geometric mean (screening) and "
-        "is the one written",
-        "per trace: prefill 0.950x, decode 1.250x",
-        "where they differ: cache=paged (preset: slab), layers=fused-pdl (preset: fused)",
+    )
+    # the search's own proposal in the copy's place counts as the sampler's, not as queued
+    nearest = record(4, {**SAMPLED, "cache": "slab"}, NEAREST, prefill=390.0, decode=130.0)
+    text = beyond_presets(nearest, [queued, slower, found, again, nearest])
+    assert text.splitlines() == [
+        "beyond the presets: the sampler ran 3 trial(s) (and proposed 1 already run, not run "
+        "again; in their place 1 untried one(s) nearest the leader); its best, trial 4, beat "
+        "the best queued one (preset:slab-fused, trial 0): 1.126x on the geometric mean "
+        "(screening) and is the one written",
+        "per trace: prefill 0.975x, decode 1.300x",
+        "where they differ: layers=fused-pdl (preset: fused)",
     ]
     assert "did not beat" in beyond_presets(queued, [queued, slower])
 

@@ -9,7 +9,7 @@ import pytest
 
 from search import study as st
 from search.setup import Budget, SearchSpace
-from search.trial import TrialOutcome
+from search.trial import NEAREST, TrialOutcome
 from variants.probe import probe_capabilities
 from variants.variant import Variant
 
@@ -85,6 +85,19 @@ def test_a_preset_two_processes_queued_at_once_runs_once(space):
     assert len(st.started_trials(study)) == 3 and len(runner.ran) == 3
 
 
+def test_a_copy_is_followed_by_the_untried_assembly_nearest_the_leader(space):
+    study, queued, ran = search(space, 10000.0, trials=6)
+    leader = max(ran, key=speed).to_dict()
+    assert st.queue_next_untried(study, space, {}, seed=0)
+    (waiting,) = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert waiting.user_attrs["source"] == NEAREST
+    differs = lambda v: sum(v.to_dict()[k] != leader[k] for k in leader)  # noqa: E731
+    untried = [v for v in space.assemblies if v not in ran]
+    assert differs(Variant.from_dict(waiting.user_attrs["variant"])) == min(map(differs, untried))
+    assert st.queue_next_untried(study, space, {}, seed=0)  # (it waits still: none added)
+    assert len(study.get_trials(states=(optuna.trial.TrialState.WAITING,))) == 1
+
+
 def test_the_sampler_moves_from_the_presets_to_the_best_and_rarely_repeats(space):
     """The presets' best is 80 (paged 64, SDPA, fused); the landscape's, 85, is two axes away.
     TPE as it was (each axis alone, eight trials before it modelled, copies told as results)
@@ -109,3 +122,8 @@ def test_the_search_ends_when_every_assembly_offered_has_run(space):
     assert time.monotonic() - start < 45.0  # it stopped there, not at the deadline
     assert st.untried(study, space, {"execution": ("compile",)}) == 0
     assert st.untried(study, space, {}) == 84  # the compiled ones
+    # Each proposal of an assembly already run is followed by the untried one nearest the
+    # leader, and the last ends the search (TPE alone proposed 737 copies to reach the 84)
+    copies = [t.number for t in study.trials if t.user_attrs.get("duplicate_of") is not None]
+    nearest = [t.number for t in study.trials if t.user_attrs.get("source") == NEAREST]
+    assert nearest == [n + 1 for n in copies[:-1]] and copies[-1] == len(study.trials) - 1
