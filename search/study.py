@@ -611,8 +611,8 @@ def queued_twin(study, trial) -> int | None:
         return None
     for t in study.get_trials(deepcopy=False):
         a = t.user_attrs
-        if t.number >= trial.number or a.get("status") == "skipped":
-            continue
+        if t.number >= trial.number or a.get("status") == "skipped" or a.get("timed_out"):
+            continue  # (a timeout is no verdict: it may be queued again)
         if a.get("source") == attrs["source"] and a.get("variant") == attrs.get("variant"):
             return t.number
     return None

@@ -133,7 +133,8 @@ def test_run_and_two_workers_share_the_study(
     assert sum(map(len, ran)) == len(set().union(*ran)) == TRIALS
     assert set().union(*ran) == {t.number for t in counted}
     assert ran[1] | ran[2], "the workers ran no trial: nothing was shared"
-    sources = [t.user_attrs["source"] for t in counted if t.user_attrs.get("source")]
+    queued = [t.user_attrs for t in counted if t.user_attrs.get("source")]
+    sources = [(a["source"], a["variant_name"]) for a in queued]
     assert len(sources) == len(set(sources))  # each queued assembly popped once
 
     # The verified best, as `run` wrote it, read back by another process.

@@ -69,8 +69,12 @@ def test_two_workers_complete_the_target_together(
     ran = [set(map(int, re.findall(r"search.study: trial (\d+) ", log))) for log in logs]
     assert not ran[0] & ran[1]
     assert ran[0] | ran[1] == {t.number for t in run}
-    # The enqueued presets were each popped once.
-    sources = [t.user_attrs.get("source") for t in run if t.user_attrs.get("source")]
+    # Each queued assembly (the presets, the search's own after a repeat) popped once.
+    sources = [
+        (t.user_attrs["source"], t.user_attrs["variant_name"])
+        for t in run
+        if t.user_attrs.get("source")
+    ]
     assert len(sources) == len(set(sources))
     for t in run:
         if t.state == TrialState.COMPLETE:
