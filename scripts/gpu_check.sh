@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check, run on the device machine (H200) over a copy of the tree:
 #   bash scripts/gpu_check.sh [STAGE...]   stages: env tests (or tests1 tests2) sweep study grader
-#   realmodels soak cachesizes knobs neutral fewknobs prefillknobs kernelstudy
+#   realmodels soak cachesizes knobs neutral fewknobs prefillknobs kernelstudy stepbytes
 # (default: env tests sweep study soak). Writes logs and JSON under $OUT (or workspace/gpu_check)
 # and a summary.txt. The measuring tools are in experiments/ (python experiments/NAME.py --help).
 # Optuna is not installed there: wheels in .whl/ (carried) are installed into /tmp/site first.
@@ -282,6 +282,19 @@ if stage realmodels; then
         if [ -n "${REAL_PARALLEL:-}" ]; then real_model "$name" & else real_model "$name"; fi
     done
     wait
+fi
+# issue #72's first table: a decode step of the 16-layer bfloat16 model, kernel by kernel against
+# its bytes (STEP_ENGINE: a written engine.py; default the fused-pdl preset)
+if stage stepbytes; then
+    dir=/tmp/gpu_models/llama16-bf16
+    if [ ! -f "$dir/model.pt" ]; then
+        mkdir -p "$dir" && cp scripts/gpu_models/llama16-bf16.json "$dir/config.json"
+        "$PY" scripts/generate_toy_weights.py --config "$dir/config.json" \
+            --output "$dir/model.pt" > /dev/null
+    fi
+    timed stepbytes 300 "$PY" experiments/step_bytes.py --model-config "$dir/config.json" \
+        --weight-dir "$dir" ${STEP_ENGINE:+--engine "$STEP_ENGINE"} --shape 1x128 --shape 8x32 \
+        --shape 8x128 --shape 64x256 --json "$OUT/stepbytes.json"
 fi
 stage soak && timed soak 300 "$PY" -m pytest -s -m gpu -p no:cacheprovider \
     tests/variants/test_soak.py
