@@ -321,7 +321,9 @@ def render_log(job, records: list[Record], ranked: list[Record], attempts: list[
     if minutes > 0 and timed:
         rate = f"this run: {timed} in {minutes:.1f} min of search, {timed / minutes:.1f} a minute"
         trials = f"{rate}{trial_time(records)}\n{trials}"
-    out.append(_section(f"trials ({len(records)})", trials or "(none)"))
+    copies = sum(r.attrs.get("duplicate_of") is not None for r in records)
+    count = f"{len(records)}: {copies} of them the sampler's copies, not run" if copies else ""
+    out.append(_section(f"trials ({count or len(records)})", trials or "(none)"))
     out.append(_section("top 5", top_table(ranked, 5)))
     done = installed(attempts)
     chosen = "NONE: no candidate passed verification; engine.py untouched"

@@ -146,6 +146,10 @@ def test_results_log_names_every_trial_and_the_choice(planted):
     ):
         assert f"== {section}" in text, section
     assert "planted crash in create_engine" in text and "timed out after" in text
+    every = st.load_study(st.open_storage(planted["storage"]), "planted").trials
+    copies = sum(t.user_attrs.get("duplicate_of") is not None for t in every)
+    copied = f": {copies} of them the sampler's copies, not run" if copies else ""
+    assert f"== trials ({len(every)}{copied}) ==" in text
     assert "optuna-dashboard " + planted["storage"] in text
     assert "test_correctness.py: exit 0" in text
     phases = text.split("== time per phase ==")[1].split("==")[0]
