@@ -34,6 +34,8 @@ TOL_SHARE_LIMIT = 0.5
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # A screened trial stops (pruned) at the first trace it runs under this share of the best
 # trial's speed there: to win the geometric mean, its other three would need 1.6x the best's.
+# (Optuna's pruners cannot: Trial.report and should_prune raise NotImplementedError in a
+# multi-objective study, and ours is two: tokens/s and peak memory.)
 PRUNE_SHARE = 0.25
 INFEASIBLE = 1.0e6  # the constraint of a result that reports no share of the tolerance
 # The source of an assembly the search queues in place of the sampler's copy of one already run:
