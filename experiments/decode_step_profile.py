@@ -29,15 +29,8 @@ def step_profile(config, weight_dir, fields: dict, batch: int, ctx: int, steps: 
     for t in tokens[:5]:
         engine.decode(ids, t)
     torch.cuda.synchronize()
-    times = []
     replay = graph_replay_us(engine, batch, max(engine.lengths.values()))
-    for t in tokens[5:]:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        engine.decode(ids, t)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
+    times = step_ms(engine, ids, tokens[5:])
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         engine.decode(ids, tokens[0])
         torch.cuda.synchronize()
@@ -63,6 +56,19 @@ def step_profile(config, weight_dir, fields: dict, batch: int, ctx: int, steps: 
         "top_kernels": top,
         "prefill": prefill_profile(engine, config, gen),
     }
+
+
+def step_ms(engine, ids: list, tokens: list) -> list[float]:
+    """The GPU milliseconds of each decode step of `ids`, one a token tensor of `tokens`."""
+    times = []
+    for t in tokens:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        engine.decode(ids, t)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return times
 
 
 def kernel_table(prof, top: int = 12) -> tuple:

@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from evaluator.engine_loader import load_engine_module  # noqa: E402
 from evaluator.floor import measure_ceilings  # noqa: E402
+from experiments.decode_step_profile import step_ms  # noqa: E402
 from variants import build_engine  # noqa: E402
 from variants.presets import PRESETS  # noqa: E402
 from variants.spec import ModelSpec  # noqa: E402
@@ -118,14 +119,7 @@ def profile_step(engine, config, batch: int, ctx: int) -> tuple[list, list, floa
     tokens = [torch.randint(0, vocab, (batch,), generator=gen).cuda() for _ in range(30)]
     for t in tokens[:10]:
         engine.decode(ids, t)
-    times = []
-    for t in tokens[10:]:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        engine.decode(ids, t)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
+    times = step_ms(engine, ids, tokens[10:])
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         engine.decode(ids, tokens[0])

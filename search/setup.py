@@ -206,58 +206,52 @@ def scratch_dir(prefix: str) -> str:
     return path
 
 
-# What the steps after the search take, in typical trials (a median trial's seconds). A
-# leader's full-protocol run (no gate, a fresh engine a repeat, where screening builds one
-# engine a trace): on a CPU about one and a half (SmolLM2 on this CPU: 15.5 s against a 12.3 s
-# trial; the held-out LLaMA of 2 layers, whose engines build in no time: 6.3 s against 2.3 s,
-# which the sweep's time, after it on a CPU, covers), on a GPU about one (the H200's studies
-# in docs/: 18 s against about 23). The verification, until a study has measured its own: on a
-# CPU about three (34.7 s there: every correctness case from a cold reference, the stress case
-# at a long context, then a benchmark, each a fresh process), on a GPU about one and a half
-# (32.5 s against about 23, 56.2 against about 50).
+# What the steps after the search take, in typical trials (a median trial's seconds), as
+# measured in studies on each kind of device. A leader's full-protocol run (no gate, a fresh
+# engine a repeat, where screening builds one engine a trace): more than a trial on a CPU, where
+# engine builds weigh more, about one on a GPU. The verification, until a study has measured its
+# own: every correctness case from a cold reference, the stress case at a long context, then a
+# benchmark, each a fresh process: several trials on a CPU, fewer on a GPU.
 REMEASURE_TRIALS = {"cpu": 1.5, "cuda": 1.0}
 VERIFY_TRIALS = {"cpu": 3.0, "cuda": 1.5}
-# ... and at the least, where trials take a second: its two fresh processes' start-up (a
-# held-out LLaMA of 2 layers on this CPU: 7.2 s, 12-32 s while other jobs ran, against trials
-# of 1-3 s).
+# ... and at the least, where trials take a second: its two fresh processes' start-up.
 VERIFY_LEAST_S = {"cpu": 10.0, "cuda": 0.0}
 # The trials timed before the kernel search's time is kept in the reserve: it searches a
 # leader's kernels, and on a short budget the trials that find the leader come first.
 KERNEL_SEARCH_AFTER = 3
 # Choices whose trials cost several others and do not win here, offered only while a budget has
-# time for them (`Budget.affords_costly`): on a CPU torch.compile (a trial ten times an eager
-# one on the held-out LLaMA, never the fastest there), on a GPU max-autotune (builds of minutes)
-# and float32 compute on a 16-bit model (twice the bytes a step).
+# time for them (`Budget.affords_costly`): on a CPU torch.compile (a trial several times an
+# eager one, its build included), on a GPU max-autotune (long builds) and float32 compute on a
+# 16-bit model (twice the bytes a step).
 COSTLY = {
     "cpu": {"execution": ("compile",)},
     "cuda": {"compile_mode": ("max-autotune-no-cudagraphs",), "dtype": ("float32",)},
 }
 # Their trials' share of the search's seconds at most, and their seconds in typical trials until
-# one is timed (the CPU's compile trial above: ten).
+# one is timed.
 COSTLY_SHARE = 0.25
 COSTLY_PRIOR_TRIALS = 10.0
-# the shape sweep's process start, the figures and results.log (2.8 s on this CPU)
+# the shape sweep's process start, the figures and results.log
 WRAP_UP_S = 5.0
 # The kernel search (search/kernel_phase.py): the share of the run's budget it may take, and its
 # most seconds
 KERNEL_SHARE, KERNEL_MOST_S = 0.1, 300.0
-# the share from the neutral prior (--neutral-kernels), which has every launch to find: 50 s a
-# search reached 4 of the few-row kernels' 7 row buckets on the H200 (docs/PERF.md)
+# the share from the neutral prior (--neutral-kernels), which has every launch to find (a
+# search of 10 % reached about half the few-row kernels' row buckets: docs/PERF.md)
 NEUTRAL_KERNEL_SHARE = 0.25
 # the least that is worth a search (engine build and compiles aside)
 LEAST_S = 20.0
 # the leader timed with the rules and with the table, in typical trials (a full-protocol
 # timing is about one and a half): kept for it in the study's reserve
 LEADER_TIMINGS = 3.0
-# The shape sweep at the end of run.sh (search/sweep_command.py) adds shapes for at most 90 s on
-# a GPU (less when the budget is nearly spent, never under 20 s: the figures need a few shapes),
-# on a CPU for 10 s. The trials leave it a tenth of a GPU's budget within those bounds: a short
-# budget's time goes to trials, not figures.
+# The shape sweep at the end of run.sh (search/sweep_command.py) adds shapes for at most
+# PIPELINE_LIMIT_S (less when the budget is nearly spent, on a GPU never under MIN_GPU_LIMIT_S:
+# the figures need a few shapes). The trials leave it a tenth of a GPU's budget within those
+# bounds: a short budget's time goes to trials, not figures.
 PIPELINE_LIMIT_S = {"cpu": 10.0, "cuda": 90.0}
 MIN_GPU_LIMIT_S = 20.0
 SWEEP_SHARE = 0.1
-# The sweep's engines' builds on a GPU, on top of its shapes' limit (28 s on an H200: 48 s in
-# all at the 20 s limit)
+# The sweep's engines' builds on a GPU, on top of its shapes' limit (as measured)
 BUILDS_GPU_S = 28.0
 LEAST_GPU_S = MIN_GPU_LIMIT_S + BUILDS_GPU_S
 

@@ -459,8 +459,8 @@ def queue_next_untried(study, space, skip: dict, seed: int) -> bool:
     """After the sampler proposed an assembly already run: queue the untried one (within `skip`)
     that differs from the leader (the best correct screened trial) on the fewest axes, ties
     drawn with `seed`. False when nothing is left to run (none untried, none queued). Late in a
-    search over a few hundred assemblies TPE proposes mostly ones already run (on a CPU, 549
-    copies to 14 new assemblies in a two-minute resume)."""
+    search over a few hundred assemblies TPE proposes mostly ones already run (docs/PERF.md,
+    the search on a CPU)."""
     if study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
         return True  # the next trial is queued already
     untried_now = untried_assemblies(study, space, skip)

@@ -218,8 +218,7 @@ def leaders(best: dict, records: list[Record], top: int, compile: bool = True):
 
 
 # run.sh: the defaults on a GPU (for the time search.setup's PIPELINE_LIMIT_S gives it); on a
-# CPU small shapes, and no torch.compile variant (its build alone took 12 s on the tiny test
-# model)
+# CPU small shapes, and no torch.compile variant (its build alone outlasts the sweep's time)
 PIPELINE_SETTINGS = {
     "cpu": ["--batches", "1,2,4", "--lengths", "16,64", "--repeats", "2"],
     "cuda": [],

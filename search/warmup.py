@@ -31,9 +31,9 @@ log = logging.getLogger(__name__)
 # The warm-up's limit: a share of the job's budget, or what the model needs if that is more
 # (a cut child loses its compile, which its trial then does alone), never more than a trial's.
 BUDGET_SHARE = 0.25
-# What the model needs: the compiles (about a minute for six course-model assemblies at once on
-# an H200: results.log's warm-up line) and, a GiB of weights, an allowance for each child's
-# loads (the reference and two engines) and its float32 reference's steps.
+# What the model needs: the compiles (results.log's warm-up line says what they took) and, a
+# GiB of weights, an allowance for each child's loads (the reference and two engines) and its
+# float32 reference's steps.
 WARM_BASE_S, WARM_S_PER_GIB = 75.0, 30.0
 # Beyond its weights and cache a child's engine takes up to about 0.9 GiB at a trial's peak
 # (graph pools, workspaces; experiments/engine_memory.py).

@@ -55,7 +55,7 @@ from variants.spec import ModelSpec
 
 LAYER_KERNELS = ("qkv", "o", "swiglu", "down")  # a layer's, in the order a step runs them
 # (BLOCK_N, BLOCK_K, warps, stages) of every kernel on a GPU nothing was measured on (the
-# neutral prior: no rule of the H200's), unsplit
+# neutral prior: no rule made for one GPU), unsplit
 NEUTRAL_TILES = (32, 64, 4, 2)
 LINEAR = ("o", "down", "head")  # few_row_linear's
 # the knobs in the order they are searched; the tiles' (launch_of) then the splits
