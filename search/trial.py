@@ -632,6 +632,7 @@ def neutral_tables(device, config: dict, variant) -> dict:
 
 def run_job(job: dict, phases: Phases) -> dict:
     from evaluator.engine_loader import load_engine_module
+    from search.shared_reads import SharedReads
     from variants.variant import Variant
 
     variant = Variant.from_dict(job["variant"])
@@ -646,7 +647,8 @@ def run_job(job: dict, phases: Phases) -> dict:
     extra = {k: v for k, v in tables.items() if v}  # (a renderer of the user's may not take them)
     render(variant, engine_path, job.get("header", ""), job.get("engine_budget_gib"), **extra)
     phases.enter("import")
-    create_engine = load_engine_module(engine_path).create_engine
+    reads = SharedReads()  # the trial's engines read the weight file once (on a GPU)
+    create_engine = reads.wrap(load_engine_module(engine_path).create_engine)
     # What is loaded now lives as long as the process: out of the cyclic collector's sight, so
     # that the benchmark's collections around each trace do not walk torch's objects each time.
     gc.freeze()
@@ -672,6 +674,7 @@ def run_job(job: dict, phases: Phases) -> dict:
         if budget is not None and peak > budget:
             reason = f"peak {peak:.0f} MiB {where} is over the memory budget of {budget:.0f} MiB"
             result.update(status="infeasible", reason=reason)
+    log.info("the weight file read %d time(s), %d served from a read", reads.reads, reads.hits)
     return result
 
 
