@@ -224,24 +224,40 @@ def kernel_phase(job, leader) -> KernelSearch | None:
     if found.budget_s <= 0:
         found.why = "no time left for it in this budget"
         return found
-    # The searches in turn, each an equal share of what those before it left (their seconds,
-    # builds included): the decode attention's, the prefill graphs' attention's (it often
-    # finishes early), the fused layers' few-row kernels' (the one that runs out of time).
+    # The searches in turn, each an equal share of what those before it left: the decode
+    # attention's, the prefill graphs' attention's (it often finishes early), the fused layers'
+    # few-row kernels' (the one that runs out of time). A search's child takes its own start
+    # (imports, its engine's build, first compiles) beyond the seconds it searches: a typical
+    # trial's until the first child has shown it. Those that cannot search LEAST_S seconds in
+    # their share are not run, the last first, so that the phase keeps its share.
     fused, prefill = variant.layers in ("fused", "fused-pdl"), variant.prefill_graphs != "off"
-    budget_s = found.budget_s
-    found = run_search(job, variant, prior, budget_s / (1 + fused + prefill))
+    later = ["tuning.prefill_attention"] * prefill + ["tuning.few_row"] * fused
+    budget_s, own_start = found.budget_s, typical
+
+    def searching_s(searches: int, spent: float) -> float:  # a search's seconds, its start apart
+        return (budget_s - spent) / searches - own_start
+
+    runs = len(later)
+    while runs and searching_s(1 + runs, 0.0) < LEAST_S:
+        runs -= 1
+    first = searching_s(1 + runs, 0.0)
+    if first < LEAST_S:
+        found.why = "no time left for it in this budget (a search's own start included)"
+        return found
+    found = run_search(job, variant, prior, first)
     if found.table is None:
         return found
-    found.budget_s = budget_s
-
-    def share(searches: int) -> float:  # of what is left, for this search and those after it
-        return max(LEAST_S, (budget_s - found.seconds) / searches)
-
-    if prefill:
-        module = "tuning.prefill_attention"
-        found.prefill = run_table_search(job, variant, found, module, share(1 + fused))
-    if fused:
-        found.few_row = run_table_search(job, variant, found, "tuning.few_row", share(1))
+    found.budget_s, own_start = budget_s, max(0.0, found.seconds - first)
+    for i, module in enumerate(later):
+        given = searching_s(runs - i, found.seconds) if i < runs else 0.0
+        if given < LEAST_S:
+            done = TableSearch(why="no time left for it in the kernel search's share")
+        else:
+            done = run_table_search(job, variant, found, module, given)
+        if module == "tuning.prefill_attention":
+            found.prefill = done
+        else:
+            found.few_row = done
     if not found.moved:
         found.why = "every bucket searched kept the prior's launch"
         return found

@@ -183,9 +183,10 @@ def _fused_job(tiny_config):
 def test_a_fused_leader_s_few_row_kernels_are_searched_after_its_attention(
     monkeypatch, tiny_config
 ):
-    """Half the budget for the attention, what it left for the few-row kernels; the leader
-    timed with both tables; the log names both searches' moves. A failed few-row search leaves
-    the attention's table to be timed alone."""
+    """Half the budget for the attention, what it left for the few-row kernels, each less a
+    child's own start (a typical trial's until the first child shows its own); the leader timed
+    with both tables; the log names both searches' moves. A failed few-row search leaves the
+    attention's table to be timed alone."""
     from search import kernel_phase as phase
     from search.trial import Record
 
@@ -215,7 +216,8 @@ def test_a_fused_leader_s_few_row_kernels_are_searched_after_its_attention(
     monkeypatch.setattr(phase, "timed_with", timed_with)
     leader = Record(0, "ok", {"cache": "slab", "attention": "triton", "layers": "fused"})
     found = phase.kernel_phase(_fused_job(tiny_config), leader)
-    assert budgets == [60.0, 75.0] and found.budget_s == 120.0  # what the first left
+    # 60 s less a typical trial (20 s); the child took 5 s beyond its 40: 75 s left, less 5
+    assert budgets == [40.0, 70.0] and found.budget_s == 120.0
     assert calls == [(None, None), (table, few_row)] and found.kept
     text = lines(found)
     assert "down   at   8 rows (42 steps, weight 3.0): a step 300.0 -> 280.0 us" in text
@@ -237,9 +239,9 @@ def test_a_leader_s_searches_share_what_those_before_them_left(
 ):
     """The decode attention an equal share of the budget (a third with the fused layers'
     few-row kernels, else half), then the prefill attention an equal share of what it left,
-    then the few-row kernels the rest (the search that runs out of time); the leader timed with
-    every table; the log names the prefill buckets' moves, and every trace decides (a prefill
-    table moves each one's prefill calls)."""
+    then the few-row kernels the rest (the search that runs out of time), each less a child's
+    own start; the leader timed with every table; the log names the prefill buckets' moves, and
+    every trace decides (a prefill table moves each one's prefill calls)."""
     from search import kernel_phase as phase
     from search.trial import Record
 
@@ -257,7 +259,7 @@ def test_a_leader_s_searches_share_what_those_before_them_left(
 
     def run_search(job, variant, prior, budget_s):
         budgets.append(budget_s)
-        return KernelSearch(prior, budget_s, table, [], seconds=budget_s)  # all it was given
+        return KernelSearch(prior, budget_s, table, [], seconds=budget_s + 5.0)  # its start 5 s
 
     def run_table_search(job, variant, found, module, budget_s):
         budgets.append(budget_s)
@@ -281,8 +283,9 @@ def test_a_leader_s_searches_share_what_those_before_them_left(
         {"cache": "slab", "attention": "triton", "layers": layers, "prefill_graphs": "pow2"},
     )
     found = phase.kernel_phase(job, leader)
-    first = 120.0 / shares
-    after = [(120.0 - first) / (shares - 1), 120.0 - first - 10.0][: shares - 1]
+    first = 120.0 / shares - 20.0  # its share less a typical trial, then less its own 5 s
+    spent = first + 5.0
+    after = [(120.0 - spent) / (shares - 1) - 5.0, 120.0 - spent - 10.0 - 5.0][: shares - 1]
     assert budgets == [pytest.approx(b) for b in [first, *after]] and found.budget_s == 120.0
     assert searched == ["tuning.prefill_attention", "tuning.few_row"][: shares - 1]
     few_row = tables["tuning.few_row"] if shares == 3 else None
@@ -370,3 +373,51 @@ def test_with_the_neutral_prior_the_written_engine_carries_the_neutral_tables(
         )  # fmt: skip
         cli.RunJob.write_engine(job, [leader], [leader], None)
         assert rendered[-1] == want, prior
+
+
+@pytest.mark.parametrize(
+    "share,searched",
+    [
+        (3 * (LEAST_S + 20.0), ["decode", "prefill", "few_row"]),
+        (2 * (LEAST_S + 20.0), ["decode", "prefill"]),  # the few-row kernels' dropped first
+        (LEAST_S + 20.0, ["decode"]),
+        (LEAST_S + 19.0, []),  # not even the decode attention's own start and LEAST_S fit
+    ],
+)
+def test_a_share_too_short_for_every_search_runs_fewer_and_keeps_its_seconds(
+    monkeypatch, tiny_config, share, searched
+):
+    """Children that take their whole budget and a typical trial's start each: the searches
+    that cannot search LEAST_S in their share are not run (the last first), and the phase's
+    seconds stay within its share; results.log says why those were not run."""
+    from search import kernel_phase as phase
+    from search.trial import Record
+
+    ran, total = [], []
+
+    def run_search(job, variant, prior, budget_s):
+        ran.append("decode")
+        total.append(budget_s + 20.0)
+        return KernelSearch(prior, budget_s, {(8, 1024): {}}, [], seconds=budget_s + 20.0)
+
+    def run_table_search(job, variant, found, module, budget_s):
+        ran.append(module.removeprefix("tuning.").removesuffix("_attention"))
+        total.append(budget_s + 20.0)
+        found.seconds += budget_s + 20.0
+        return TableSearch({}, [])
+
+    monkeypatch.setattr(phase, "run_search", run_search)
+    monkeypatch.setattr(phase, "run_table_search", run_table_search)
+    monkeypatch.setattr(phase, "search_budget_s", lambda *args: share)
+    leader = Record(
+        0, "ok",
+        {"cache": "slab", "attention": "triton", "layers": "fused-pdl", "prefill_graphs": "pow2"},
+    )  # fmt: skip
+    found = phase.kernel_phase(_fused_job(tiny_config), leader)
+    assert ran == searched
+    assert sum(total) == pytest.approx(share if searched else 0.0)
+    text = lines(found)
+    if "few_row" not in searched and searched:
+        assert "few-row kernels: no time left for it in the kernel search's share" in text
+    if not searched:
+        assert found.why.startswith("no time left for it in this budget")

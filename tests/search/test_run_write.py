@@ -86,8 +86,8 @@ def test_a_short_budget_skips_the_remeasure_rather_than_overrunning():
 
 
 def test_the_leaders_are_remeasured_while_the_later_steps_still_fit():
-    # 111.5 s kept for later and 20 s expected a leader (a GPU's full protocol: one trial): 52.5
-    # s free before the first, 32.5 s before the second, 12.5 s before the third.
+    # 111.5 s kept for later and 30 s expected a leader (a GPU's full protocol: 1.5 trials), 20
+    # s taken: 52.5 s free before the first, 32.5 s before the second, 12.5 s before the third.
     roomy = job("cuda", 164.0)
     records = leaders()
     remeasure(roomy, records)
@@ -106,20 +106,20 @@ class CutShort(FakeRunner):
 
 
 def test_the_leader_is_confirmed_in_the_reserve_kept_for_it_and_a_cut_run_rules_nothing_out():
-    # 124 s left, 111.5 s kept for later: the first leader (20 s expected on a GPU) still runs,
-    # limited to the 20 s it expects; the second waits for a whole 20 s
-    tight = job("cuda", 124.0)
+    # 128 s left, 111.5 s kept for later: the first leader (1.5 trials, 30 s, expected on a
+    # GPU) still runs in half of it, limited to the 30 s it expects; the second waits for 30 s
+    tight = job("cuda", 128.0)
     records = leaders()
     remeasure(tight, records)
     assert tight.runner.runs == [Variant.from_dict(records[0].variant).name]
     assert records[0].has_full
     # a run the budget cut short is no verdict: the leader keeps its screening numbers and rank
-    cut = job("cuda", 124.0)
-    cut.runner = CutShort(Clock(124.0), [19.0, 20.0])
+    cut = job("cuda", 128.0)
+    cut.runner = CutShort(Clock(128.0), [19.0, 20.0])
     cut.seconds_left = lambda: cut.runner.clock.left
     records = leaders()
     remeasure(cut, records)
-    assert cut.runner.runs == [(Variant.from_dict(records[0].variant).name, 20.0)]
+    assert cut.runner.runs == [(Variant.from_dict(records[0].variant).name, 30.0)]
     assert not any(k.startswith("full_") for r in records for k in r.attrs)
 
 
