@@ -73,22 +73,11 @@ print('$tree: memory budget', budget.get('memory_budget_gib', 'none'), 'GiB')")
                 --weight-dir "$root/$WEIGHT_DIR" --device cuda --suite "$SUITE" \
                 --json "$root/.ab/last.json" ${BENCH_ARGS:-} > "$log" 2>&1) \
                 || { echo "error: ${name:-head}'s benchmark failed: $log" >&2; continue; }
-            "$PY" -c "
-import json; d = json.load(open('.ab/last.json'))
-for k, t in d['traces'].items():
-    print(json.dumps({'round': $round, 'tree': '${name:-head}', 'place': $i, 'trace': k, 'harness': '$HARNESS', 'ms': 1e3 * t['seconds'], 'peak_mib': t.get('peak_mib')}))
-" >> "$out/ab.jsonl"
+            "$PY" scripts/ab_rows.py add "$out/ab.jsonl" .ab/last.json "round=$round" \
+                "tree=${name:-head}" "place=$i" "harness=$HARNESS"
         done
     done
-    "$PY" -c "
-import json, statistics, collections
-rows = collections.defaultdict(list)
-for line in open('$out/ab.jsonl'):
-    r = json.loads(line); rows[r['trace'], r.get('harness', 'own'), r['tree']].append(r['ms'])
-for (trace, harness, tree), ms in sorted(rows.items()):
-    print(f'{trace:12s} harness {harness:4s} {tree:8s} median {statistics.median(ms):.4f} ms of',
-          [round(m, 4) for m in ms])
-"
+    "$PY" scripts/ab_rows.py medians "$out/ab.jsonl"
     ;;
 *)
     echo "usage: ab_bench.sh prepare BASE [REV...] | run [ROUNDS]" >&2

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check, run on the device machine (H200) over a copy of the tree:
 #   bash scripts/gpu_check.sh [STAGE...]   stages: env tests (or tests1 tests2) sweep study grader
-#   realmodels soak cachesizes knobs neutral fewknobs prefillknobs kernelstudy stepbytes
+#   realmodels soak cachesizes knobs neutral fewknobs prefillknobs kernelstudy stepbytes handab
 # (default: env tests sweep study soak). Writes logs and JSON under $OUT (or workspace/gpu_check)
 # and a summary.txt. The measuring tools are in experiments/ (python experiments/NAME.py --help).
 # Optuna is not installed there: wheels in .whl/ (carried) are installed into /tmp/site first.
@@ -295,6 +295,29 @@ if stage stepbytes; then
     timed stepbytes 300 "$PY" experiments/step_bytes.py --model-config "$dir/config.json" \
         --weight-dir "$dir" ${STEP_ENGINE:+--engine "$STEP_ENGINE"} --shape 1x128 --shape 8x32 \
         --shape 8x128 --shape 64x256 --json "$OUT/stepbytes.json"
+fi
+# issue #70's H100 question: run.sh's engine (the kernel search on) against the same assembly
+# with the hand rules (experiments/hand_twin.py), HANDAB_ROUNDS alternating rounds of the public
+# traces in fresh processes (each round starts with the other engine), medians
+if stage handab; then
+    timed handab_run "${HANDAB_LIMIT:-420}" bash run.sh --device cuda \
+        --budget-minutes "${HANDAB_MINUTES:-5}" --fresh
+    cp workspace/results.log "$OUT/handab_results.log" 2>/dev/null
+    mkdir -p workspace/handab && cp workspace/engine.py workspace/handab/searched.py
+    "$PY" experiments/hand_twin.py workspace/engine.py workspace/handab/hand.py | tee -a "$SUMMARY"
+    : > "$OUT/handab.jsonl"
+    for round in $(seq 1 "${HANDAB_ROUNDS:-5}"); do
+        names="searched hand"; [ $((round % 2)) = 0 ] && names="hand searched"
+        for name in $names; do
+            "$PY" evaluator/benchmark_throughput.py --engine "workspace/handab/$name.py" \
+                --device cuda --suite public --json workspace/handab/last.json \
+                > "$OUT/handab_bench.log" 2>&1 \
+                || { note "handab: $name's benchmark failed (round $round)"; continue; }
+            "$PY" scripts/ab_rows.py add "$OUT/handab.jsonl" workspace/handab/last.json \
+                "round=$round" "tree=$name"
+        done
+    done
+    "$PY" scripts/ab_rows.py medians "$OUT/handab.jsonl" | tee -a "$SUMMARY"
 fi
 stage soak && timed soak 300 "$PY" -m pytest -s -m gpu -p no:cacheprovider \
     tests/variants/test_soak.py
