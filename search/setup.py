@@ -148,7 +148,9 @@ def set_up(job) -> None:
         leader_trials=getattr(args, "remeasure", 0) * REMEASURE_TRIALS[kind],
         verify_trials=VERIFY_TRIALS[kind],
         verify_least_s=VERIFY_LEAST_S[kind],
-        after_s=sweep_reserve_s(kind, job.budget_s) + WRAP_UP_S,
+        after_s=WRAP_UP_S,
+        sweep_s=sweep_reserve_s(kind, job.budget_s),
+        sweep_trials=SWEEP_TRIALS[kind],
         confirm_trials=REMEASURE_TRIALS[kind] if getattr(args, "remeasure", 0) else 0.0,
         kept_s=job.kernel_search_s,
         kept_trials=LEADER_TIMINGS if kernels else 0.0,
@@ -255,17 +257,17 @@ SWEEP_SHARE = 0.1
 # The sweep's engines' builds on a GPU, on top of its shapes' limit (as measured)
 BUILDS_GPU_S = 28.0
 LEAST_GPU_S = MIN_GPU_LIMIT_S + BUILDS_GPU_S
+# ... but a GPU's sweep ends when its shapes are measured, in about a trial and a half (it builds
+# three engines and times fewer shapes than a trial's traces): once trials are timed, the trials
+# keep it at most two typical trials of its reserve. A CPU's keeps its limit (its figures are few
+# shapes; its builds weigh more).
+SWEEP_TRIALS = {"cpu": 0.0, "cuda": 2.0}
 
 
 def search_share_s(total_s: float, prior: str) -> float:
     """The kernel search's seconds in a run of `total_s`: its share from `prior`, at most
     KERNEL_MOST_S."""
     return min((KERNEL_SHARE if prior == "hand" else NEUTRAL_KERNEL_SHARE) * total_s, KERNEL_MOST_S)
-
-
-def least_sweep_s(kind: str) -> float:
-    """What the sweep takes at the least: on a GPU `LEAST_GPU_S`, on a CPU its limit."""
-    return PIPELINE_LIMIT_S["cpu"] if kind == "cpu" else LEAST_GPU_S
 
 
 def sweep_reserve_s(kind: str, total_s: float) -> float:
@@ -280,11 +282,11 @@ def sweep_reserve_s(kind: str, total_s: float) -> float:
 class Budget:
     """The loop's deadline and the reserve after it: the leaders' full-protocol runs
     (`leader_trials` typical trials), the verification (`verify_s` as the study measured it,
-    else `verify_trials` typical trials and at least `verify_least_s`; 0: none) and `after_s`
-    (the shape sweep), at most `max_reserve_share` of the budget but never less than the
-    verification, the sweep and, once a trial is timed, the winner's full-protocol run
-    (`confirm_trials` typical trials: its figures are the grader's protocol's, not one
-    screening measurement); then
+    else `verify_trials` typical trials and at least `verify_least_s`; 0: none), the shape
+    sweep (`sweep_estimate_s`) and `after_s` (the wrap-up), at most `max_reserve_share` of the
+    budget but never less than the verification, the sweep and, once a trial is timed, the
+    winner's full-protocol run (`confirm_trials` typical trials: its figures are the grader's
+    protocol's, not one screening measurement); then
     `kept_s` plus `kept_trials` typical trials (the kernel search and its leader's timings)
     once `kept_after` trials are timed: a search needs a leader, and on a short budget the
     first trials come before it (it then runs in what is left, or says there was no time)."""
@@ -299,6 +301,8 @@ class Budget:
     max_reserve_share: float = 0.35
     first_guess_s: float = 20.0
     after_s: float = 0.0
+    sweep_s: float = 0.0
+    sweep_trials: float = 0.0
     confirm_trials: float = 0.0
     kept_s: float = 0.0
     kept_trials: float = 0.0
@@ -314,12 +318,20 @@ class Budget:
         guess = max(self.verify_trials * self.typical_trial_s(durations), self.verify_least_s)
         return self.verify_s or guess
 
+    def sweep_estimate_s(self, durations: list[float]) -> float:
+        """Seconds kept for the shape sweep: `sweep_s`, or less once trials are timed where
+        `sweep_trials` typical trials are less."""
+        if self.sweep_trials and durations:
+            return min(self.sweep_s, self.sweep_trials * self.typical_trial_s(durations))
+        return self.sweep_s
+
     def seconds_for_trials(self, durations: list[float]) -> float:
         """Seconds left for trials: to the deadline, less the reserve."""
         typical = self.typical_trial_s(durations)
         # the leader's run once there is one (a first guess of it would keep the first trial out)
         confirm = self.confirm_trials * typical if durations else 0.0
-        needed = self.verify_estimate_s(durations) + self.after_s + confirm
+        needed = self.verify_estimate_s(durations) + self.sweep_estimate_s(durations)
+        needed += self.after_s + confirm
         wanted = needed + max(0.0, self.leader_trials - self.confirm_trials) * typical
         reserve = max(min(wanted, self.max_reserve_share * self.total_s), needed)
         if len(durations) >= self.kept_after:

@@ -21,7 +21,6 @@ from search.setup import (
     REMEASURE_TRIALS,
     WRAP_UP_S,
     device_kind,
-    least_sweep_s,
 )
 from search.trial import Record, run_child, tail
 from variants.presets import ranked_defaults
@@ -243,11 +242,11 @@ def remeasure(job, records: list[Record]) -> None:
 
 def after_remeasure_s(job, kernels: bool = True, sweep: bool = True) -> float:
     """What the steps after the re-measurement need at the least: the verification (the
-    budget's estimate), with `sweep` the shape sweep at its least, the wrap-up and, with
+    budget's estimate), with `sweep` the shape sweep (the budget's estimate), the wrap-up and, with
     `kernels`, the kernel search and its leader's timings."""
     durations = job.runner.durations
     need = job.budget.verify_estimate_s(durations) + WRAP_UP_S
-    need += least_sweep_s(device_kind(job.device)) if sweep else 0.0
+    need += job.budget.sweep_estimate_s(durations) if sweep else 0.0
     search_s = getattr(job, "kernel_search_s", 0.0)
     if kernels and search_s:
         need += search_s + LEADER_TIMINGS * job.budget.typical_trial_s(durations)

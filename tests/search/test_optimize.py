@@ -118,3 +118,16 @@ def test_a_first_verification_is_guessed_at_no_less_than_its_processes_start_up(
     assert b.verify_estimate_s([1.0]) == 10.0 and b.verify_estimate_s([20.0]) == 60.0
     b.verify_s = 7.0  # as the study measured it
     assert b.verify_estimate_s([1.0]) == 7.0
+
+
+def test_a_gpu_s_sweep_is_kept_two_typical_trials_once_trials_are_timed():
+    # the sweep ends when its shapes are measured (1.4-1.5 trials in two GPU runs): its share of
+    # the budget (90 s at 20 minutes) is kept only until trials show what a trial takes
+    b = budget(1200.0, trial_timeout_s=300.0, after_s=5.0, sweep_s=90.0, sweep_trials=2.0)
+    assert b.sweep_estimate_s([]) == 90.0
+    assert b.sweep_estimate_s([12.0, 13.0, 14.0]) == 26.0
+    assert b.sweep_estimate_s([60.0]) == 90.0  # never more than its share
+    near_end = budget(60.0, after_s=5.0, sweep_s=90.0, sweep_trials=2.0)
+    assert near_end.time_for_trial([12.0]) == pytest.approx(60.0 - 5.0 - 24.0, abs=1.0)
+    cpu = budget(60.0, after_s=5.0, sweep_s=10.0)  # a CPU's keeps its limit
+    assert cpu.sweep_estimate_s([1.0]) == 10.0

@@ -2,7 +2,7 @@
 
 from types import SimpleNamespace
 
-from search.setup import Budget
+from search.setup import SWEEP_TRIALS, Budget, sweep_reserve_s
 from search.trial import Record
 from search.write import after_remeasure_s, remeasure
 from variants.variant import Variant
@@ -30,11 +30,13 @@ class FakeRunner:
 
 def job(device: str, left: float, durations=(19.0, 20.0, 18.0, 22.0)):
     clock = Clock(left)
+    kind = "cpu" if device == "cpu" else "cuda"
+    sweep = dict(sweep_s=sweep_reserve_s(kind, 240.0), sweep_trials=SWEEP_TRIALS[kind])
     return SimpleNamespace(
         device=device,
         runner=FakeRunner(clock, list(durations)),
         args=SimpleNamespace(remeasure=3),
-        budget=Budget(0.0, 300.0, leader_trials=4.5, verify_trials=3.0),
+        budget=Budget(0.0, 300.0, leader_trials=4.5, verify_trials=3.0, **sweep),
         seconds_left=lambda: clock.left,
         study=None,
         notes=[],
@@ -60,10 +62,11 @@ def leaders(n: int = 3) -> list[Record]:
     ]
 
 
-def test_after_the_remeasure_a_job_keeps_its_verification_and_the_least_sweep():
-    # three median trials (19.5 s) for the verification, 20 s of shapes and 28 s of builds on
-    # a GPU, 10 s of shapes on a CPU, 5 s to wrap up
-    assert after_remeasure_s(job("cuda:0", 100.0)) == 3 * 19.5 + 48.0 + 5.0
+def test_after_the_remeasure_a_job_keeps_its_verification_and_the_sweep():
+    # three median trials (19.5 s) for the verification; on a 4-minute GPU budget the sweep's
+    # share (20 s of shapes, 28 s of builds) or two typical trials where less; on a CPU 10 s of
+    # shapes; 5 s to wrap up
+    assert after_remeasure_s(job("cuda:0", 100.0)) == 3 * 19.5 + 2 * 19.5 + 5.0
     assert after_remeasure_s(job("cuda", 100.0, durations=())) == 3 * 20.0 + 48.0 + 5.0
     assert after_remeasure_s(job("cpu", 100.0)) == 3 * 19.5 + 10.0 + 5.0
     measured = job("cpu", 100.0)
@@ -81,13 +84,13 @@ def test_a_short_budget_skips_the_remeasure_rather_than_overrunning():
     assert not any("full_tokens_per_s" in r.attrs for r in records)
     assert short.notes == [
         "full-protocol re-measure: 3 leader(s) keep their screening numbers; the verification "
-        "and the shape sweep need the budget's last 112 s"
+        "and the shape sweep need the budget's last 102 s"
     ]
 
 
 def test_the_leaders_are_remeasured_while_the_later_steps_still_fit():
-    # 111.5 s kept for later and 30 s expected a leader (a GPU's full protocol: 1.5 trials), 20
-    # s taken: 52.5 s free before the first, 32.5 s before the second, 12.5 s before the third.
+    # 102.5 s kept for later and 30 s expected a leader (a GPU's full protocol: 1.5 trials), 20
+    # s taken: 61.5 s free before the first, 41.5 s before the second, 21.5 s before the third.
     roomy = job("cuda", 164.0)
     records = leaders()
     remeasure(roomy, records)
@@ -106,7 +109,7 @@ class CutShort(FakeRunner):
 
 
 def test_the_leader_is_confirmed_in_the_reserve_kept_for_it_and_a_cut_run_rules_nothing_out():
-    # 128 s left, 111.5 s kept for later: the first leader (1.5 trials, 30 s, expected on a
+    # 128 s left, 102.5 s kept for later: the first leader (1.5 trials, 30 s, expected on a
     # GPU) still runs in half of it, limited to the 30 s it expects; the second waits for 30 s
     tight = job("cuda", 128.0)
     records = leaders()
