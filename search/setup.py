@@ -223,12 +223,12 @@ VERIFY_LEAST_S = {"cpu": 10.0, "cuda": 0.0}
 # leader's kernels, and on a short budget the trials that find the leader come first.
 KERNEL_SEARCH_AFTER = 3
 # Choices whose trials cost several others and do not win here, offered only while a budget has
-# time for them (`Budget.affords_costly`): on a CPU torch.compile (a trial several times an
-# eager one, its build included), on a GPU max-autotune (long builds) and float32 compute on a
-# 16-bit model (twice the bytes a step).
+# time for them (`Budget.affords_costly`): torch.compile (a trial several times an eager one, its
+# build included; on a GPU max-autotune's builds longest, and there the fused Triton layers and
+# graphs lead) and on a GPU float32 compute on a 16-bit model (twice the bytes a step).
 COSTLY = {
     "cpu": {"execution": ("compile",)},
-    "cuda": {"compile_mode": ("max-autotune-no-cudagraphs",), "dtype": ("float32",)},
+    "cuda": {"execution": ("compile",), "dtype": ("float32",)},
 }
 # Their trials' share of the search's seconds at most, and their seconds in typical trials until
 # one is timed.

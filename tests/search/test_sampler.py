@@ -127,3 +127,18 @@ def test_the_search_ends_when_every_assembly_offered_has_run(space):
     copies = [t.number for t in study.trials if t.user_attrs.get("duplicate_of") is not None]
     nearest = [t.number for t in study.trials if t.user_attrs.get("source") == NEAREST]
     assert nearest == [n + 1 for n in copies[:-1]] and copies[-1] == len(study.trials) - 1
+
+
+def test_on_a_gpu_torch_compile_and_float32_are_costly(tiny_config):
+    caps = probe_capabilities("cpu", tiny_config)
+    gpu = SearchSpace(
+        dataclasses.replace(caps, device="cuda", device_type="cuda", can_compile=True)
+    )
+    eager = Variant(cache="slab", attention="sdpa")
+    assert not gpu.is_costly(eager, "cuda")
+    for costly in (
+        dataclasses.replace(eager, execution="compile"),
+        dataclasses.replace(eager, execution="compile", compile_mode="max-autotune-no-cudagraphs"),
+        dataclasses.replace(eager, dtype="float32"),
+    ):
+        assert gpu.is_costly(costly, "cuda"), costly.name
