@@ -260,14 +260,20 @@ fi
 # here) and SmolLM2 trimmed to carry (`python scripts/trim_model.py ~/smollm2 .models/smollm2-4l
 # --layers 4 --vocab 8192`, .models carried): run.sh writes a verified engine under the noise
 # gate; REAL_MODELS picks (default all three), REAL_MINUTES the budget each. One summary file.
+toy_model() {  # toy_model NAME: /tmp/gpu_models/NAME, scripts/gpu_models/NAME.json's toy weights
+    local dir=/tmp/gpu_models/$1
+    if [ ! -f "$dir/model.pt" ]; then
+        mkdir -p "$dir" && cp "scripts/gpu_models/$1.json" "$dir/config.json"
+        "$PY" scripts/generate_toy_weights.py --config "$dir/config.json" \
+            --output "$dir/model.pt" > /dev/null
+    fi
+}
 real_model() {  # run.sh on one model, its results.log summed up into realmodels.txt
     local name=$1 dir=/tmp/gpu_models/$1
     if [ "$name" = smollm2-4l ]; then
         dir=.models/smollm2-4l
-    elif [ ! -f "$dir/model.pt" ]; then
-        mkdir -p "$dir" && cp "scripts/gpu_models/$name.json" "$dir/config.json"
-        "$PY" scripts/generate_toy_weights.py --config "$dir/config.json" \
-            --output "$dir/model.pt" > /dev/null
+    else
+        toy_model "$name"
     fi
     timed "run_$name" "${REAL_LIMIT:-400}" bash run.sh --model-config "$dir/config.json" \
         --device cuda --budget-minutes "${REAL_MINUTES:-4}" --fresh \
@@ -287,11 +293,7 @@ fi
 # its bytes (STEP_ENGINE: a written engine.py; default the fused-pdl preset)
 if stage stepbytes; then
     dir=/tmp/gpu_models/llama16-bf16
-    if [ ! -f "$dir/model.pt" ]; then
-        mkdir -p "$dir" && cp scripts/gpu_models/llama16-bf16.json "$dir/config.json"
-        "$PY" scripts/generate_toy_weights.py --config "$dir/config.json" \
-            --output "$dir/model.pt" > /dev/null
-    fi
+    toy_model llama16-bf16
     timed stepbytes 300 "$PY" experiments/step_bytes.py --model-config "$dir/config.json" \
         --weight-dir "$dir" ${STEP_ENGINE:+--engine "$STEP_ENGINE"} --shape 1x128 --shape 8x32 \
         --shape 8x128 --shape 64x256 --json "$OUT/stepbytes.json"
