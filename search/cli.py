@@ -43,7 +43,7 @@ from search.trial import (
     neutral_tables,
     write_atomic,
 )
-from search.warmup import warm_first, warm_queued
+from search.warmup import warm_ahead, warm_first, warm_queued
 from search.write import (
     candidates,
     common_failure,
@@ -107,7 +107,9 @@ OPTIONS = {
         type=int, default=3, help="leaders re-measured with the grader's full protocol (default 3)"
     ),
     "--warm-workers": dict(
-        type=int, help="on a GPU, compile the queued Triton kernels this many at once (0: off)"
+        type=int,
+        help="on a GPU, compile the queued Triton kernels this many at once, and the next "
+        "proposals' while a trial runs (0: off)",
     ),
     "--kernel-search": dict(
         action=argparse.BooleanOptionalAction,
@@ -434,7 +436,11 @@ def search_with_optuna(job) -> tuple[list[Record], Record | None]:
     warmed = warm_queued(job, study)
     if warmed:
         job.notes.append(warmed)
-    st.optimize(study, job.space, job.runner, job.budget, n_trials=args.trials)
+    ahead = warm_ahead(job)
+    st.optimize(study, job.space, job.runner, job.budget, n_trials=args.trials, ahead=ahead)
+    warmed = ahead.close() if ahead is not None else None  # (closed already: its note)
+    if warmed:
+        job.notes.append(warmed)
     return st.load_records(study), None
 
 

@@ -322,7 +322,10 @@ def render_log(job, records: list[Record], ranked: list[Record], attempts: list[
         rate = f"this run: {timed} in {minutes:.1f} min of search, {timed / minutes:.1f} a minute"
         trials = f"{rate}{trial_time(records)}\n{trials}"
     copies = sum(r.attrs.get("duplicate_of") is not None for r in records)
-    count = f"{len(records)}: {copies} of them the sampler's copies, not run" if copies else ""
+    skipped = sum(r.status == "skipped" for r in records)  # (asked ahead, never reached)
+    parts = [f"{copies} of them the sampler's copies"] if copies else []
+    parts += [f"{skipped} skipped"] if skipped else []
+    count = f"{len(records)}: {' and '.join(parts)}, not run" if parts else ""
     out.append(_section(f"trials ({count or len(records)})", trials or "(none)"))
     out.append(_section("top 5", top_table(ranked, 5)))
     done = installed(attempts)

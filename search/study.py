@@ -300,9 +300,10 @@ def heartbeat_interval(study: optuna.Study) -> int | None:
 
 
 @contextmanager
-def heartbeat(study: optuna.Study, trial):
-    """While the block runs, a thread records the trial's heartbeat every interval (the
-    database's clock), so that when this process dies the others see the beats stop."""
+def heartbeat(study: optuna.Study, trials: list):
+    """While the block runs, a thread records the heartbeat of each trial in `trials` (a list
+    the block may change) every interval (the database's clock), so that when this process
+    dies the others see the beats stop."""
     interval = heartbeat_interval(study)
     if interval is None:
         yield
@@ -311,14 +312,15 @@ def heartbeat(study: optuna.Study, trial):
 
     def beat():
         while True:
-            try:
-                study._storage.record_heartbeat(trial._trial_id)
-            except Exception as exc:  # a lost beat: the next may get through within the grace
-                log.warning("heartbeat of trial %d not recorded: %r", trial.number, exc)
+            for trial in list(trials):
+                try:
+                    study._storage.record_heartbeat(trial._trial_id)
+                except Exception as exc:  # a lost beat: the next may get through in the grace
+                    log.warning("heartbeat of trial %d not recorded: %r", trial.number, exc)
             if stop.wait(interval):
                 return
 
-    thread = threading.Thread(target=beat, name=f"heartbeat-{trial.number}", daemon=True)
+    thread = threading.Thread(target=beat, name="heartbeat", daemon=True)
     thread.start()
     try:
         yield
@@ -327,11 +329,14 @@ def heartbeat(study: optuna.Study, trial):
         thread.join()
 
 
-def fail_stale_trials(study: optuna.Study, older_than_s: float) -> int:
+def fail_stale_trials(study: optuna.Study, older_than_s: float, own=()) -> int:
     """Fail the RUNNING trials whose process died: on a database with heartbeats, those silent
-    for GRACE_BEATS beats; on a journal file, those older than `older_than_s`."""
+    for GRACE_BEATS beats; on a journal file, those older than `older_than_s`. `own`: this
+    process's trials (asked ahead of their turn), never failed here."""
     storage, interval = study._storage, heartbeat_interval(study)
+    mine = {t.number for t in own}
     running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    running = [t for t in running if t.number not in mine]
     if interval is not None:
         silent = set(storage._get_stale_trial_ids(study._study_id))  # by the database's clock
         stale = [t for t in running if t._trial_id in silent]
@@ -534,29 +539,42 @@ def tell_outcome(study, trial, outcome) -> None:
         study.tell(trial, values=list(outcome.values))
 
 
-def optimize(study, space, runner, budget: Budget, n_trials: int | None = None) -> int:
+def optimize(study, space, runner, budget: Budget, n_trials: int | None = None, ahead=None) -> int:
     """Run trials until `n_trials` have started, the budget is spent or every assembly has run;
     how many ran here. Costly assemblies (setup.COSTLY) are queued (presets) or proposed only
     while the budget affords one (`Budget.affords_costly`; the whole search's time once every
-    other assembly has run)."""
+    other assembly has run). `ahead` (search/warmup.py's `WarmAhead`): the next trials are asked
+    of the sampler while the current one runs, and their kernels compiled meanwhile."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     done = 0
     kind, deferred, start = device_type(space.caps), costly_presets(study, space), time.monotonic()
     costly_s, spent = costly_seconds(study, space), 0.0  # the study's costly trials; this process's
-    with tqdm(
-        total=n_trials,
-        initial=len(started_trials(study)),
-        desc="trials",
-        unit="trial",
-        dynamic_ncols=True,
-        disable=None,
-    ) as bar:
-        while n_trials is None or len(started_trials(study)) < n_trials:
+    beating: list = []  # this process's running trials (the one running, those asked ahead)
+
+    def fits(trials: int) -> bool:  # whether the time left for trials holds this many typical
+        left = budget.seconds_for_trials(runner.durations)
+        return left >= trials * budget.typical_trial_s(runner.durations)
+
+    with (
+        tqdm(
+            total=n_trials,
+            initial=len(started_trials(study)),
+            desc="trials",
+            unit="trial",
+            dynamic_ncols=True,
+            disable=None,
+        ) as bar,
+        heartbeat(study, beating),
+        asking_ahead(study, ahead) as asked,
+    ):
+        while True:
             limit = budget.time_for_trial(runner.durations)
             if limit is None:
                 log.info("search budget spent after %d trial(s) in this process", done)
                 break
-            fail_stale_trials(study, older_than_s=2 * budget.trial_timeout_s + 120)
+            if not asked and n_trials is not None and len(started_trials(study)) >= n_trials:
+                break
+            fail_stale_trials(study, older_than_s=2 * budget.trial_timeout_s + 120, own=beating)
             searched = time.monotonic() - start
             affords = budget.affords_costly(runner.durations, costly_s, spent, searched)
             if not affords and untried(study, space, COSTLY[kind]) == 0:  # nothing else left
@@ -566,40 +584,95 @@ def optimize(study, space, runner, budget: Budget, n_trials: int | None = None) 
                 deferred = costly_presets(study, space)  # another process may have queued one
                 if deferred:
                     enqueue(study, space, *deferred.pop(0))
-            with warnings.catch_warnings():
-                # Optuna would beat only inside study.optimize; `heartbeat` does it here.
-                warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used")
-                trial = study.ask()
-            with heartbeat(study, trial):
-                twin = queued_twin(study, trial)
-                if twin is not None:  # two processes queued it at once: the first one runs it
-                    trial.set_user_attr("status", "skipped")
-                    trial.set_user_attr("reason", f"queued twice; trial {twin} runs it")
-                    study.tell(trial, state=TrialState.FAIL)
-                    continue
-                earlier = sum(t.number < trial.number for t in started_trials(study))
-                if n_trials is not None and earlier >= n_trials:
-                    trial.set_user_attr("status", "skipped")
-                    trial.set_user_attr("reason", "the study reached its trial target meanwhile")
-                    study.tell(trial, state=TrialState.FAIL)
-                    break
-                began = time.monotonic()
-                skip = {} if affords else COSTLY[kind]
-                variant, summary, ran = _run_one(study, space, runner, trial, limit, skip)
-                if ran and space.is_costly(variant, kind):
-                    costly_s.append(time.monotonic() - began)
-                    spent += costly_s[-1]
+            skip = {} if affords else COSTLY[kind]
+            trial, variant = asked.pop(0) if asked else (ask(study), None)
+            if trial not in beating:
+                beating.append(trial)
+            twin = queued_twin(study, trial)
+            if twin is not None:  # two processes queued it at once: the first one runs it
+                skip_trial(study, trial, f"queued twice; trial {twin} runs it")
+                beating.remove(trial)
+                continue
+            earlier = sum(t.number < trial.number for t in started_trials(study))
+            if n_trials is not None and earlier >= n_trials:
+                skip_trial(study, trial, "the study reached its trial target meanwhile")
+                beating.remove(trial)
+                break
+            variant = variant or propose(space, trial, skip)
+            if ahead is not None:
+                ask_ahead(study, space, ahead, asked, beating, skip, n_trials, fits)
+            began = time.monotonic()
+            paused = ahead.groups() if ahead is not None else ()
+            summary, ran = _run_one(study, runner, trial, variant, limit, paused)
+            if ahead is not None:
+                ahead.resume()
+            beating.remove(trial)
+            if ran and space.is_costly(variant, kind):
+                costly_s.append(time.monotonic() - began)
+                spent += costly_s[-1]
             done += 1
             log.info("trial %d %s: %s", trial.number, variant.name, summary)
             bar.update(1)
             bar.set_postfix_str(summary[:60])
-            if not ran and not queue_next_untried(study, space, skip, trial.number):
-                left = (
-                    f" but the costly ones ({axes(skip)}) the time left cannot fit" if skip else ""
-                )
-                log.info("every assembly offered here%s has run: the search ends", left)
-                break
+            if ran or queue_next_untried(study, space, skip, trial.number) or asked:
+                continue
+            left = f" but the costly ones ({axes(skip)}) the time left cannot fit" if skip else ""
+            log.info("every assembly offered here%s has run: the search ends", left)
+            break
     return done
+
+
+@contextmanager
+def asking_ahead(study, ahead):
+    """The trials asked ahead of their turn, as (trial, variant) in order; when the search ends,
+    those it did not reach are told skipped and `ahead`'s children are ended."""
+    asked: list = []
+    try:
+        yield asked
+    finally:
+        for trial, _ in asked:
+            skip_trial(study, trial, "asked ahead of its turn; the search ended first")
+        if ahead is not None:
+            ahead.close()
+
+
+def propose(space, trial, skip: dict) -> Variant:
+    """The trial's assembly: a proposal takes none of the `skip` choices (a queued trial takes
+    its own)."""
+    return space.suggest(trial, None if trial.user_attrs.get("source") else skip)
+
+
+def ask(study) -> optuna.trial.Trial:
+    with warnings.catch_warnings():
+        # Optuna would beat only inside study.optimize; `heartbeat` does it here.
+        warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used")
+        return study.ask()
+
+
+def skip_trial(study, trial, reason: str) -> None:
+    """Tell `trial` failed as skipped (it never ran; it counts toward no trial target)."""
+    trial.set_user_attr("status", "skipped")
+    trial.set_user_attr("reason", reason)
+    study.tell(trial, state=TrialState.FAIL)
+
+
+def ask_ahead(study, space, ahead, asked: list, beating: list, skip: dict, n_trials, fits) -> None:
+    """Ask the sampler for the next trials (up to `ahead.workers` waiting their turn, as many as
+    `fits(count)` says the budget holds after the one running, within `n_trials`) and warm each
+    new proposal's kernels (a proposal of an assembly already run is copied at its turn: nothing
+    to warm). Each is proposed without the results of the trials still running before it (the
+    sampler counts those as poor: `constant_liar`)."""
+    while len(asked) < ahead.workers and ahead.running() < ahead.workers:
+        if n_trials is not None and len(started_trials(study)) >= n_trials:
+            return
+        if not fits(len(asked) + 2):
+            return
+        trial = ask(study)
+        beating.append(trial)
+        variant = propose(space, trial, skip)
+        asked.append((trial, variant))
+        if find_duplicate(study, variant) is None:
+            ahead.warm(variant)
 
 
 def queued_twin(study, trial) -> int | None:
@@ -622,23 +695,24 @@ def axes(choices: dict) -> str:
     return ", ".join(f"{axis}={'/'.join(map(str, values))}" for axis, values in choices.items())
 
 
-def _run_one(study, space, runner, trial, limit: float, skip: dict) -> tuple[Variant, str, bool]:
-    """Run (or copy) the trial's variant and tell the study: the variant, a one-line summary,
-    whether it ran. A proposal takes none of the `skip` choices (a queued trial takes its own)."""
-    variant = space.suggest(trial, None if trial.user_attrs.get("source") else skip)
+def _run_one(study, runner, trial, variant, limit: float, paused=()) -> tuple[str, bool]:
+    """Run (or copy) the trial's variant and tell the study: a one-line summary, whether it
+    ran. `paused`: process groups the trial stops before it times (the warm-up children)."""
     earlier = find_duplicate(study, variant)
     if earlier is not None:
         status = copy_result(study, trial, earlier)
-        return variant, f"same as trial {earlier.number}: {status}", False
+        return f"same as trial {earlier.number}: {status}", False
     try:
-        outcome = runner.run(variant, timeout_s=limit, prune_below=prune_bar(study, runner))
+        outcome = runner.run(
+            variant, timeout_s=limit, prune_below=prune_bar(study, runner), paused=paused
+        )
     except Exception as exc:  # the runner itself broke: record it, stop cleanly
         trial.set_user_attr("status", "failed")
         trial.set_user_attr("reason", f"trial runner error: {exc!r}")
         study.tell(trial, state=TrialState.FAIL)
         raise
     tell_outcome(study, trial, outcome)
-    return variant, _summary(outcome), True
+    return _summary(outcome), True
 
 
 def prune_bar(study, runner) -> dict:

@@ -142,9 +142,12 @@ def tail(path: Path, chars: int = 2000) -> str:
         return ""
 
 
-def run_child(cmd: list[str], log_path: Path, timeout_s: float) -> tuple[int | None, float]:
+def run_child(
+    cmd: list[str], log_path: Path, timeout_s: float, started=None
+) -> tuple[int | None, float]:
     """Run `cmd` from the repository root in its own session; kill its process group at the
-    limit. (returncode, or None on a timeout; seconds)."""
+    limit. `started(pid)` is called once it runs (its pid is its process group's).
+    (returncode, or None on a timeout; seconds)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -158,6 +161,8 @@ def run_child(cmd: list[str], log_path: Path, timeout_s: float) -> tuple[int | N
             env=env,
             start_new_session=True,
         )
+        if started is not None:
+            started(proc.pid)
         try:
             code = proc.wait(timeout=max(timeout_s, 1.0))
         except subprocess.TimeoutExpired:
@@ -307,14 +312,21 @@ class TrialRunner:
         return time.perf_counter() - start
 
     def run(
-        self, variant, protocol="quick", check=True, timeout_s=None, prune_below=None
+        self,
+        variant,
+        protocol="quick",
+        check=True,
+        timeout_s=None,
+        prune_below=None,
+        paused=(),
     ) -> TrialOutcome:
         """Evaluate `variant` (a Variant) in a child process; never raises for engine faults.
-        `prune_below`: trace -> tokens/s under which the timing stops there (`PRUNE_SHARE`)."""
+        `prune_below`: trace -> tokens/s under which the timing stops there (`PRUNE_SHARE`);
+        `paused`: process groups the child stops before it times (`pause_groups`)."""
         limit = self.timeout_s if timeout_s is None else timeout_s
         with tempfile.TemporaryDirectory(prefix="trial-") as tmp:
             tmp = Path(tmp)
-            self.command(variant, tmp, protocol, check, prune_below=prune_below)
+            self.command(variant, tmp, protocol, check, prune_below=prune_below, paused=paused)
             code, seconds = run_trial_child(tmp / "job.json", tmp / "log.txt", limit)
             result = self._result(tmp / "result.json", code, limit, tmp / "log.txt")
             if protocol == "quick" and result["status"] != "failed":
@@ -331,13 +343,20 @@ class TrialRunner:
         return outcome
 
     def command(
-        self, variant, tmp: Path, protocol="quick", check=True, traces=None, prune_below=None
+        self,
+        variant,
+        tmp: Path,
+        protocol="quick",
+        check=True,
+        traces=None,
+        prune_below=None,
+        paused=(),
     ) -> list[str]:
         """The child's command line for `variant`, its job written to `tmp/job.json`; the
         engine, the result (`tmp/result.json`) and its phase marker go to `tmp` too."""
         job = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in NOT_IN_JOB}
         job.update(variant=variant.to_dict(), protocol=protocol, check=check)
-        job.update(prune_below=prune_below or {})
+        job.update(prune_below=prune_below or {}, pause_groups=list(paused))
         job.update(engine_path=str(tmp / "engine.py"), output=str(tmp / "result.json"))
         job.update(
             weight_dir=str(self.weight_dir), traces=self.traces if traces is None else traces
@@ -658,6 +677,7 @@ def run_job(job: dict, phases: Phases) -> dict:
         result = gate(create_engine, job, phases)
         if result["status"] != "ok":
             return result
+    pause_groups(job.get("pause_groups") or ())
     phases.enter("benchmark")
     try:
         result["traces"] = measure(create_engine, job)
@@ -676,6 +696,17 @@ def run_job(job: dict, phases: Phases) -> dict:
             result.update(status="infeasible", reason=reason)
     log.info("the weight file read %d time(s), %d served from a read", reads.reads, reads.hits)
     return result
+
+
+def pause_groups(groups) -> None:
+    """Stop the process groups `groups` (the next trials' warm-up children, search/warmup.py's
+    `WarmAhead`) before the timing: a child compiling and running kernels on the GPU beside the
+    timed engine would be timed with it. The study continues them once this trial has ended."""
+    for group in groups:
+        try:
+            os.killpg(group, signal.SIGSTOP)
+        except (ProcessLookupError, PermissionError):  # (it ended meanwhile)
+            continue
 
 
 def stop_with_parent(poll_s: float = 1.0) -> None:

@@ -13,7 +13,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -35,6 +37,9 @@ BUDGET_SHARE = 0.25
 # GiB of weights, an allowance for each child's loads (the reference and two engines) and its
 # float32 reference's steps.
 WARM_BASE_S, WARM_S_PER_GIB = 75.0, 30.0
+# The trials asked of the sampler ahead of their turn, each warmed by a child while the trials
+# before it run (`WarmAhead`): at most this many (each proposed without those trials' results).
+AHEAD = 4
 # Beyond its weights and cache a child's engine takes up to about 0.9 GiB at a trial's peak
 # (graph pools, workspaces; experiments/engine_memory.py).
 CHILD_EXTRA_BYTES = 1 << 30
@@ -179,3 +184,115 @@ def warm_first(job, variants: list) -> str | None:
         f"with Triton kernels to run first, {min(workers, len(variants))} at a time, in "
         f"{time.monotonic() - start:.0f} s (limit {limit:.0f} s): {outcomes}"
     )
+
+
+class WarmAhead:
+    """The next trials' kernels compiled while the current one runs: for each proposal asked
+    ahead, a child that renders it and runs the correctness gate alone (as `warm_kernels`), at
+    most `workers` at once, each within `limit_s`. A trial's child stops these children's
+    process groups before it times its engine (`trial.pause_groups`) and `resume` continues them
+    once the trial has ended; `close` ends those still running (what they compiled stays in
+    Triton's and Inductor's caches for the trials)."""
+
+    def __init__(self, runner, workers: int, limit_s: float):
+        self.runner, self.workers, self.limit_s = runner, workers, limit_s
+        self.started = self.finished = 0
+        self._groups: dict[int, int] = {}  # child -> its process group while it runs
+        self._threads: list[threading.Thread] = []
+        self._warmed: set[str] = set()
+        self._lock = threading.Lock()
+        self._closing = False
+
+    def running(self) -> int:
+        return sum(t.is_alive() for t in self._threads)
+
+    def warm(self, variant) -> bool:
+        """Start a child for `variant` unless one ran or runs for it, or `workers` run; whether
+        one started. Returns once the child's process group is known (or its start failed)."""
+        key = json.dumps(variant.to_dict(), sort_keys=True)
+        if self._closing or key in self._warmed or self.running() >= self.workers:
+            return False
+        self._warmed.add(key)
+        ready = threading.Event()
+        thread = threading.Thread(
+            target=self._child, args=(len(self._threads), variant, ready), daemon=True
+        )
+        self._threads.append(thread)
+        self.started += 1
+        thread.start()
+        ready.wait(30.0)
+        return True
+
+    def _child(self, index: int, variant, ready: threading.Event) -> None:
+        def started(pid: int) -> None:
+            with self._lock:
+                self._groups[index] = pid
+                closing = self._closing
+            if closing:  # `close` came first: this one never warms
+                _signal_group(pid, signal.SIGKILL)
+            ready.set()
+
+        try:
+            with tempfile.TemporaryDirectory(prefix="warm-") as tmp:
+                tmp = Path(tmp)
+                cmd = self.runner.command(variant, tmp, protocol="quick", check=True, traces=())
+                code, seconds = run_child(cmd, tmp / "log.txt", self.limit_s, started)
+            log.info("warmed ahead: %s, exit %s in %.1f s", variant.name, code, seconds)
+            if code == 0:
+                with self._lock:
+                    self.finished += 1
+        finally:
+            with self._lock:
+                self._groups.pop(index, None)
+            ready.set()
+
+    def groups(self) -> list[int]:
+        """The process groups of the children running now."""
+        with self._lock:
+            return list(self._groups.values())
+
+    def resume(self) -> None:
+        """Continue the children a trial stopped."""
+        for group in self.groups():
+            _signal_group(group, signal.SIGCONT)
+
+    def close(self) -> str | None:
+        """End the children still running (a stopped one too); a note for the results log, or
+        None when none started."""
+        with self._lock:
+            self._closing = True
+        for group in self.groups():
+            _signal_group(group, signal.SIGKILL)
+        for thread in self._threads:
+            thread.join(15.0)
+        if not self.started:
+            return None
+        return (
+            f"warmed ahead: {self.started} proposals' kernels compiled while the trials before "
+            f"them ran, {self.workers} at most at once (stopped while a trial timed its engine); "
+            f"{self.finished} finished, the rest ended with the search"
+        )
+
+
+def _signal_group(group: int, sig: int) -> None:
+    try:
+        os.killpg(group, sig)
+    except (ProcessLookupError, PermissionError):  # (it ended meanwhile)
+        pass
+
+
+def ahead_workers(job) -> int:
+    """How many children warm ahead: `workers_for`'s count less one (the trial running beside
+    them holds an engine too), at most AHEAD; 0 off a GPU or with `--warm-workers 0`."""
+    workers = workers_for(job)
+    if not workers:
+        return 0
+    fit = memory_workers(job) - 1 if job.args.warm_workers is None else workers
+    return max(0, min(AHEAD, workers, fit))
+
+
+def warm_ahead(job) -> WarmAhead | None:
+    """The search's `WarmAhead` for this job (each child within a trial's limit), or None where
+    `ahead_workers` is 0."""
+    workers = ahead_workers(job)
+    return WarmAhead(job.runner, workers, job.trial_timeout) if workers else None

@@ -2,10 +2,12 @@
 then TPE near the leaders; costly assemblies only while the budget has time for them."""
 
 import dataclasses
+import json
 import time
 
 import optuna
 import pytest
+from optuna.trial import TrialState
 
 from search import study as st
 from search.setup import Budget, SearchSpace
@@ -39,7 +41,7 @@ class Runner:
     def __init__(self, seconds: float = 1.0):
         self.durations, self.ran, self.seconds = [], [], seconds
 
-    def run(self, variant, timeout_s=None, prune_below=None):
+    def run(self, variant, timeout_s=None, prune_below=None, paused=()):
         self.ran.append(variant)
         self.durations.append(self.seconds)
         tps = speed(variant)
@@ -142,3 +144,77 @@ def test_on_a_gpu_torch_compile_and_float32_are_costly(tiny_config):
         dataclasses.replace(eager, dtype="float32"),
     ):
         assert gpu.is_costly(costly, "cuda"), costly.name
+
+
+class Ahead:
+    """Stands in for search/warmup.py's WarmAhead: records what is warmed and when."""
+
+    workers = 2
+
+    def __init__(self, events: list):
+        self.events, self.closed = events, 0
+
+    def running(self) -> int:
+        return 0
+
+    def warm(self, variant) -> bool:
+        self.events.append(("warm", variant))
+        return True
+
+    def groups(self) -> list:
+        return [4242]
+
+    def resume(self) -> None:
+        self.events.append(("resume", None))
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+class LoggedRunner(Runner):
+    def __init__(self, events: list, seconds: float = 1.0, sleep: float = 0.0):
+        super().__init__(seconds)
+        self.events, self.sleep = events, sleep
+
+    def run(self, variant, timeout_s=None, prune_below=None, paused=()):
+        self.events.append(("run", variant, tuple(paused)))
+        time.sleep(self.sleep)
+        return super().run(variant, timeout_s, prune_below)
+
+
+def test_the_next_trials_are_asked_ahead_and_warmed_before_their_turn(space):
+    study = optuna.create_study(directions=["maximize", "minimize"], sampler=st.make_sampler(0))
+    st.enqueue_known_good(study, space, space.caps, None, "s", "x", None)
+    events: list = []
+    runner, ahead = LoggedRunner(events), Ahead(events)
+    budget = Budget(time.monotonic() + 10000.0, 100.0, total_s=10000.0, first_guess_s=1.0)
+    st.optimize(study, space, runner, budget, n_trials=14, ahead=ahead)
+    runs = [e for e in events if e[0] == "run"]
+    warmed = [e[1] for e in events if e[0] == "warm"]
+    assert len(st.started_trials(study)) == 14 and len(runs) == len(runner.ran) >= 10
+    assert all(paused == (4242,) for _, _, paused in runs)  # each trial stops the children
+    assert all(events[events.index(r) + 1][0] == "resume" for r in runs)  # they go on after it
+    # every trial after the first was proposed and warmed before the one before it ran
+    for i, (_, variant, _) in enumerate(runs[1:], start=1):
+        assert events.index(("warm", variant)) < events.index(runs[i - 1])
+    ran = {json.dumps(v.to_dict(), sort_keys=True) for v in runner.ran}
+    assert len(ran) == len(runner.ran) and len(warmed) >= len(runs) - 1  # nothing ran twice
+    assert ahead.closed == 1 and not study.get_trials(states=(TrialState.RUNNING,))
+
+
+def test_trials_asked_ahead_that_the_budget_ends_before_are_skipped(space):
+    study = optuna.create_study(directions=["maximize", "minimize"], sampler=st.make_sampler(0))
+    st.enqueue_known_good(study, space, space.caps, None, "s", "x", None)
+    events: list = []
+    # (the trials take longer than they say: the last ones asked ahead no longer fit)
+    runner, ahead = LoggedRunner(events, seconds=0.2, sleep=0.6), Ahead(events)
+    budget = Budget(time.monotonic() + 3.0, 100.0, total_s=3.0, first_guess_s=0.2)
+    st.optimize(study, space, runner, budget, ahead=ahead)
+    skipped = [t for t in study.trials if t.user_attrs.get("status") == "skipped"]
+    assert skipped and len(skipped) <= Ahead.workers
+    assert all(t.user_attrs["reason"].startswith("asked ahead of its turn") for t in skipped)
+    assert all(t.state == TrialState.FAIL for t in skipped)
+    ran = {json.dumps(v.to_dict(), sort_keys=True) for v in runner.ran}
+    assert len(st.started_trials(study)) == len(study.trials) - len(skipped)
+    assert not study.get_trials(states=(TrialState.RUNNING,)) and ahead.closed == 1
+    assert len(ran) == len(runner.ran)  # nothing ran twice

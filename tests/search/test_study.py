@@ -172,7 +172,7 @@ def test_a_trial_whose_heartbeat_stopped_is_failed(tmp_path):
     study = st.open_study(st.open_storage(url, heartbeat_s=1), "beats")
     assert st.heartbeat_interval(study) == 1
     trial = study.ask()
-    with st.heartbeat(study, trial):
+    with st.heartbeat(study, [trial]):
         time.sleep(0.2)  # the first beat is recorded at once
     # The beats stopped as if the process died; after the grace period (3 beats, by the
     # database's clock, whole seconds in SQLite) the next process fails the trial.

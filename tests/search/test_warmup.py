@@ -1,6 +1,7 @@
 """The kernel warm-up: which assemblies it takes, its children's outcomes, its time limit."""
 
 import json
+import subprocess
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -10,10 +11,13 @@ import pytest
 import torch
 
 from search.setup import SearchSpace
-from search.trial import TrialRunner
+from search.trial import TrialRunner, pause_groups
 from search.warmup import (
+    AHEAD,
     WARM_BASE_S,
     WARM_S_PER_GIB,
+    WarmAhead,
+    ahead_workers,
     default_workers,
     has_triton_kernels,
     memory_workers,
@@ -79,6 +83,71 @@ def test_a_hung_child_is_killed_at_the_limit_and_later_ones_do_not_start(tiny_co
     assert warmed[1].status == "not started" and warmed[1].seconds == 0.0
 
 
+def process_state(pid: int) -> str:
+    """The state letter /proc gives a process (T: stopped), or "gone"."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return "gone"
+
+
+def wait_for(check, seconds: float = 10.0) -> bool:
+    end = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_a_proposal_warmed_ahead_is_stopped_while_a_trial_times_and_ended_with_the_search(
+    tiny_config, tiny_weights
+):
+    runner = TrialRunner(tiny_config, tiny_weights, "cpu", renderer=FAKE_RENDERER)
+    ahead = WarmAhead(runner, workers=1, limit_s=120)
+    assert ahead.warm(HANG)  # its engine sleeps: a child that compiles for long
+    (group,) = ahead.groups()
+    assert not ahead.warm(CORRECT)  # one at a time here
+    assert not ahead.warm(HANG)  # and once an assembly
+    # A trial's child stops it before its timing (the groups its job names) ...
+    pause_groups(ahead.groups())
+    assert wait_for(lambda: process_state(group) == "T")
+    time.sleep(0.3)
+    assert process_state(group) == "T"  # it stays stopped
+    # ... and the study continues it once the trial has ended
+    ahead.resume()
+    assert wait_for(lambda: process_state(group) not in ("T", "gone"))
+    pause_groups(ahead.groups())  # stopped when the search ends: ended all the same
+    note = ahead.close()
+    assert wait_for(lambda: process_state(group) in ("gone", "Z"))
+    assert ahead.groups() == [] and ahead.running() == 0
+    assert note.startswith("warmed ahead: 1 proposals' kernels compiled while the trials before")
+    assert "1 at most at once" in note and "0 finished" in note
+    assert not ahead.warm(CORRECT)  # none after the end
+    assert ahead.close() == note  # (again: the same note)
+
+
+def test_a_child_warmed_ahead_leaves_its_kernels_and_counts_as_finished(tiny_config, tiny_weights):
+    runner = TrialRunner(tiny_config, tiny_weights, "cpu", renderer=FAKE_RENDERER)
+    runner.gate_cases = ("public",)
+    ahead = WarmAhead(runner, workers=2, limit_s=120)
+    assert ahead.warm(CORRECT)
+    assert wait_for(lambda: ahead.running() == 0, 120)
+    assert ahead.finished == 1 and "1 finished" in ahead.close()
+    assert runner.durations == []  # not a trial
+
+
+def test_how_many_warm_ahead(tiny_config, tiny_weights):
+    job = gpu_job(tiny_config, tiny_weights, workers=3)
+    assert ahead_workers(job) == 3  # an explicit count
+    job.args.warm_workers = 8
+    assert ahead_workers(job) == AHEAD
+    job.args.warm_workers = 0
+    assert ahead_workers(job) == 0
+    job.device, job.args.warm_workers = "cpu", None
+    assert ahead_workers(job) == 0
+
+
 def test_the_job_file_asks_for_the_gate_alone(tiny_config, tmp_path):
     runner = TrialRunner(tiny_config, "/weights", "cuda")
     cmd = runner.command(CORRECT, tmp_path, protocol="quick", check=True, traces=())
@@ -86,8 +155,9 @@ def test_the_job_file_asks_for_the_gate_alone(tiny_config, tmp_path):
     assert cmd[-3:] == ["-m", "search.trial", str(tmp_path / "job.json")]
     assert job["traces"] == [] and job["check"] is True
     assert job["variant"] == CORRECT.to_dict() and job["engine_path"] == str(tmp_path / "engine.py")
-    runner.command(CORRECT, tmp_path)  # a trial's job: the runner's traces
-    assert json.loads((tmp_path / "job.json").read_text())["traces"] == list(runner.traces)
+    runner.command(CORRECT, tmp_path, paused=(7, 9))  # a trial's job: the runner's traces
+    job = json.loads((tmp_path / "job.json").read_text())
+    assert job["traces"] == list(runner.traces) and job["pause_groups"] == [7, 9]
 
 
 def test_no_warm_up_on_a_cpu_or_when_turned_off():
@@ -204,3 +274,15 @@ def test_gpu_memory_bounds_the_default_count(tmp_path):
     if total > 100 * (1 << 30):
         assert fits >= 6
     assert workers_for(job) == min(default_workers(), fits)
+
+
+def test_a_trial_stops_the_groups_it_is_given_before_it_times(tiny_config, tiny_weights):
+    sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        runner = TrialRunner(tiny_config, tiny_weights, "cpu", renderer=FAKE_RENDERER)
+        runner.gate_cases, runner.traces = ("public",), ("prefill",)
+        outcome = runner.run(CORRECT, paused=[sleeper.pid])
+        assert outcome.status == "ok" and process_state(sleeper.pid) == "T"
+    finally:
+        sleeper.kill()
+        sleeper.wait()
