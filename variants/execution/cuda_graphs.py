@@ -229,6 +229,16 @@ class DecodeGraphs(GraphRunner):
 
     def _body(self, b: int, ctx: int) -> None:
         meta = self.metas[b]
+        # Gathering, the first kernel writes the metadata: it comes before any that reads it
+        # (a slab's rows, computed from the table for an attention that views the pool).
+        if self.gather:  # the call's row count, then the rows' sources, follow the metadata
+            size = b * (3 + self.width)
+            x = self.gather(
+                self.token_check, self.host, meta, self.tokens, b, size, size + 1,
+                self.model.spec.vocab_size, self.model.weights.embed,
+            )  # fmt: skip
+        else:
+            x = self._embedded(self.tokens[:b])
         positions, write, kv_lens = meta[: 3 * b].view(3, b)
         table = meta[3 * b :].view(b, self.width)
         plan = CachePlan(
@@ -239,16 +249,8 @@ class DecodeGraphs(GraphRunner):
             uniform=False,
             rows=self.cache.graph_rows(table, ctx) if self.follows_layout else None,
             table=table[:, : self.cache.table_width(ctx)],
-            staged=not self.gather,  # gathering, the first kernel writes the metadata
+            staged=not self.gather,
         )
-        if self.gather:  # the call's row count, then the rows' sources, follow the metadata
-            size = b * (3 + self.width)
-            x = self.gather(
-                self.token_check, self.host, self.metas[b], self.tokens, b, size, size + 1,
-                self.model.spec.vocab_size, self.model.weights.embed,
-            )  # fmt: skip
-        else:
-            x = self._embedded(self.tokens[:b])
         logits = self.model.logits(self.model.forward(x, positions, self.cache, plan))
         self.outputs[b, ctx] = [logits[:n] for n in range(b + 1)]
 

@@ -204,11 +204,14 @@ def test_triton_attention_graphs_before_hopper_keep_one_context_bucket(
     assert graphs.contexts == [tiny_config["max_position_embeddings"]]
 
 
-def _gathering_engine(config, weights, cache: str, emulate, largest: int = 4):
-    """The fused layers on the Triton attention with the gathered embedding: the emulated graphs
-    read the call's ids in place and their metadata from the host buffer (prompt_gather.py),
-    and the first layer reads its positions after the inputs kernel wrote them."""
+def _gathering_engine(config, weights, cache: str, emulate, largest: int = 4, attention="triton"):
+    """The fused layers on `attention` with the gathered embedding: the emulated graphs read the
+    call's ids in place and their metadata from the host buffer (prompt_gather.py), and every
+    kernel that reads the metadata (the first layer's positions, a slab's rows for an attention
+    that views the pool) runs after the inputs kernel wrote it."""
     pytest.importorskip("triton")
+    from variants.attention.manual import ManualAttention
+    from variants.attention.sdpa import SdpaAttention
     from variants.attention.triton_attention import TritonAttention
     from variants.cache.paged import PagedKVCache
     from variants.cache.slab import SlabKVCache
@@ -218,8 +221,9 @@ def _gathering_engine(config, weights, cache: str, emulate, largest: int = 4):
 
     cache_cls = SlabKVCache if cache == "slab" else PagedKVCache
     engine = assemble_engine(
-        config, weights, "cpu", cache_cls=cache_cls, attention_cls=TritonAttention,
-        stack=run_fused_stack, head=fused_head,
+        config, weights, "cpu", cache_cls=cache_cls, stack=run_fused_stack, head=fused_head,
+        attention_cls={"triton": TritonAttention, "manual": ManualAttention,
+                       "sdpa": SdpaAttention}[attention],
     )  # fmt: skip
     graphs = emulate(engine, largest=largest, gathered_embedding=gathered_embedding)
     engine.check_device_tokens = False  # the ids checked late, as on a GPU
@@ -227,15 +231,21 @@ def _gathering_engine(config, weights, cache: str, emulate, largest: int = 4):
     return engine, graphs
 
 
-@pytest.mark.parametrize("cache", ["slab", "paged"])
+@pytest.mark.parametrize(
+    "cache,attention",
+    [("slab", "triton"), ("paged", "triton"), ("slab", "manual"), ("slab", "sdpa")],
+)
 def test_gathering_graphs_read_the_ids_where_they_are(
-    cache, tiny_config, sharp_weights, emulate_decode_graphs
+    cache, attention, tiny_config, sharp_weights, emulate_decode_graphs
 ):
     """Ids as a tensor, a slice at an offset, a strided view, int32 and a list; batches that pad
-    to a bucket and one past the largest (eager). Every row matches the reference, and no call
-    wrote the token buffer."""
+    to a bucket and one past the largest (eager); the rows change from call to call (an
+    attention that views a slab reads this call's rows, not the last call's). Every row matches
+    the reference, and no call wrote the token buffer."""
     ref = ReferenceModel(tiny_config, sharp_weights, "cpu")
-    engine, graphs = _gathering_engine(tiny_config, sharp_weights, cache, emulate_decode_graphs)
+    engine, graphs = _gathering_engine(
+        tiny_config, sharp_weights, cache, emulate_decode_graphs, attention=attention
+    )
     gen = torch.Generator().manual_seed(6)
     vocab = tiny_config["vocab_size"]
     history = {}
