@@ -301,29 +301,41 @@ def heartbeat_interval(study: optuna.Study) -> int | None:
 
 @contextmanager
 def heartbeat(study: optuna.Study, trials: list):
-    """While the block runs, a thread records the heartbeat of each trial in `trials` (a list
-    the block may change) every interval (the database's clock), so that when this process
-    dies the others see the beats stop."""
+    """While the block runs, a thread records the heartbeat of each trial in `trials` every
+    interval (the database's clock), so that when this process dies the others see the beats
+    stop. Yields `hold(trial)`, which adds a trial to `trials` and records its first beat at
+    once: a trial that never beat is never seen as silent, so a process killed before the
+    thread's next beat would leave it running forever."""
     interval = heartbeat_interval(study)
+
+    def record(trial) -> None:
+        try:
+            study._storage.record_heartbeat(trial._trial_id)
+        except Exception as exc:  # a lost beat: the next may get through within the grace
+            log.warning("heartbeat of trial %d not recorded: %r", trial.number, exc)
+
+    def hold(trial) -> None:
+        if trial not in trials:
+            trials.append(trial)
+            if interval is not None:
+                record(trial)
+
     if interval is None:
-        yield
+        yield hold
         return
     stop = threading.Event()
 
     def beat():
         while True:
             for trial in list(trials):
-                try:
-                    study._storage.record_heartbeat(trial._trial_id)
-                except Exception as exc:  # a lost beat: the next may get through in the grace
-                    log.warning("heartbeat of trial %d not recorded: %r", trial.number, exc)
+                record(trial)
             if stop.wait(interval):
                 return
 
     thread = threading.Thread(target=beat, name="heartbeat", daemon=True)
     thread.start()
     try:
-        yield
+        yield hold
     finally:
         stop.set()
         thread.join()
@@ -564,7 +576,7 @@ def optimize(study, space, runner, budget: Budget, n_trials: int | None = None, 
             dynamic_ncols=True,
             disable=None,
         ) as bar,
-        heartbeat(study, beating),
+        heartbeat(study, beating) as hold,
         asking_ahead(study, ahead) as asked,
     ):
         while True:
@@ -586,8 +598,7 @@ def optimize(study, space, runner, budget: Budget, n_trials: int | None = None, 
                     enqueue(study, space, *deferred.pop(0))
             skip = {} if affords else COSTLY[kind]
             trial, variant = asked.pop(0) if asked else (ask(study), None)
-            if trial not in beating:
-                beating.append(trial)
+            hold(trial)
             twin = queued_twin(study, trial)
             if twin is not None:  # two processes queued it at once: the first one runs it
                 skip_trial(study, trial, f"queued twice; trial {twin} runs it")
@@ -600,7 +611,7 @@ def optimize(study, space, runner, budget: Budget, n_trials: int | None = None, 
                 break
             variant = variant or propose(space, trial, skip)
             if ahead is not None:
-                ask_ahead(study, space, ahead, asked, beating, skip, n_trials, fits)
+                ask_ahead(study, space, ahead, asked, hold, skip, n_trials, fits)
             began = time.monotonic()
             paused = ahead.groups() if ahead is not None else ()
             summary, ran = _run_one(study, runner, trial, variant, limit, paused)
@@ -656,7 +667,7 @@ def skip_trial(study, trial, reason: str) -> None:
     study.tell(trial, state=TrialState.FAIL)
 
 
-def ask_ahead(study, space, ahead, asked: list, beating: list, skip: dict, n_trials, fits) -> None:
+def ask_ahead(study, space, ahead, asked: list, hold, skip: dict, n_trials, fits) -> None:
     """Ask the sampler for the next trials (up to `ahead.workers` waiting their turn, as many as
     `fits(count)` says the budget holds after the one running, within `n_trials`) and warm each
     new proposal's kernels (a proposal of an assembly already run is copied at its turn: nothing
@@ -668,7 +679,7 @@ def ask_ahead(study, space, ahead, asked: list, beating: list, skip: dict, n_tri
         if not fits(len(asked) + 2):
             return
         trial = ask(study)
-        beating.append(trial)
+        hold(trial)  # (its heartbeat from now on)
         variant = propose(space, trial, skip)
         asked.append((trial, variant))
         if find_duplicate(study, variant) is None:
