@@ -40,6 +40,10 @@ WARM_BASE_S, WARM_S_PER_GIB = 75.0, 30.0
 # The trials asked of the sampler ahead of their turn, each warmed by a child while the trials
 # before it run (`WarmAhead`): at most this many (each proposed without those trials' results).
 AHEAD = 4
+# The choices that compile with Inductor, never warmed ahead: Inductor's cache takes file locks,
+# and a child stopped while it holds one would hold up a trial that compiles while it times (a
+# flex trial warmed ahead still took 11-15 s: its tracing is each process's own).
+INDUCTOR = {"execution": ("compile",), "attention": ("flex",)}
 # Beyond its weights and cache a child's engine takes up to about 0.9 GiB at a trial's peak
 # (graph pools, workspaces; experiments/engine_memory.py).
 CHILD_EXTRA_BYTES = 1 << 30
@@ -207,10 +211,13 @@ class WarmAhead:
         return sum(t.is_alive() for t in self._threads)
 
     def warm(self, variant) -> bool:
-        """Start a child for `variant` unless one ran or runs for it, or `workers` run; whether
-        one started. Returns once the child's process group is known (or its start failed)."""
+        """Start a child for `variant` unless one ran or runs for it, `workers` run, or it
+        compiles with Inductor (`INDUCTOR`); whether one started. Returns once the child's
+        process group is known (or its start failed)."""
         key = json.dumps(variant.to_dict(), sort_keys=True)
         if self._closing or key in self._warmed or self.running() >= self.workers:
+            return False
+        if any(getattr(variant, axis) in values for axis, values in INDUCTOR.items()):
             return False
         self._warmed.add(key)
         ready = threading.Event()
