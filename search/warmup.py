@@ -1,11 +1,12 @@
 """The kernel warm-up before a study's first trial: the queued assemblies' Triton kernels
-compiled side by side.
+compiled side by side; then, during the search, the next proposals' (`WarmAhead`).
 
-An engine's first run compiles its Triton kernels on one CPU core: 46-70 s for the fused-pdl
-preset on an H200 (experiments/compile_reuse.py), most of a trial. Triton keeps them on disk, keyed
-by source and line, so a child that renders the same file and runs the correctness gate leaves
-them for the trial. Several children run at once and nothing is timed meanwhile; one that fails
-or runs out of time costs only its seconds (its trial compiles what is still missing).
+An engine's first run compiles its Triton kernels on one CPU core, most of a trial for the
+fused-pdl preset (experiments/compile_reuse.py; numbers in docs/PERF.md). Triton keeps them on
+disk, keyed by source and line, so a child that renders the same file and runs the correctness
+gate leaves them for the trial. Several children run at once and nothing is timed meanwhile;
+one that fails or runs out of time costs only its seconds (its trial compiles what is still
+missing).
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ WARM_BASE_S, WARM_S_PER_GIB = 75.0, 30.0
 # before it run (`WarmAhead`): at most this many (each proposed without those trials' results).
 AHEAD = 4
 # The choices that compile with Inductor, never warmed ahead: Inductor's cache takes file locks,
-# and a child stopped while it holds one would hold up a trial that compiles while it times (a
-# flex trial warmed ahead still took 11-15 s: its tracing is each process's own).
+# and a child stopped while it holds one would hold up a trial that compiles while it times
+# (and a flex trial warmed ahead still traces in its own process: docs/PERF.md).
 INDUCTOR = {"execution": ("compile",), "attention": ("flex",)}
 # Beyond its weights and cache a child's engine takes up to about 0.9 GiB at a trial's peak
 # (graph pools, workspaces; experiments/engine_memory.py).
