@@ -433,10 +433,10 @@ def search_with_optuna(job) -> tuple[list[Record], Record | None]:
     ]
     seconds = job.runner.keep_references()
     job.notes.append(f"the gate's references computed once for every trial in {seconds:.1f} s")
-    warmed = warm_queued(job, study)
+    warmed, compiled = warm_queued(job, study)
     if warmed:
         job.notes.append(warmed)
-    ahead = warm_ahead(job)
+    ahead = warm_ahead(job, compiled)
     st.optimize(study, job.space, job.runner, job.budget, n_trials=args.trials, ahead=ahead)
     warmed = ahead.close() if ahead is not None else None  # (closed already: its note)
     if warmed:
@@ -499,7 +499,7 @@ def search_defaults(job) -> list[Record]:
     job.runner.ceilings = measure_ceilings(job.device)
     defaults = ranked_defaults(job.caps)[: job.args.trials or None]
     defaults = [job.space.canonical(v) for v in defaults]
-    warmed = warm_first(job, defaults)
+    warmed, _ = warm_first(job, defaults)
     if warmed:
         job.notes.append(warmed)
     records = []

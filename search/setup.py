@@ -225,10 +225,12 @@ KERNEL_SEARCH_AFTER = 3
 # Choices whose trials cost several others and do not win here, offered only while a budget has
 # time for them (`Budget.affords_costly`): torch.compile (a trial several times an eager one, its
 # build included; on a GPU max-autotune's builds longest, and there the fused Triton layers and
-# graphs lead) and on a GPU float32 compute on a 16-bit model (twice the bytes a step).
+# graphs lead), on a GPU float32 compute on a 16-bit model (twice the bytes a step) and the flex
+# attention (Inductor traces and builds it in each trial's process, about two eager trials,
+# however warm its caches; the Triton attention leads there).
 COSTLY = {
     "cpu": {"execution": ("compile",)},
-    "cuda": {"execution": ("compile",), "dtype": ("float32",)},
+    "cuda": {"execution": ("compile",), "dtype": ("float32",), "attention": ("flex",)},
 }
 # Their trials' share of the search's seconds at most, and their seconds in typical trials until
 # one is timed.

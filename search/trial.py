@@ -403,7 +403,10 @@ def outcome_from_result(result: dict, variant, runner: TrialRunner, protocol: st
         attrs.update({k: result.get(k) for k in ("max_abs_err", "tol_share", "noise_share")})
         attrs["gate"] = result.get("gate", "course")
         attrs["check"] = {
-            case: {k: c[k] for k in ("passed", "max_abs_err", "tol_share", "steps", "failure")}
+            case: {
+                k: c.get(k)
+                for k in ("passed", "max_abs_err", "tol_share", "steps", "failure", "seconds")
+            }
             for case, c in result["check"].items()
         }
     attrs["constraint"] = [constraint(result, runner.tol_share_limit)]

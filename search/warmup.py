@@ -45,6 +45,9 @@ AHEAD = 4
 # and a child stopped while it holds one would hold up a trial that compiles while it times
 # (and a flex trial warmed ahead still traces in its own process: docs/PERF.md).
 INDUCTOR = {"execution": ("compile",), "attention": ("flex",)}
+# A child's gate statuses that mean it ran to its end, every kernel of the gate compiled (a wrong
+# engine's too): its trial's turn needs no second warm-up.
+COMPILED = ("ok", "infeasible")
 # Beyond its weights and cache a child's engine takes up to about 0.9 GiB at a trial's peak
 # (graph pools, workspaces; experiments/engine_memory.py).
 CHILD_EXTRA_BYTES = 1 << 30
@@ -159,10 +162,10 @@ def workers_for(job) -> int:
     return min(default_workers(), memory_workers(job))
 
 
-def warm_queued(job, study) -> str | None:
+def warm_queued(job, study) -> tuple[str | None, list]:
     """`warm_first` over the study's queued assemblies, those that `--trials` leaves room for."""
     if not workers_for(job):
-        return None
+        return None, []
     from search.study import started_trials  # (Optuna: imported where a study is open)
 
     queued = queued_variants(study)
@@ -171,24 +174,26 @@ def warm_queued(job, study) -> str | None:
     return warm_first(job, queued)
 
 
-def warm_first(job, variants: list) -> str | None:
+def warm_first(job, variants: list) -> tuple[str | None, list]:
     """Warm the kernels of those `variants` that have Triton kernels, on a GPU unless
-    `--warm-workers 0`; a note for the results log, or None when nothing ran."""
+    `--warm-workers 0`: a note for the results log (None when nothing ran) and the variants
+    whose child ran the gate to its end (their kernels compiled: `COMPILED`)."""
     workers = workers_for(job)
     if not workers:
-        return None
+        return None, []
     variants = [v for v in variants if has_triton_kernels(v, job.runner.renderer)]
     if not variants:
-        return None
+        return None, []
     limit = warm_limit_s(job)
     start = time.monotonic()
     warmed = warm_kernels(job.runner, variants, limit, workers)
     outcomes = "; ".join(w.outcome() for w in warmed)
+    compiled = [v for v, w in zip(variants, warmed) if w.status in COMPILED]
     return (
         f"kernel warm-up: {len(variants)} {'assembly' if len(variants) == 1 else 'assemblies'} "
         f"with Triton kernels to run first, {min(workers, len(variants))} at a time, in "
         f"{time.monotonic() - start:.0f} s (limit {limit:.0f} s): {outcomes}"
-    )
+    ), compiled
 
 
 class WarmAhead:
@@ -197,14 +202,15 @@ class WarmAhead:
     most `workers` at once, each within `limit_s`. A trial's child stops these children's
     process groups before it times its engine (`trial.pause_groups`) and `resume` continues them
     once the trial has ended; `close` ends those still running (what they compiled stays in
-    Triton's and Inductor's caches for the trials)."""
+    Triton's and Inductor's caches for the trials). `compiled`: assemblies the kernel warm-up
+    compiled already (`warm_first`), never warmed again."""
 
-    def __init__(self, runner, workers: int, limit_s: float):
+    def __init__(self, runner, workers: int, limit_s: float, compiled=()):
         self.runner, self.workers, self.limit_s = runner, workers, limit_s
         self.started = self.finished = 0
         self._groups: dict[int, int] = {}  # child -> its process group while it runs
         self._threads: list[threading.Thread] = []
-        self._warmed: set[str] = set()
+        self._warmed: set[str] = {_key(v) for v in compiled}
         self._lock = threading.Lock()
         self._closing = False
 
@@ -215,7 +221,7 @@ class WarmAhead:
         """Start a child for `variant` unless one ran or runs for it, `workers` run, or it
         compiles with Inductor (`INDUCTOR`); whether one started. Returns once the child's
         process group is known (or its start failed)."""
-        key = json.dumps(variant.to_dict(), sort_keys=True)
+        key = _key(variant)
         if self._closing or key in self._warmed or self.running() >= self.workers:
             return False
         if any(getattr(variant, axis) in values for axis, values in INDUCTOR.items()):
@@ -282,6 +288,10 @@ class WarmAhead:
         )
 
 
+def _key(variant) -> str:
+    return json.dumps(variant.to_dict(), sort_keys=True)
+
+
 def _signal_group(group: int, sig: int) -> None:
     try:
         os.killpg(group, sig)
@@ -299,8 +309,8 @@ def ahead_workers(job) -> int:
     return max(0, min(AHEAD, workers, fit))
 
 
-def warm_ahead(job) -> WarmAhead | None:
-    """The search's `WarmAhead` for this job (each child within a trial's limit), or None where
-    `ahead_workers` is 0."""
+def warm_ahead(job, compiled=()) -> WarmAhead | None:
+    """The search's `WarmAhead` for this job (each child within a trial's limit; `compiled`: the
+    assemblies the kernel warm-up compiled), or None where `ahead_workers` is 0."""
     workers = ahead_workers(job)
-    return WarmAhead(job.runner, workers, job.trial_timeout) if workers else None
+    return WarmAhead(job.runner, workers, job.trial_timeout, compiled) if workers else None

@@ -131,7 +131,7 @@ def test_the_search_ends_when_every_assembly_offered_has_run(space):
     assert nearest == [n + 1 for n in copies[:-1]] and copies[-1] == len(study.trials) - 1
 
 
-def test_on_a_gpu_torch_compile_and_float32_are_costly(tiny_config):
+def test_on_a_gpu_torch_compile_float32_and_flex_are_costly(tiny_config):
     caps = probe_capabilities("cpu", tiny_config)
     gpu = SearchSpace(
         dataclasses.replace(caps, device="cuda", device_type="cuda", can_compile=True)
@@ -142,6 +142,7 @@ def test_on_a_gpu_torch_compile_and_float32_are_costly(tiny_config):
         dataclasses.replace(eager, execution="compile"),
         dataclasses.replace(eager, execution="compile", compile_mode="max-autotune-no-cudagraphs"),
         dataclasses.replace(eager, dtype="float32"),
+        dataclasses.replace(eager, attention="flex"),
     ):
         assert gpu.is_costly(costly, "cuda"), costly.name
 

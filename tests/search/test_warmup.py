@@ -165,9 +165,9 @@ def test_the_job_file_asks_for_the_gate_alone(tiny_config, tmp_path):
 
 def test_no_warm_up_on_a_cpu_or_when_turned_off():
     cpu = SimpleNamespace(args=SimpleNamespace(warm_workers=None), device="cpu")
-    assert warm_queued(cpu, study=None) is None
+    assert warm_queued(cpu, study=None) == (None, [])
     off = SimpleNamespace(args=SimpleNamespace(warm_workers=0), device="cuda")
-    assert warm_queued(off, study=None) is None
+    assert warm_queued(off, study=None) == (None, [])
     assert 1 <= default_workers() <= 8
 
 
@@ -200,19 +200,24 @@ def gpu_job(config, weights, workers: int, trials=None):
 
 def test_the_main_job_warms_the_queued_assemblies_with_kernels(tiny_config, tiny_weights):
     study, queued = queued_study(tiny_config, [CORRECT, Variant(cache="paged", attention="sdpa")])
-    note = warm_queued(gpu_job(tiny_config, tiny_weights, workers=3), study)
+    job = gpu_job(tiny_config, tiny_weights, workers=3)
+    note, compiled = warm_queued(job, study)
     assert note.startswith(
         "kernel warm-up: 1 assembly with Triton kernels to run first, 1 at a time, in "
     )
     assert f"(limit 300 s): {queued[0].name}: ok, " in note
     assert queued[1].name not in note  # no kernels in its engine: not warmed
     assert len(queued_variants(study)) == 2  # the trials themselves are still to run
+    # what it compiled is not warmed again when its trial is asked ahead of its turn
+    assert compiled == [queued[0]]
+    ahead = WarmAhead(job.runner, workers=2, limit_s=120, compiled=compiled)
+    assert not ahead.warm(queued[0]) and ahead.started == 0
 
 
 def test_no_more_warm_ups_than_trials_asked_for(tiny_config, tiny_weights):
     """`--trials 1`: only the first queued assembly is warmed."""
     study, queued = queued_study(tiny_config, [CORRECT, Variant(cache="slab", attention="manual")])
-    note = warm_queued(gpu_job(tiny_config, tiny_weights, workers=2, trials=1), study)
+    note, _ = warm_queued(gpu_job(tiny_config, tiny_weights, workers=2, trials=1), study)
     assert note.startswith("kernel warm-up: 1 assembly with Triton kernels to run first")
     assert queued[0].name in note and queued[1].name not in note
 
