@@ -9,6 +9,12 @@ per call is the median over replays divided by the copies. It also tries a short
 (variants/kernels/split_k.py), and reports the best beside the default.
 
     python experiments/bench_few_row.py [--rows 1,8,64] [--splits 1,2,4] [--json PATH] [--no-tiles]
+        [--model-config CONFIG.json]
+
+`--model-config`: a model's own sizes (hidden, intermediate, heads, kv heads, vocab) instead of
+the public model's. Two rows beside the fused QKV kernel say what its norm, RoPE and cache
+write cost: the same weight through the plain projection (`qkv as a projection`) and a copy of
+as many bytes (`copy of the qkv bytes`).
 """
 
 from __future__ import annotations
@@ -25,7 +31,9 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 log = logging.getLogger("bench_few_row")
-HIDDEN, INTER, HEADS, HEAD_DIM, VOCAB, EPS = 768, 3072, 4, 192, 4096, 1e-5
+# the public model's sizes: hidden, intermediate, heads, kv heads, head_dim, vocab
+PUBLIC = {"hidden": 768, "inter": 3072, "heads": 4, "kv_heads": 4, "head_dim": 192, "vocab": 4096}
+EPS = 1e-5
 TILES = [
     (16, 256, 4, 3), (16, 128, 4, 5), (32, 64, 4, 4), (32, 256, 8, 3), (16, 512, 8, 2),
     (16, 1024, 4, 1), (16, 1024, 8, 1), (32, 1024, 8, 1), (16, 1024, 16, 1),
@@ -62,7 +70,17 @@ def copies_for(weight_bytes: int) -> int:
     return max(12, -(-(64 << 20) // weight_bytes))
 
 
-def cases(rows: int, dtype) -> dict:
+def sizes_of(config: dict) -> dict:
+    heads = config["num_attention_heads"]
+    return {
+        "hidden": config["hidden_size"], "inter": config["intermediate_size"], "heads": heads,
+        "kv_heads": config.get("num_key_value_heads", heads),
+        "head_dim": config.get("head_dim") or config["hidden_size"] // heads,
+        "vocab": config["vocab_size"],
+    }  # fmt: skip
+
+
+def cases(rows: int, dtype, sizes: dict) -> dict:
     """name -> (weight shape, ours(w, tiles), theirs(w)): the same work each way."""
     from variants.kernels.few_row_linear import few_row_linear
     from variants.kernels.fused_norm import add_rms_norm
@@ -74,15 +92,17 @@ def cases(rows: int, dtype) -> dict:
     from variants.layers.rope import RopeTable
 
     dev = "cuda"
+    HIDDEN, INTER, VOCAB, HEAD_DIM = (sizes[k] for k in ("hidden", "inter", "vocab", "head_dim"))
+    HEADS, KV_HEADS = sizes["heads"], sizes["kv_heads"]
     x = torch.randn(rows, HIDDEN, device=dev, dtype=dtype)
     act = torch.randn(rows, INTER, device=dev, dtype=dtype)
     norm = torch.ones(HIDDEN, device=dev, dtype=dtype)
     rope = RopeTable(HEAD_DIM, 4096, 10000.0, dev, dtype)
     positions = torch.arange(rows, device=dev) + 100
     slots = torch.arange(rows, device=dev)
-    k_pool = torch.zeros(rows, HEADS, HEAD_DIM, device=dev, dtype=dtype)
+    k_pool = torch.zeros(rows, KV_HEADS, HEAD_DIM, device=dev, dtype=dtype)
     v_pool = torch.zeros_like(k_pool)
-    q_dim = HEADS * HEAD_DIM
+    q_dim, kv_dim = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
     cos, sin = rope.at(positions)  # once a step in both stacks, not once a layer
 
     def qkv_ours(w, tiles, split=None):
@@ -91,8 +111,8 @@ def cases(rows: int, dtype) -> dict:
 
     def qkv_theirs(w):
         _, h = add_rms_norm(x, None, norm, EPS)
-        q, k, v = F.linear(h, w).split((q_dim, q_dim, q_dim), dim=-1)
-        q, k, v = (t.view(-1, HEADS, HEAD_DIM) for t in (q, k, v))
+        q, k, v = F.linear(h, w).split((q_dim, kv_dim, kv_dim), dim=-1)
+        q, k, v = (t.reshape(rows, -1, HEAD_DIM) for t in (q, k, v))
         rope_and_cache_write(q, k, v, cos, sin, k_pool, v_pool, slots)
 
     def gate_up_theirs(w):
@@ -102,8 +122,17 @@ def cases(rows: int, dtype) -> dict:
     def head_theirs(w):
         return F.linear(rms_norm(x, norm, EPS), w).float()
 
+    def copy_of(w):  # as many bytes read and written as the weight has
+        return w.view(-1)[: w.numel() // 2].clone()
+
+    qkv_shape = (q_dim + 2 * kv_dim, HIDDEN)
     return {
-        "norm+qkv+rope+cache": ((3 * q_dim, HIDDEN), qkv_ours, qkv_theirs),
+        "norm+qkv+rope+cache": (qkv_shape, qkv_ours, qkv_theirs),
+        "qkv as a projection": (
+            qkv_shape,
+            lambda w, t, s=None: few_row_linear(x, w, tiles=t, split_k=s),
+            copy_of,
+        ),
         "o+residual": (
             (HIDDEN, q_dim),
             lambda w, t, s=None: few_row_linear(x, w, residual=x, tiles=t, split_k=s),
@@ -147,9 +176,9 @@ def split_sweep(ours, weights: list, splits: list) -> list:
     return sorted(found, key=lambda row: row[2])
 
 
-def bench(rows: int, dtype, try_tiles: bool, splits: list) -> list:
+def bench(rows: int, dtype, try_tiles: bool, splits: list, sizes: dict) -> list:
     found = []
-    for name, (shape, ours, theirs) in cases(rows, dtype).items():
+    for name, (shape, ours, theirs) in cases(rows, dtype, sizes).items():
         weight_bytes = shape[0] * shape[1] * torch.finfo(dtype).bits // 8
         weights = [torch.randn(shape, device="cuda", dtype=dtype) / shape[1] ** 0.5
                    for _ in range(copies_for(weight_bytes))]  # fmt: skip
@@ -187,17 +216,21 @@ def main() -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--no-tiles", action="store_true")
     p.add_argument("--splits", default="", help="split-K counts to sweep, e.g. 1,2,4")
+    p.add_argument("--model-config", default=None, help="a model's sizes (default: the public)")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if not torch.cuda.is_available():
         log.error("bench_few_row needs a CUDA device")
         return 2
     dtype = getattr(torch, args.dtype)
+    sizes = (
+        sizes_of(json.loads(Path(args.model_config).read_text())) if args.model_config else PUBLIC
+    )
     found = []
     for rows in (int(r) for r in args.rows.split(",")):
         splits = [int(n) for n in args.splits.split(",") if n]
-        found += bench(rows, dtype, not args.no_tiles, splits)
-    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+        found += bench(rows, dtype, not args.no_tiles, splits, sizes)
+    meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "sizes": sizes}
     text = json.dumps({"meta": meta, "results": found}, indent=1)
     if args.json:
         Path(args.json).write_text(text)

@@ -12,6 +12,7 @@ decode graph captures for the context's bucket (`graph_context_buckets`, `choose
 """
 
 import argparse
+import json
 import math
 import sys
 from pathlib import Path
@@ -26,7 +27,7 @@ from variants.kernels.decode_attention_rules import (  # noqa: E402
     graph_context_buckets,
 )
 
-HEADS, KV_HEADS, HEAD_DIM, MAX_POS = 4, 4, 192, 4096  # the public config
+HEADS, KV_HEADS, HEAD_DIM, MAX_POS = 4, 4, 192, 4096  # the public config (or --model-config's)
 
 
 def parse_ints(text: str | None) -> tuple | None:
@@ -40,7 +41,17 @@ def main() -> int:
     p.add_argument("--tiles", default=None, help="BLOCK_N,WARPS,STAGES")
     p.add_argument("--parts", default=None, help="DA,DB: the head's parts")
     p.add_argument("--launches", type=int, default=3)
+    p.add_argument("--model-config", default=None, help="a model's heads and positions")
+    p.add_argument("--dtype", default="float16")
     args = p.parse_args()
+    heads, kv_heads, head_dim, max_pos = HEADS, KV_HEADS, HEAD_DIM, MAX_POS
+    if args.model_config:
+        c = json.loads(Path(args.model_config).read_text())
+        heads = c["num_attention_heads"]
+        kv_heads = c.get("num_key_value_heads", heads)
+        head_dim = c.get("head_dim") or c["hidden_size"] // heads
+        max_pos = c["max_position_embeddings"]
+    dtype = getattr(torch, args.dtype)
     if not torch.cuda.is_available():
         print("error: needs a CUDA device", file=sys.stderr)
         return 2
@@ -48,20 +59,20 @@ def main() -> int:
     device = torch.device("cuda")
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     capability = torch.cuda.get_device_capability(device)
-    bucket = next(c for c in graph_context_buckets(MAX_POS, capability) if c >= ctx)
-    splits = args.splits or choose_num_splits(bucket, rows, KV_HEADS, sms, capability)
-    k = torch.randn(rows * MAX_POS, KV_HEADS, HEAD_DIM, device=device, dtype=torch.half)
+    bucket = next(c for c in graph_context_buckets(max_pos, capability) if c >= ctx)
+    splits = args.splits or choose_num_splits(bucket, rows, kv_heads, sms, capability)
+    k = torch.randn(rows * max_pos, kv_heads, head_dim, device=device, dtype=dtype)
     v = torch.randn_like(k)
-    q = torch.randn(rows, HEADS, HEAD_DIM, device=device, dtype=torch.half)
+    q = torch.randn(rows, heads, head_dim, device=device, dtype=dtype)
     table = torch.arange(rows, device=device, dtype=torch.int32)[:, None]  # row b's slab
     lens = torch.full((rows,), ctx, device=device, dtype=torch.int32)
     for _ in range(args.launches):
         paged_decode_attention(
-            q, k, v, table, lens, MAX_POS, 1 / math.sqrt(HEAD_DIM), splits,
+            q, k, v, table, lens, max_pos, 1 / math.sqrt(head_dim), splits,
             tiles=parse_ints(args.tiles), parts=parse_ints(args.parts),
         )  # fmt: skip
     torch.cuda.synchronize()
-    read_mb = 2 * rows * ctx * KV_HEADS * HEAD_DIM * k.element_size() / 1e6
+    read_mb = 2 * rows * ctx * kv_heads * head_dim * k.element_size() / 1e6
     print(f"{rows}x{ctx}: {splits} splits, {read_mb:.1f} MB of keys and values a launch")
     return 0
 

@@ -12,6 +12,7 @@ with programmatic dependent launch a kernel starts while the one before runs (it
 so its whole duration would count the wait twice. The rows' sum is the step's GPU time."""
 
 import argparse
+import importlib
 import json
 import statistics
 import sys
@@ -106,7 +107,15 @@ def table(
 def engine_of(args, config):
     if args.engine:
         return load_engine_module(args.engine).create_engine(config, args.weight_dir, "cuda")
-    return build_engine(config, args.weight_dir, "cuda", PRESETS[args.preset])
+    tables = {}  # the kernel searches' tables (their --json), as a written engine carries them
+    for name, module, path in (
+        ("knobs", "tuning.decode_attention", args.knobs),
+        ("few_row_knobs", "tuning.few_row", args.few_row_knobs),
+    ):
+        if path:
+            table = json.loads(Path(path).read_text())["table"]
+            tables[name] = importlib.import_module(module).table_from_json(table)
+    return build_engine(config, args.weight_dir, "cuda", PRESETS[args.preset], **tables)
 
 
 def profile_step(engine, config, batch: int, ctx: int) -> tuple[list, list, float]:
@@ -138,6 +147,8 @@ def main() -> int:
     p.add_argument("--engine", default=None, help="a written engine.py (default: --preset's)")
     p.add_argument("--preset", default="slab-triton-pdl-allgraphs", choices=sorted(PRESETS))
     p.add_argument("--shape", action="append", default=[], help="BATCHxCTX; repeatable (8x128)")
+    p.add_argument("--knobs", default=None, help="the decode attention search's --json")
+    p.add_argument("--few-row-knobs", default=None, help="the few-row search's --json")
     p.add_argument("--bandwidth-gbs", type=float, default=None, help="default: measured")
     p.add_argument("--json", default=None)
     args = p.parse_args()

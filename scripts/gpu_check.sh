@@ -2,6 +2,7 @@
 # The GPU check, run on the device machine (H200) over a copy of the tree:
 #   bash scripts/gpu_check.sh [STAGE...]   stages: env tests (or tests1 tests2) sweep study grader
 #   realmodels soak cachesizes knobs neutral fewknobs prefillknobs kernelstudy stepbytes handab
+#   kernels1b
 # (default: env tests sweep study soak). Writes logs and JSON under $OUT (or workspace/gpu_check)
 # and a summary.txt. The measuring tools are in experiments/ (python experiments/NAME.py --help).
 # Optuna is not installed there: wheels in .whl/ (carried) are installed into /tmp/site first.
@@ -297,6 +298,39 @@ if stage stepbytes; then
     timed stepbytes 300 "$PY" experiments/step_bytes.py --model-config "$dir/config.json" \
         --weight-dir "$dir" ${STEP_ENGINE:+--engine "$STEP_ENGINE"} --shape 1x128 --shape 8x32 \
         --shape 8x128 --shape 64x256 --json "$OUT/stepbytes.json"
+fi
+# issue #72: the 1B model's decode kernels apart. The few-row kernels at its sizes against a copy
+# of the qkv bytes and the plain projection of them; the step per kernel with the rules and with
+# the kernel searches' tables (what run.sh writes); Nsight Compute on the qkv kernel and the
+# decode attention at 8 x 128.
+if stage kernels1b; then
+    dir=/tmp/gpu_models/llama16-bf16 preset=slab-triton-gemv-allgraphs
+    toy_model llama16-bf16
+    timed bench1b 150 "$PY" experiments/bench_few_row.py --model-config "$dir/config.json" \
+        --rows 1,8 --no-tiles --dtype bfloat16 --json "$OUT/bench1b.json"
+    timed tune1b_attention 150 "$PY" -m tuning.decode_attention --config "$dir/config.json" \
+        --weight-dir "$dir" --preset $preset --budget "${TUNE1B_S:-45}" --json /tmp/attn1b.json
+    timed tune1b_few_row 150 "$PY" -m tuning.few_row --config "$dir/config.json" \
+        --weight-dir "$dir" --preset $preset --budget "${TUNE1B_S:-45}" --json /tmp/few1b.json
+    for tables in rules searched; do
+        extra=""
+        [ $tables = searched ] && extra="--knobs /tmp/attn1b.json --few-row-knobs /tmp/few1b.json"
+        timed "stepbytes1b_$tables" 150 "$PY" experiments/step_bytes.py --model-config \
+            "$dir/config.json" --weight-dir "$dir" --preset $preset $extra --shape 1x128 \
+            --shape 8x128 --json "$OUT/stepbytes1b_$tables.json"
+    done
+    NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+    if [ -n "$NCU" ]; then
+        sections="--section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis"
+        timed ncu1b_qkv 90 "$NCU" --clock-control none --kernel-name regex:norm_qkv_rope \
+            --launch-skip 2 --launch-count 1 $sections "$PY" experiments/ncu_few_row.py \
+            --model-config "$dir/config.json" --rows 8
+        timed ncu1b_attention 90 "$NCU" --clock-control none --kernel-name regex:_decode_split \
+            --launch-skip 2 --launch-count 1 $sections "$PY" experiments/ncu_decode_attention.py \
+            --model-config "$dir/config.json" --dtype bfloat16 --shape 8x128
+    else
+        note "[ncu] not found"
+    fi
 fi
 # issue #70's H100 question: run.sh's engine (the kernel search on) against the same assembly
 # with the hand rules (experiments/hand_twin.py), HANDAB_ROUNDS alternating rounds of the public
