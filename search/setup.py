@@ -232,8 +232,10 @@ COSTLY = {
     "cpu": {"execution": ("compile",)},
     "cuda": {"execution": ("compile",), "dtype": ("float32",), "attention": ("flex",)},
 }
-# Their trials' share of the search's seconds at most, and their seconds in typical trials until
-# one is timed.
+# Their trials' share of the search's seconds at most, and the least seconds, in typical trials,
+# a costly trial is expected to take: the costly choices differ by several times (torch.compile's
+# default build against max-autotune's, compile against flex), so one timed says little of the
+# next.
 COSTLY_SHARE = 0.25
 COSTLY_PRIOR_TRIALS = 10.0
 # the shape sweep's process start, the figures and results.log
@@ -356,12 +358,13 @@ class Budget:
         share: float = COSTLY_SHARE,
     ) -> bool:
         """Whether a costly assembly (COSTLY) may start now: its seconds (the median of the
-        costly trials timed, `costly_s`, else COSTLY_PRIOR_TRIALS typical trials) fit in what is
-        left for trials, and with the `spent_s` costly trials took so far stay within `share`
-        of the search's seconds (the `searched_s` run and those left)."""
+        costly trials timed, `costly_s`, at least COSTLY_PRIOR_TRIALS typical trials) fit in
+        what is left for trials, and with the `spent_s` costly trials took so far stay within
+        `share` of the search's seconds (the `searched_s` run and those left)."""
         left = self.seconds_for_trials(durations)
-        typical = self.typical_trial_s(durations)
-        expected = statistics.median(costly_s) if costly_s else COSTLY_PRIOR_TRIALS * typical
+        expected = COSTLY_PRIOR_TRIALS * self.typical_trial_s(durations)
+        if costly_s:
+            expected = max(expected, statistics.median(costly_s))
         return expected <= left and spent_s + expected <= share * (searched_s + left)
 
 

@@ -107,6 +107,10 @@ def test_a_costly_assembly_waits_for_time_and_keeps_to_its_share():
     assert not b.affords_costly([1.0], [], spent_s=45.0, searched_s=0.0)  # 55 s > 50 s
     assert b.affords_costly([1.0], [], spent_s=45.0, searched_s=100.0)  # of 300 s: 75 s
     assert not b.affords_costly([1.0], [60.0], spent_s=0.0, searched_s=0.0)  # as timed: 60 s
+    # one timed quickly (a default compile) says little of the next (max-autotune): never
+    # expected under ten typical trials
+    assert b.affords_costly([1.0], [2.0], spent_s=39.0, searched_s=0.0)  # 49 s of 50 s
+    assert not b.affords_costly([1.0], [2.0], spent_s=45.0, searched_s=0.0)  # 55 s > 50 s
     assert not budget(9.0).affords_costly([1.0], [], spent_s=0.0, searched_s=100.0)  # 10 > 9 s
     # with every other assembly run, the search's whole time is theirs
     assert b.affords_costly([1.0], [], spent_s=45.0, searched_s=0.0, share=1.0)
