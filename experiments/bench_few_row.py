@@ -176,9 +176,11 @@ def split_sweep(ours, weights: list, splits: list) -> list:
     return sorted(found, key=lambda row: row[2])
 
 
-def bench(rows: int, dtype, try_tiles: bool, splits: list, sizes: dict) -> list:
+def bench(rows: int, dtype, try_tiles: bool, splits: list, sizes: dict, only=None) -> list:
     found = []
     for name, (shape, ours, theirs) in cases(rows, dtype, sizes).items():
+        if only and name not in only:
+            continue
         weight_bytes = shape[0] * shape[1] * torch.finfo(dtype).bits // 8
         weights = [torch.randn(shape, device="cuda", dtype=dtype) / shape[1] ** 0.5
                    for _ in range(copies_for(weight_bytes))]  # fmt: skip
@@ -217,6 +219,7 @@ def main() -> int:
     p.add_argument("--no-tiles", action="store_true")
     p.add_argument("--splits", default="", help="split-K counts to sweep, e.g. 1,2,4")
     p.add_argument("--model-config", default=None, help="a model's sizes (default: the public)")
+    p.add_argument("--cases", default="", help="comma-separated case names (default: all)")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if not torch.cuda.is_available():
@@ -229,7 +232,8 @@ def main() -> int:
     found = []
     for rows in (int(r) for r in args.rows.split(",")):
         splits = [int(n) for n in args.splits.split(",") if n]
-        found += bench(rows, dtype, not args.no_tiles, splits, sizes)
+        only = [c for c in args.cases.split(",") if c]
+        found += bench(rows, dtype, not args.no_tiles, splits, sizes, only)
     meta = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "sizes": sizes}
     text = json.dumps({"meta": meta, "results": found}, indent=1)
     if args.json:
