@@ -58,8 +58,12 @@ LAYER_KERNELS = ("qkv", "o", "swiglu", "down")  # a layer's, in the order a step
 # neutral prior: no rule made for one GPU), unsplit
 NEUTRAL_TILES = (32, 64, 4, 2)
 LINEAR = ("o", "down", "head")  # few_row_linear's
-# the knobs in the order they are searched; the tiles' (launch_of) then the splits
-AXES = ("block_n", "block_k", "warps", "stages", "split_k")
+TILE_AXES = ("block_n", "block_k", "warps", "stages")  # a launch's `tiles`, in launch_of's order
+# The knobs in the order they are searched: the split first, then the tiles. The split sets how
+# many programs share the SMs and whether the partials' round trip ends the kernel, and it moved
+# the most where it was timed (the 1B model's QKV at 8 rows: 14.4 us split in three, 9.9 unsplit,
+# experiments/bench_few_row.py); searched last, a short budget never reached it.
+AXES = ("split_k", *TILE_AXES)
 VALUES = {
     "block_n": (16, 32, 64, 128),
     "block_k": (32, 64, 128, 256),
@@ -96,19 +100,19 @@ def prior_launch(kernel: str, rows: int, spec: ModelSpec, sm_count: int, pdl: bo
     n, k, weight_tiles = kernel_shape(kernel, spec)
     if prior == "neutral":
         _, *tiles = few_row_tiles(rows, n, sm_count, weight_tiles, NEUTRAL_TILES)
-        return dict(zip(AXES, tiles), split_k=1)
+        return dict(zip(TILE_AXES, tiles), split_k=1)
     long_k = kernel in LINEAR and k >= LONG_K
     prefer = swiglu_tiles(rows) if kernel == "swiglu" else LONG_K_TILES if long_k else None
     block_m, *tiles = few_row_tiles(rows, n, sm_count, weight_tiles, prefer)
     if kernel in LINEAR and not long_k and default_stage(pdl, rows):
         tiles = short_staged_tiles(block_m, k, spec.config_dtype.itemsize) or tiles
     programs = host_cdiv(n, tiles[0]) * host_cdiv(rows, block_m)
-    return dict(zip(AXES, tiles), split_k=splits_for(None, programs, k, tiles[1], sm_count))
+    return dict(zip(TILE_AXES, tiles), split_k=splits_for(None, programs, k, tiles[1], sm_count))
 
 
 def launch_of(knobs: dict) -> dict:
     """The search's knobs as the launchers take them: `tiles` and `split_k`."""
-    return {"tiles": tuple(knobs[a] for a in AXES[:4]), "split_k": knobs["split_k"]}
+    return {"tiles": tuple(knobs[a] for a in TILE_AXES), "split_k": knobs["split_k"]}
 
 
 def candidates(kernel: str, axis: str, current: dict, spec: ModelSpec, bucket, sm_count) -> list:

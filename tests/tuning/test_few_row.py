@@ -104,6 +104,22 @@ def test_the_search_keeps_the_faster_launch_and_the_prior_on_ties(course, fake_b
     assert found.moved == {"block_n": 64} and found.best_ms == pytest.approx(0.8)
 
 
+def test_the_split_is_searched_before_the_tiles(course, fake_bench):
+    """A short budget reaches the split first: after the prior, the launches timed move the
+    split alone until its values are spent (the 1B model's QKV lost most to its split)."""
+    _, spec = course
+    bench = fake_bench({("split_k", 1): 0.3})
+    prior, found = search(spec, bench, kernel="down", rows=8)
+    assert prior["split_k"] > 1  # the rules split the course model's down projection at 8 rows
+    splits = tuner.candidates("down", "split_k", prior, spec, None, 132)[1:]
+    assert bench.timed[0] == prior
+    moved = bench.timed[1 : 1 + len(splits)]
+    assert [t["split_k"] for t in moved] == splits
+    assert all({k: v for k, v in t.items() if k != "split_k"} == {
+        k: v for k, v in prior.items() if k != "split_k"} for t in moved)  # fmt: skip
+    assert found.best["split_k"] == 1
+
+
 def test_a_refused_launch_is_rejected_not_fatal(course, fake_bench):
     _, spec = course
     prior, found = search(spec, fake_bench({("stages", 6): 0.5}, refused=[("stages", 6)]))
@@ -410,7 +426,7 @@ def test_the_neutral_prior_is_unsplit_neutral_tiles_that_compute_right(tiny_conf
     for rows in (1, 3, 16):
         launch = tuner.prior_launch(kernel, rows, spec, 4, False, "neutral")
         assert launch["split_k"] == 1
-        assert [launch[a] for a in tuner.AXES[:4]] == list(tuner.NEUTRAL_TILES)
+        assert [launch[a] for a in tuner.TILE_AXES] == list(tuner.NEUTRAL_TILES)
     check = tuner.FewRowCheck(kernel, spec, 3, torch.device("cpu"), torch.float32, False, 4)
     neutral = tuner.launch_of(tuner.prior_launch(kernel, 3, spec, 4, False, "neutral"))
     assert check.error(neutral) < 1e-4
