@@ -226,8 +226,8 @@ KERNEL_SEARCH_AFTER = 3
 # time for them (`Budget.affords_costly`): torch.compile (a trial several times an eager one, its
 # build included; on a GPU max-autotune's builds longest, and there the fused Triton layers and
 # graphs lead), on a GPU float32 compute on a 16-bit model (twice the bytes a step) and the flex
-# attention (Inductor traces and builds it in each trial's process, about two eager trials,
-# however warm its caches; the Triton attention leads there).
+# attention (Inductor traces and builds it in each trial's process however warm its caches; the
+# Triton attention leads there).
 COSTLY = {
     "cpu": {"execution": ("compile",)},
     "cuda": {"execution": ("compile",), "dtype": ("float32",), "attention": ("flex",)},

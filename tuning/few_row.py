@@ -61,8 +61,8 @@ LINEAR = ("o", "down", "head")  # few_row_linear's
 TILE_AXES = ("block_n", "block_k", "warps", "stages")  # a launch's `tiles`, in launch_of's order
 # The knobs in the order they are searched: the split first, then the tiles. The split sets how
 # many programs share the SMs and whether the partials' round trip ends the kernel, and it moved
-# the most where it was timed (the 1B model's QKV at 8 rows: 14.4 us split in three, 9.9 unsplit,
-# experiments/bench_few_row.py); searched last, a short budget never reached it.
+# the most where it was timed (the 1B model's QKV: docs/PERF.md); searched last, a short budget
+# never reached it.
 AXES = ("split_k", *TILE_AXES)
 VALUES = {
     "block_n": (16, 32, 64, 128),
