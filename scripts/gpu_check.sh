@@ -2,7 +2,7 @@
 # The GPU check, run on the device machine (H200) over a copy of the tree:
 #   bash scripts/gpu_check.sh [STAGE...]   stages: env tests (or tests1 tests2) sweep study grader
 #   realmodels soak cachesizes knobs neutral fewknobs prefillknobs kernelstudy stepbytes handab
-#   kernels1b
+#   kernels1b decode1b
 # (default: env tests sweep study soak). Writes logs and JSON under $OUT (or workspace/gpu_check)
 # and a summary.txt. The measuring tools are in experiments/ (python experiments/NAME.py --help).
 # Optuna is not installed there: wheels in .whl/ (carried) are installed into /tmp/site first.
@@ -303,18 +303,21 @@ fi
 # of the qkv bytes and the plain projection of them; the step per kernel with the rules and with
 # the kernel searches' tables (what run.sh writes); Nsight Compute on the qkv kernel and the
 # decode attention at 8 x 128.
+tune1b() {  # tune1b DIR PRESET: the decode attention's and few-row searches at the 1B shapes
+    timed tune1b_attention 150 "$PY" -m tuning.decode_attention --config "$1/config.json" \
+        --weight-dir "$1" --preset "$2" --budget "${TUNE1B_S:-45}" --json "$OUT/attn1b.json"
+    timed tune1b_few_row 150 "$PY" -m tuning.few_row --config "$1/config.json" \
+        --weight-dir "$1" --preset "$2" --budget "${TUNE1B_S:-45}" --json "$OUT/few1b.json"
+}
 if stage kernels1b; then
     dir=/tmp/gpu_models/llama16-bf16 preset=slab-triton-gemv-allgraphs
     toy_model llama16-bf16
     timed bench1b 150 "$PY" experiments/bench_few_row.py --model-config "$dir/config.json" \
         --rows 1,8 --no-tiles --dtype bfloat16 --json "$OUT/bench1b.json"
-    timed tune1b_attention 150 "$PY" -m tuning.decode_attention --config "$dir/config.json" \
-        --weight-dir "$dir" --preset $preset --budget "${TUNE1B_S:-45}" --json /tmp/attn1b.json
-    timed tune1b_few_row 150 "$PY" -m tuning.few_row --config "$dir/config.json" \
-        --weight-dir "$dir" --preset $preset --budget "${TUNE1B_S:-45}" --json /tmp/few1b.json
+    tune1b "$dir" $preset
     for tables in rules searched; do
         extra=""
-        [ $tables = searched ] && extra="--knobs /tmp/attn1b.json --few-row-knobs /tmp/few1b.json"
+        [ $tables = searched ] && extra="--knobs $OUT/attn1b.json --few-row-knobs $OUT/few1b.json"
         timed "stepbytes1b_$tables" 150 "$PY" experiments/step_bytes.py --model-config \
             "$dir/config.json" --weight-dir "$dir" --preset $preset $extra --shape 1x128 \
             --shape 8x128 --json "$OUT/stepbytes1b_$tables.json"
@@ -331,6 +334,41 @@ if stage kernels1b; then
     else
         note "[ncu] not found"
     fi
+fi
+# issue #72's bar without a 20-minute run.sh: the 1B model's traces (public and hidden: decode,
+# mixed, the grader's decode 8 x 128) on the preset's engine with the hand rules and with the
+# kernel searches' tables (experiments/render_tables.py), DECODE1B_ROUNDS alternating rounds in
+# fresh processes; each run's JSON (its floor efficiency per trace) kept. (The device tool
+# returns 8 files: tar $OUT.)
+if stage decode1b; then
+    dir=/tmp/gpu_models/llama16-bf16 preset=${DECODE1B_PRESET:-slab-triton-gemv-allgraphs}
+    toy_model llama16-bf16
+    tune1b "$dir" "$preset"
+    "$PY" experiments/render_tables.py --preset "$preset" --output /tmp/decode1b/rules.py
+    "$PY" experiments/render_tables.py --preset "$preset" --knobs "$OUT/attn1b.json" \
+        --few-row-knobs "$OUT/few1b.json" --output /tmp/decode1b/searched.py
+    for round in $(seq 1 "${DECODE1B_ROUNDS:-3}"); do
+        names="searched rules"; [ $((round % 2)) = 0 ] && names="rules searched"
+        for name in $names; do
+            for suite in public hidden; do
+                timed "decode1b_${name}_${suite}_$round" 240 "$PY" \
+                    evaluator/benchmark_throughput.py --engine "/tmp/decode1b/$name.py" \
+                    --model-config "$dir/config.json" --weight-dir "$dir" --suite $suite \
+                    --json "$OUT/decode1b_${name}_${suite}_$round.json"
+            done
+        done
+    done
+    "$PY" - "$OUT" <<'PYEOF' | tee -a "$SUMMARY"
+import json, pathlib, statistics, sys
+seen = {}
+for path in sorted(pathlib.Path(sys.argv[1]).glob("decode1b_*.json")):
+    engine = path.stem.split("_")[1]
+    for trace, row in json.loads(path.read_text())["traces"].items():
+        seen.setdefault((trace, engine), []).append(row["floor_efficiency"])
+for (trace, engine), effs in sorted(seen.items()):
+    print(f"{trace:14s} {engine:9s} floor efficiency median {statistics.median(effs):.3f} "
+          f"of {len(effs)}: {', '.join(f'{e:.3f}' for e in effs)}")
+PYEOF
 fi
 # issue #70's H100 question: run.sh's engine (the kernel search on) against the same assembly
 # with the hand rules (experiments/hand_twin.py), HANDAB_ROUNDS alternating rounds of the public
