@@ -347,7 +347,7 @@ if stage decode1b; then
     "$PY" experiments/render_tables.py --preset "$preset" --output /tmp/decode1b/rules.py
     "$PY" experiments/render_tables.py --preset "$preset" --knobs "$OUT/attn1b.json" \
         --few-row-knobs "$OUT/few1b.json" --output /tmp/decode1b/searched.py
-    for round in $(seq 1 "${DECODE1B_ROUNDS:-3}"); do
+    for round in $(seq 1 "${DECODE1B_ROUNDS:-1}"); do
         names="searched rules"; [ $((round % 2)) = 0 ] && names="rules searched"
         for name in $names; do
             for suite in public hidden; do
