@@ -216,6 +216,13 @@ class KnobBench:
         self.build_launch(launch_of(knobs))
 
 
+def engine_table(engine) -> dict:
+    """The (kernel, rows) table `engine`'s fused stack and head read when a decode step is
+    captured: its file's FEW_ROW_KNOBS, bound to both. A launch the search times goes in here;
+    the dict the file was written from is a copy the engine never reads."""
+    return engine.model.layers.keywords["knobs"]
+
+
 def row_buckets(config: dict, buckets: list, most_rows: int = HEAD_MAX_ROWS) -> list:
     """The row buckets the traces' decode steps reach (`trace_buckets` over the decode graphs'
     (rows, context) `buckets`), the heaviest first: each timed at its heaviest context's
@@ -272,6 +279,7 @@ def tune(config: dict, weight_dir: str, variant, budget_s: float = 120.0, device
     priors = {(k, b.rows): prior_launch(k, b.rows, spec, sm_count, pdl, prior) for b, k in work}
     live = {**base, **{key: launch_of(knobs) for key, knobs in priors.items()}}  # the engine's
     engine = build_engine(config, weight_dir, str(device), variant, few_row_knobs=live)
+    live = engine_table(engine)  # what a bucket's step is captured with is what is timed
     deadline = time.monotonic() + budget_s  # (the engine's build is not the search's)
     results = []
     for i, (bucket, kernel) in enumerate(work):

@@ -302,6 +302,47 @@ def test_the_search_loop_keeps_only_what_moved(tiny_config, tiny_weights, monkey
     assert all(r["best_us"] <= r["prior_us"] for r in summary)
 
 
+def test_the_search_times_the_launch_the_engine_runs(
+    tiny_config, tiny_weights, monkeypatch, patch_engine
+):
+    """The bench's table is the one the engine reads: a fake bench that times what the engine's
+    own head launches (its kernel recorded, not run) finds the head faster at another BLOCK_N
+    at every rows bucket. Timing a copy of the table, the engine ran the rules' launch for
+    every candidate and the search kept the rules everywhere."""
+    monkeypatch.setattr(tuner, "device_sm_count", lambda device: 132)
+    spec = ModelSpec.from_config(tiny_config)
+    prior = {tuner.prior_launch("head", rows, spec, 132, False)["block_n"] for rows in (1, 64)}
+    fast = next(n for n in tuner.VALUES["block_n"] if n not in prior)
+
+    class Bench(down_faster_at(fast)):
+        def __init__(self, engine, bucket, check, vocab, table, key):
+            super().__init__(engine, bucket, check, vocab, table, key)
+            self.engine, self.rows, self.launched = engine, bucket.rows, []
+
+            def launch(x, w, *args, tiles=None, **kwargs):
+                self.launched.append(tiles)
+                return torch.zeros(x.shape[0], w.shape[0])
+
+            patch_engine(engine, "few_row_linear", launch)
+
+        def time_ms(self, launch):
+            self.table[self.key] = launch
+            if self.key[0] != "head":
+                return 1.0
+            model = self.engine.model
+            x = torch.zeros(self.rows, spec.hidden_size, dtype=model.dtype)
+            model.output_logits(x, model.weights.norm, model.weights.head)
+            return 0.5 if self.launched[-1][0] == fast else 1.0
+
+    table, results = tuner.tune(
+        tiny_config, tiny_weights, FUSED, 60.0, "cpu", log=lambda line: None,
+        bench=Bench, check=AnyLaunch,
+    )  # fmt: skip
+    heads = [found for kernel, found in results if kernel == "head"]
+    assert heads and set(table) == {("head", f.bucket.rows) for f in heads}
+    assert all(table["head", f.bucket.rows]["tiles"][0] == fast for f in heads)
+
+
 def test_the_rules_search_descends_again_from_the_neutral_launch(
     tiny_config, tiny_weights, monkeypatch
 ):
