@@ -64,6 +64,9 @@ TILE_AXES = ("block_n", "block_k", "warps", "stages")  # a launch's `tiles`, in 
 # the most where it was timed (the 1B model's QKV: docs/PERF.md); searched last, a short budget
 # never reached it.
 AXES = ("split_k", *TILE_AXES)
+# In the cache key: a table an older search cached is searched again (2: the bench times the
+# launch in the engine's own table; every table cached before timed the rules' launch only).
+SEARCH_VERSION = 2
 VALUES = {
     "block_n": (16, 32, 64, 128),
     "block_k": (32, 64, 128, 256),
@@ -337,7 +340,8 @@ def load_or_tune(config, weight_dir, variant, folder, budget_s=120.0, device="cu
     """(table, results, path): the cached table for this machine, model shape, layout and
     prior, or a new search, cached in `folder`."""
     spec = ModelSpec.from_config(config)
-    key = {**machine_key(spec, variant, prior, torch.device(device)), "kernels": "few_row"}
+    key = {**machine_key(spec, variant, prior, torch.device(device)), "kernels": "few_row",
+           "search": SEARCH_VERSION}  # fmt: skip
     search = functools.partial(searched, tune, summary, config, weight_dir, variant, budget_s,
                                device, log=log, prior=prior)  # fmt: skip
     return cached_search(folder, key, "few_row", search, table_to_json, table_from_json)

@@ -441,6 +441,21 @@ def test_the_command_refuses_a_variant_it_cannot_search(variant, why, capsys):
     assert exit_.value.code == 2 and why in capsys.readouterr().err
 
 
+def test_a_table_an_older_search_cached_is_searched_again(tiny_config, tmp_path, monkeypatch):
+    """A cached table whose key lacks this search's version (the tables cached before the bench
+    timed the engine's own table: the rules' launch everywhere) is not served."""
+    key = {"gpu": "a GPU", "layout": "slab"}
+    monkeypatch.setattr(tuner, "machine_key", lambda *args: dict(key))
+    old = {**key, "kernels": "few_row"}
+    decode_attention.write_cache(
+        decode_attention.cache_path(tmp_path, old, "few_row"), {"key": old, "table": {}}
+    )
+    found = {("head", 1): dict(ODD)}
+    monkeypatch.setattr(tuner, "tune", lambda *args, **kwargs: (found, []))
+    table, _, path = tuner.load_or_tune(tiny_config, "unused", FUSED, tmp_path, device="cpu")
+    assert table == found and json.loads(path.read_text())["key"]["search"] == tuner.SEARCH_VERSION
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_a_short_search_is_cached_and_its_engine_passes_the_gate(
