@@ -280,7 +280,7 @@ def tune(config: dict, weight_dir: str, variant, budget_s: float = 120.0, device
     if not work or budget_s <= 0:
         return base, []
     priors = {(k, b.rows): prior_launch(k, b.rows, spec, sm_count, pdl, prior) for b, k in work}
-    live = {**base, **{key: launch_of(knobs) for key, knobs in priors.items()}}  # the engine's
+    live = {**base, **{key: launch_of(knobs) for key, knobs in priors.items()}}  # its file's
     engine = build_engine(config, weight_dir, str(device), variant, few_row_knobs=live)
     live = engine_table(engine)  # what a bucket's step is captured with is what is timed
     deadline = time.monotonic() + budget_s  # (the engine's build is not the search's)
