@@ -2,7 +2,7 @@
 # The GPU check, run on the device machine (H200) over a copy of the tree:
 #   bash scripts/gpu_check.sh [STAGE...]   stages: env tests (or tests1 tests2) sweep study grader
 #   realmodels soak cachesizes knobs neutral fewknobs prefillknobs kernelstudy stepbytes handab
-#   kernels1b decode1b
+#   kernels1b steps1b decode1b
 # (default: env tests sweep study soak). Writes logs and JSON under $OUT (or workspace/gpu_check)
 # and a summary.txt. The measuring tools are in experiments/ (python experiments/NAME.py --help).
 # Optuna is not installed there: wheels in .whl/ (carried) are installed into /tmp/site first.
@@ -304,24 +304,37 @@ fi
 # the kernel searches' tables (what run.sh writes); Nsight Compute on the qkv kernel and the
 # decode attention at 8 x 128.
 tune1b() {  # tune1b DIR PRESET: the decode attention's and few-row searches at the 1B shapes
+    # (once a call: a later stage reuses the tables an earlier one searched)
+    [ -f "$OUT/attn1b.json" ] && [ -f "$OUT/few1b.json" ] && return 0
     timed tune1b_attention 150 "$PY" -m tuning.decode_attention --config "$1/config.json" \
         --weight-dir "$1" --preset "$2" --budget "${TUNE1B_S:-45}" --json "$OUT/attn1b.json"
     timed tune1b_few_row 150 "$PY" -m tuning.few_row --config "$1/config.json" \
         --weight-dir "$1" --preset "$2" --budget "${TUNE1B_S:-45}" --json "$OUT/few1b.json"
 }
+steps1b() {  # steps1b DIR PRESET: a decode step per kernel against its bytes, rules and tables
+    local tables extra
+    for tables in rules searched; do
+        extra=""
+        [ $tables = searched ] && extra="--knobs $OUT/attn1b.json --few-row-knobs $OUT/few1b.json"
+        timed "stepbytes1b_$tables" 150 "$PY" experiments/step_bytes.py --model-config \
+            "$1/config.json" --weight-dir "$1" --preset "$2" $extra --shape 1x128 \
+            --shape 8x128 --json "$OUT/stepbytes1b_$tables.json"
+    done
+}
+# steps1b alone: the step table without the kernels' bench and Nsight Compute
+if stage steps1b; then
+    dir=/tmp/gpu_models/llama16-bf16 preset=${DECODE1B_PRESET:-slab-triton-gemv-allgraphs}
+    toy_model llama16-bf16
+    tune1b "$dir" "$preset"
+    steps1b "$dir" "$preset"
+fi
 if stage kernels1b; then
     dir=/tmp/gpu_models/llama16-bf16 preset=slab-triton-gemv-allgraphs
     toy_model llama16-bf16
     timed bench1b 150 "$PY" experiments/bench_few_row.py --model-config "$dir/config.json" \
         --rows 1,8 --no-tiles --dtype bfloat16 --json "$OUT/bench1b.json"
     tune1b "$dir" $preset
-    for tables in rules searched; do
-        extra=""
-        [ $tables = searched ] && extra="--knobs $OUT/attn1b.json --few-row-knobs $OUT/few1b.json"
-        timed "stepbytes1b_$tables" 150 "$PY" experiments/step_bytes.py --model-config \
-            "$dir/config.json" --weight-dir "$dir" --preset $preset $extra --shape 1x128 \
-            --shape 8x128 --json "$OUT/stepbytes1b_$tables.json"
-    done
+    steps1b "$dir" $preset
     NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
     if [ -n "$NCU" ]; then
         sections="--section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis"
