@@ -9,6 +9,7 @@ synchronisations, under `torch.no_grad()`, with token tensors already on the dev
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import resource
@@ -16,6 +17,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import torch
 
@@ -82,6 +84,7 @@ def time_trace(
     repeat: int = 3,
     fresh_engine: bool = True,
     seed: int = 0,
+    quiet: Callable[[], AbstractContextManager] | None = None,
 ) -> dict:
     """Median seconds of the engine calls of `trace`, and the derived rates.
 
@@ -92,6 +95,8 @@ def time_trace(
     mode; the trace must leave no request live, which all traces here do).
     `peak_mib` is the case's peak: `torch.cuda.max_memory_allocated` on CUDA (everything the
     process allocated, as the grader reads it), the process's peak RSS elsewhere (`peak_kind`).
+    `quiet`: a context the repeats run in (a caller's other work held still while it times),
+    entered after the warm-up engine's build and passes.
     """
     if repeat < 1:
         raise ValueError(f"repeat must be >= 1, got {repeat}")
@@ -118,14 +123,15 @@ def time_trace(
                 run_calls(warm, calls)
                 _sync(device)
             engine = warm
-            for _ in range(repeat):
-                if fresh_engine:
-                    engine = build()  # the last repeat's engine lives until this returns
-                _sync(device)
-                start = time.perf_counter()
-                run_calls(engine, calls)
-                _sync(device)
-                seconds.append(time.perf_counter() - start)
+            with quiet() if quiet is not None else contextlib.nullcontext():
+                for _ in range(repeat):
+                    if fresh_engine:
+                        engine = build()  # the last repeat's engine lives until this returns
+                    _sync(device)
+                    start = time.perf_counter()
+                    run_calls(engine, calls)
+                    _sync(device)
+                    seconds.append(time.perf_counter() - start)
         peak = _peak_mib(device)
     finally:
         engine = warm = None

@@ -7,6 +7,7 @@ nothing here needs Optuna."""
 from __future__ import annotations
 
 import gc
+import hashlib
 import importlib
 import importlib.util
 import json
@@ -14,12 +15,14 @@ import logging
 import math
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -41,6 +44,12 @@ INFEASIBLE = 1.0e6  # the constraint of a result that reports no share of the to
 # The source of an assembly the search queues in place of the sampler's copy of one already run:
 # the search's proposal, not a known-good one (presets, earlier studies' bests).
 NEAREST = "untried, nearest the leader"
+# The correctness gate's verdict as a child's result holds it: a warm-up child's, taken by the
+# trial whose engine file is the same, byte for byte (`TrialRunner.keep_verdict`)
+VERDICT = ("status", "reason", "check", "gate", "max_abs_err", "tol_share", "noise_share")
+# What a warm-up child stopped while a trial times may still have running on the GPU: its
+# kernels queued before the stop (a step's at most)
+HELD_SETTLE_S = 0.05
 
 
 @dataclass
@@ -109,6 +118,15 @@ def geometric_mean(values: list[float]) -> float:
     if not values or min(values) <= 0:
         return 0.0
     return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def assembly_key(variant) -> str:
+    return json.dumps(variant.to_dict(), sort_keys=True)
+
+
+def engine_digest(path) -> str:
+    """The SHA-256 of a rendered engine file's bytes."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -260,7 +278,8 @@ def exit_on_term() -> None:
     signal.signal(signal.SIGTERM, lambda signum, frame: exit_child(128 + signum))
 
 
-NOT_IN_JOB = ("timeout_s", "durations", "screened")  # the parent's, not the child's
+# the parent's, not the child's
+NOT_IN_JOB = ("timeout_s", "durations", "screened", "verdicts", "gate_s")
 
 
 @dataclass
@@ -293,6 +312,35 @@ class TrialRunner:
     noise_cache: str | None = None
     durations: list[float] = field(default_factory=list)
     screened: list[float] = field(default_factory=list)  # (pruned trials too)
+    # The gate's verdicts warm-up children reached (search/warmup.py), by assembly, each with
+    # its engine file's digest; and the seconds the gate took in the trials that ran it.
+    verdicts: dict = field(default_factory=dict)
+    gate_s: list[float] = field(default_factory=list)
+
+    def keep_verdict(self, variant, result: dict) -> bool:
+        """Keep the gate's verdict in a warm-up child's `result` for `variant`'s trial: one the
+        gate reached to its end (ok, or wrong: infeasible), never a crash or a cut. The trial
+        takes it where the file it renders is the one the child checked (`run_job`)."""
+        if result.get("status") not in ("ok", "infeasible") or "check" not in result:
+            return False
+        if not result.get("engine_sha256"):
+            return False
+        verdict = {key: result.get(key) for key in VERDICT}
+        verdict["engine_sha256"] = result["engine_sha256"]
+        self.verdicts[assembly_key(variant)] = verdict
+        return True
+
+    def gate_cost_s(self, result: dict) -> float:
+        """The seconds a trial's own gate takes, for a trial that took a child's verdict: the
+        median of this study's trials that ran theirs, else twice its child's last case (the
+        last engine of its process, past the compiles). A trial's typical seconds include its
+        gate wherever it ran: the reserves after the search count in such trials."""
+        if not result.get("checked_ahead"):
+            return 0.0
+        if self.gate_s:
+            return statistics.median(self.gate_s)
+        cases = list((result.get("check") or {}).values())
+        return 2.0 * (cases[-1].get("seconds") or 0.0) if cases else 0.0
 
     def keep_references(self) -> float:
         """The gate's references computed once, here, into `noise_cache` before any child runs:
@@ -322,17 +370,24 @@ class TrialRunner:
     ) -> TrialOutcome:
         """Evaluate `variant` (a Variant) in a child process; never raises for engine faults.
         `prune_below`: trace -> tokens/s under which the timing stops there (`PRUNE_SHARE`);
-        `paused`: process groups the child stops before it times (`pause_groups`)."""
+        `paused`: process groups the child stops while it times (`held`)."""
         limit = self.timeout_s if timeout_s is None else timeout_s
+        verdict = self.verdicts.get(assembly_key(variant)) if check else None
         with tempfile.TemporaryDirectory(prefix="trial-") as tmp:
             tmp = Path(tmp)
-            self.command(variant, tmp, protocol, check, prune_below=prune_below, paused=paused)
+            self.command(
+                variant, tmp, protocol, check, prune_below=prune_below, paused=paused,
+                verdict=verdict,
+            )  # fmt: skip
             code, seconds = run_trial_child(tmp / "job.json", tmp / "log.txt", limit)
             result = self._result(tmp / "result.json", code, limit, tmp / "log.txt")
+            own = (result.get("phase_seconds") or {}).get("correctness")
+            if check and own is not None and not result.get("checked_ahead"):
+                self.gate_s.append(own + result["phase_seconds"].get("reference", 0.0))
             if protocol == "quick" and result["status"] != "failed":
                 self.screened.append(seconds)
-                if result["status"] != "pruned":
-                    self.durations.append(seconds)  # crashes, timeouts and prunes: not typical
+                if result["status"] != "pruned":  # crashes, timeouts and prunes: not typical
+                    self.durations.append(seconds + self.gate_cost_s(result))
         outcome = outcome_from_result(result, variant, self, protocol)
         outcome.attrs["trial_seconds"] = round(seconds, 3)
         if result.get("phase_seconds"):  # start-up: the interpreter's too, before `main`
@@ -351,11 +406,15 @@ class TrialRunner:
         traces=None,
         prune_below=None,
         paused=(),
+        verdict=None,
     ) -> list[str]:
         """The child's command line for `variant`, its job written to `tmp/job.json`; the
-        engine, the result (`tmp/result.json`) and its phase marker go to `tmp` too."""
+        engine, the result (`tmp/result.json`) and its phase marker go to `tmp` too. `verdict`:
+        the gate's verdict a warm-up child reached on the engine file (`keep_verdict`)."""
         job = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in NOT_IN_JOB}
         job.update(variant=variant.to_dict(), protocol=protocol, check=check)
+        if verdict is not None:
+            job.update(checked=verdict)
         job.update(prune_below=prune_below or {}, pause_groups=list(paused))
         job.update(engine_path=str(tmp / "engine.py"), output=str(tmp / "result.json"))
         job.update(
@@ -399,6 +458,8 @@ def outcome_from_result(result: dict, variant, runner: TrialRunner, protocol: st
         attrs["reason"] = result["reason"]
     if result.get("timeout"):
         attrs["timed_out"] = True
+    if result.get("checked_ahead"):  # the verdict a warm-up child reached on the same file
+        attrs["checked_ahead"] = True
     if "check" in result:
         attrs.update({k: result.get(k) for k in ("max_abs_err", "tol_share", "noise_share")})
         attrs["gate"] = result.get("gate", "course")
@@ -552,11 +613,15 @@ def measure(create_engine, job: dict) -> dict:
     from evaluator.benchmark_traces import get_trace
 
     full = job["protocol"] == "full"
+    groups = tuple(job.get("pause_groups") or ())
+    quiet = (lambda: held(groups)) if groups else None
     per_trace = {}
     for name in job["traces"]:
         trace = get_trace(name, job["config"])
         args = (create_engine, job["config"], job["weight_dir"], job["device"], trace)
-        timing = time_trace(*args, warmup=1, repeat=3 if full else 2, fresh_engine=full)
+        timing = time_trace(
+            *args, warmup=1, repeat=3 if full else 2, fresh_engine=full, quiet=quiet
+        )  # fmt: skip
         timing["floor_eff"] = _floor_efficiency(trace, job, timing["seconds"])
         per_trace[name] = timing
         log.info("%s: %.1f tokens/s", name, timing["tokens_per_s"])
@@ -676,11 +741,18 @@ def run_job(job: dict, phases: Phases) -> dict:
     gc.freeze()
     result: dict = {"status": "ok", "reason": None}
     if job.get("check", True):
-        phases.enter("reference")  # the cases' calls and the gate's reference outputs
-        result = gate(create_engine, job, phases)
+        digest = engine_digest(engine_path)
+        earlier = job.get("checked") or {}
+        if earlier.get("engine_sha256") == digest:
+            # this file's verdict, reached by a warm-up child that ran the gate on it
+            result = {key: earlier.get(key) for key in VERDICT}
+            result["checked_ahead"] = True
+        else:
+            phases.enter("reference")  # the cases' calls and the gate's reference outputs
+            result = gate(create_engine, job, phases)
+        result["engine_sha256"] = digest
         if result["status"] != "ok":
             return result
-    pause_groups(job.get("pause_groups") or ())
     phases.enter("benchmark")
     try:
         result["traces"] = measure(create_engine, job)
@@ -701,15 +773,30 @@ def run_job(job: dict, phases: Phases) -> dict:
     return result
 
 
-def pause_groups(groups) -> None:
-    """Stop the process groups `groups` (the next trials' warm-up children, search/warmup.py's
-    `WarmAhead`) before the timing: a child compiling and running kernels on the GPU beside the
-    timed engine would be timed with it. The study continues them once this trial has ended."""
+def pause_groups(groups, sig: int = signal.SIGSTOP) -> None:
+    """Stop (`sig`: continue) the process groups `groups`: the next trials' warm-up children,
+    search/warmup.py's `WarmAhead`."""
     for group in groups:
         try:
-            os.killpg(group, signal.SIGSTOP)
+            os.killpg(group, sig)
         except (ProcessLookupError, PermissionError):  # (it ended meanwhile)
             continue
+
+
+@contextmanager
+def held(groups):
+    """The process groups `groups` stopped while a trace's repeats are timed: a child compiling
+    and running kernels on the GPU beside the timed engine would be timed with it. Between the
+    repeats of one trace and the next (engine builds, warm-up passes) they run: the next trials'
+    gates and compiles are done by then. The kernels a child queued before it stopped still run
+    on the GPU: `HELD_SETTLE_S` for them. (The study continues them too once a trial ends, where
+    this one was killed inside.)"""
+    pause_groups(groups)
+    time.sleep(HELD_SETTLE_S)
+    try:
+        yield
+    finally:
+        pause_groups(groups, signal.SIGCONT)
 
 
 def stop_with_parent(poll_s: float = 1.0) -> None:

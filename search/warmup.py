@@ -1,5 +1,8 @@
 """The kernel warm-up before a study's first trial: the queued assemblies' Triton kernels
-compiled side by side; then, during the search, the next proposals' (`WarmAhead`).
+compiled side by side; then, during the search, the next proposals' (`WarmAhead`). Each child
+runs the correctness gate on the engine file its trial will render; its verdict is kept for
+that trial (`TrialRunner.keep_verdict`), which then times its engine without running the gate
+again.
 
 An engine's first run compiles its Triton kernels on one CPU core, most of a trial for the
 fused-pdl preset (experiments/compile_reuse.py; numbers in docs/PERF.md). Triton keeps them on
@@ -24,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from search.trial import load_renderer, run_child
+from search.trial import assembly_key, load_renderer, run_child
 from variants.registry import AXES_BY_NAME
 from variants.spec import ModelSpec
 from variants.variant import Variant
@@ -141,6 +144,7 @@ def warm_kernels(runner, variants, limit_s: float, workers: int) -> list[Warmed]
             elif result.is_file():
                 data = json.loads(result.read_text())
                 status, reason = data["status"], data.get("reason") or ""
+                runner.keep_verdict(variant, data)
             else:
                 lines = (tmp / "log.txt").read_text(errors="replace").strip().splitlines()
                 status, reason = f"exit code {code}", lines[-1] if lines else ""
@@ -200,17 +204,17 @@ class WarmAhead:
     """The next trials' kernels compiled while the current one runs: for each proposal asked
     ahead, a child that renders it and runs the correctness gate alone (as `warm_kernels`), at
     most `workers` at once, each within `limit_s`. A trial's child stops these children's
-    process groups before it times its engine (`trial.pause_groups`) and `resume` continues them
-    once the trial has ended; `close` ends those still running (what they compiled stays in
-    Triton's and Inductor's caches for the trials). `compiled`: assemblies the kernel warm-up
-    compiled already (`warm_first`), never warmed again."""
+    process groups while it times a trace's repeats (`trial.held`) and `resume` continues them
+    once the trial has ended (one killed while it held them); `close` ends those still running
+    (what they compiled stays in Triton's and Inductor's caches for the trials). `compiled`:
+    assemblies the kernel warm-up compiled already (`warm_first`), never warmed again."""
 
     def __init__(self, runner, workers: int, limit_s: float, compiled=()):
         self.runner, self.workers, self.limit_s = runner, workers, limit_s
         self.started = self.finished = 0
         self._groups: dict[int, int] = {}  # child -> its process group while it runs
         self._threads: list[threading.Thread] = []
-        self._warmed: set[str] = {_key(v) for v in compiled}
+        self._warmed: set[str] = {assembly_key(v) for v in compiled}
         self._lock = threading.Lock()
         self._closing = False
 
@@ -221,7 +225,7 @@ class WarmAhead:
         """Start a child for `variant` unless one ran or runs for it, `workers` run, or it
         compiles with Inductor (`INDUCTOR`); whether one started. Returns once the child's
         process group is known (or its start failed)."""
-        key = _key(variant)
+        key = assembly_key(variant)
         if self._closing or key in self._warmed or self.running() >= self.workers:
             return False
         if any(getattr(variant, axis) in values for axis, values in INDUCTOR.items()):
@@ -251,6 +255,8 @@ class WarmAhead:
                 tmp = Path(tmp)
                 cmd = self.runner.command(variant, tmp, protocol="quick", check=True, traces=())
                 code, seconds = run_child(cmd, tmp / "log.txt", self.limit_s, started)
+                if code == 0 and (tmp / "result.json").is_file():
+                    self.runner.keep_verdict(variant, json.loads((tmp / "result.json").read_text()))
             log.info("warmed ahead: %s, exit %s in %.1f s", variant.name, code, seconds)
             if code == 0:
                 with self._lock:
@@ -286,10 +292,6 @@ class WarmAhead:
             f"them ran, {self.workers} at most at once (stopped while a trial timed its engine); "
             f"{self.finished} finished, the rest ended with the search"
         )
-
-
-def _key(variant) -> str:
-    return json.dumps(variant.to_dict(), sort_keys=True)
 
 
 def _signal_group(group: int, sig: int) -> None:

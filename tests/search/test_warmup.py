@@ -284,13 +284,124 @@ def test_gpu_memory_bounds_the_default_count(tmp_path):
     assert workers_for(job) == min(default_workers(), fits)
 
 
-def test_a_trial_stops_the_groups_it_is_given_before_it_times(tiny_config, tiny_weights):
+def test_a_trial_leaves_the_groups_it_held_running(tiny_config, tiny_weights):
+    """(While it times they are stopped: `test_the_children_are_held_only_while_a_trace_is_timed`)"""
     sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
         runner = TrialRunner(tiny_config, tiny_weights, "cpu", renderer=FAKE_RENDERER)
         runner.gate_cases, runner.traces = ("public",), ("prefill",)
         outcome = runner.run(CORRECT, paused=[sleeper.pid])
-        assert outcome.status == "ok" and process_state(sleeper.pid) == "T"
+        assert outcome.status == "ok" and process_state(sleeper.pid) == "S"
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+# --- a warm-up child's verdict, taken by its trial --------------------------------------------
+
+WRONG = Variant(cache="slab", attention="manual", fuse_qkv=True)  # planted: logits off by 0.5
+
+
+def verdict_runner(config, weights) -> TrialRunner:
+    runner = TrialRunner(config, weights, "cpu", renderer=FAKE_RENDERER)
+    runner.gate_cases, runner.traces = ("public",), ("prefill",)
+    return runner
+
+
+def test_a_trial_takes_the_verdict_its_warm_up_child_reached_on_the_same_file(
+    tiny_config, tiny_weights
+):
+    runner = verdict_runner(tiny_config, tiny_weights)
+    warm_kernels(runner, [CORRECT], limit_s=300, workers=1)
+    assert set(runner.verdicts) == {json.dumps(CORRECT.to_dict(), sort_keys=True)}
+    outcome = runner.run(CORRECT)
+    assert outcome.status == "ok" and outcome.attrs["checked_ahead"] is True
+    phases = outcome.attrs["phase_seconds"]
+    assert "correctness" not in phases and "benchmark" in phases  # timed, the gate not run again
+    assert outcome.attrs["check"]["public"]["passed"] is True  # the child's cases, recorded
+    assert outcome.attrs["tps_prefill"] > 0
+    # its typical seconds count the gate it did not run: twice its child's last case here (no
+    # trial ran its own yet), the median of the trials' own once one has
+    child_s = outcome.attrs["check"]["public"]["seconds"]
+    assert runner.gate_s == [] and child_s > 0
+    assert runner.durations[0] == pytest.approx(
+        outcome.attrs["trial_seconds"] + 2 * child_s, abs=2e-3
+    )
+    runner.run(Variant(cache="slab", attention="sdpa", fuse_qkv=False))  # no child ran it
+    assert len(runner.gate_s) == 1 and runner.gate_s[0] > 0
+
+
+def test_a_planted_fault_found_by_the_child_is_the_trials_verdict(tiny_config, tiny_weights):
+    runner = verdict_runner(tiny_config, tiny_weights)
+    warm_kernels(runner, [WRONG, CRASH], limit_s=300, workers=2)
+    # a wrong engine's verdict is kept; a crash is not (its trial says why itself)
+    assert list(runner.verdicts) == [json.dumps(WRONG.to_dict(), sort_keys=True)]
+    outcome = runner.run(WRONG)
+    assert outcome.status == "infeasible" and outcome.attrs["checked_ahead"] is True
+    assert "benchmark" not in outcome.attrs["phase_seconds"]  # never timed
+    assert outcome.constraint > 0
+    crashed = runner.run(CRASH)
+    assert crashed.status == "failed" and "checked_ahead" not in crashed.attrs
+
+
+def test_a_verdict_on_another_file_is_not_taken(tiny_config, tiny_weights):
+    """A passing verdict whose file differs from the one the trial renders (a forged digest
+    here; a table or a renderer changed between them in a study): the trial runs the gate, and
+    the planted fault is caught."""
+    runner = verdict_runner(tiny_config, tiny_weights)
+    warm_kernels(runner, [CORRECT], limit_s=300, workers=1)
+    (verdict,) = runner.verdicts.values()
+    runner.verdicts[json.dumps(WRONG.to_dict(), sort_keys=True)] = dict(verdict)
+    outcome = runner.run(WRONG)
+    assert outcome.status == "infeasible" and "checked_ahead" not in outcome.attrs
+    assert "correctness" in outcome.attrs["phase_seconds"]
+
+
+class WatchingEngine:
+    """Records the state of a process at each call (a stand-in for a timed engine)."""
+
+    def __init__(self, watched: int, seen: list, vocab: int):
+        self.watched, self.seen, self.vocab = watched, seen, vocab
+
+    def _logits(self, ids):
+        self.seen.append(process_state(self.watched))
+        return torch.zeros(len(ids), self.vocab)
+
+    def prefill(self, request_ids, input_ids):
+        return self._logits(request_ids)
+
+    def decode(self, request_ids, token_ids):
+        return self._logits(request_ids)
+
+    def remove(self, request_ids):
+        pass
+
+
+def test_the_children_are_held_only_while_a_trace_is_timed(tiny_config, tiny_weights):
+    from search.trial import measure
+
+    sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    built, seen = [], []
+
+    def create_engine(config, weight_dir, device):
+        built.append(process_state(sleeper.pid))  # the engine's build: the children run
+        return WatchingEngine(sleeper.pid, seen, config["vocab_size"])
+
+    job = {
+        "protocol": "quick",
+        "traces": ["prefill"],
+        "config": tiny_config,
+        "weight_dir": tiny_weights,
+        "device": "cpu",
+        "pause_groups": [sleeper.pid],
+    }
+    try:
+        measure(create_engine, job)
+        calls = len(seen) // 3  # a warm-up pass, then two timed
+        assert built == ["S"] and calls > 0
+        assert set(seen[:calls]) == {"S"}  # the warm-up pass: running (asleep)
+        assert set(seen[calls:]) == {"T"}  # the repeats: stopped
+        assert wait_for(lambda: process_state(sleeper.pid) == "S")  # continued after
     finally:
         sleeper.kill()
         sleeper.wait()
