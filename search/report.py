@@ -246,7 +246,14 @@ def trial_time(records: list[Record]) -> str:
         return ""
     names = list(dict.fromkeys(name for p in timed for name in p))
     parts = [f"{n} {statistics.median(p[n] for p in timed if n in p):.1f} s" for n in names]
-    return f"\na trial's time (medians of {len(timed)}): " + ", ".join(parts)
+    ahead = sum(bool(r.attrs.get("checked_ahead")) for r in records)
+    took = (
+        f"; {ahead} took the correctness verdict their warm-up child reached on the same engine "
+        "file (the gate not run again)"
+        if ahead
+        else ""
+    )
+    return f"\na trial's time (medians of {len(timed)}): " + ", ".join(parts) + took
 
 
 def beyond_presets(chosen: Record, records: list[Record]) -> str:

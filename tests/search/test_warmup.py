@@ -285,7 +285,7 @@ def test_gpu_memory_bounds_the_default_count(tmp_path):
 
 
 def test_a_trial_leaves_the_groups_it_held_running(tiny_config, tiny_weights):
-    """(While it times they are stopped: `test_the_children_are_held_only_while_a_trace_is_timed`)"""
+    """(stopped while it times: `test_the_children_are_held_only_while_a_trace_is_timed`)"""
     sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
         runner = TrialRunner(tiny_config, tiny_weights, "cpu", renderer=FAKE_RENDERER)
@@ -405,3 +405,26 @@ def test_the_children_are_held_only_while_a_trace_is_timed(tiny_config, tiny_wei
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_results_log_says_how_many_trials_took_a_childs_verdict():
+    from search.report import trial_time
+    from search.trial import Record
+
+    phases = {"render": 0.5, "correctness": 3.0, "benchmark": 3.0}
+    records = [
+        Record(0, "ok", None, {"phase_seconds": phases}),
+        Record(
+            1,
+            "ok",
+            None,
+            {"phase_seconds": {"render": 0.5, "benchmark": 3.2}, "checked_ahead": True},
+        ),
+    ]
+    line = trial_time(records)
+    assert "medians of 2" in line and "correctness 3.0 s" in line
+    assert line.endswith(
+        "; 1 took the correctness verdict their warm-up child reached on the same "
+        "engine file (the gate not run again)"
+    )
+    assert "verdict" not in trial_time(records[:1])
