@@ -15,7 +15,6 @@ import logging
 import math
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -279,7 +278,7 @@ def exit_on_term() -> None:
 
 
 # the parent's, not the child's
-NOT_IN_JOB = ("timeout_s", "durations", "screened", "verdicts", "gate_s")
+NOT_IN_JOB = ("timeout_s", "durations", "screened", "verdicts")
 
 
 @dataclass
@@ -313,9 +312,10 @@ class TrialRunner:
     durations: list[float] = field(default_factory=list)
     screened: list[float] = field(default_factory=list)  # (pruned trials too)
     # The gate's verdicts warm-up children reached (search/warmup.py), by assembly, each with
-    # its engine file's digest; and the seconds the gate took in the trials that ran it.
+    # its engine file's digest. (A trial that takes one times its engine while the children
+    # warm the next trials' beside its builds: on the GPU its seconds stay about a trial's
+    # that ran the gate, and the reserves after the search count in them: docs/PERF.md.)
     verdicts: dict = field(default_factory=dict)
-    gate_s: list[float] = field(default_factory=list)
 
     def keep_verdict(self, variant, result: dict) -> bool:
         """Keep the gate's verdict in a warm-up child's `result` for `variant`'s trial: one the
@@ -329,18 +329,6 @@ class TrialRunner:
         verdict["engine_sha256"] = result["engine_sha256"]
         self.verdicts[assembly_key(variant)] = verdict
         return True
-
-    def gate_cost_s(self, result: dict) -> float:
-        """The seconds a trial's own gate takes, for a trial that took a child's verdict: the
-        median of this study's trials that ran theirs, else twice its child's last case (the
-        last engine of its process, past the compiles). A trial's typical seconds include its
-        gate wherever it ran: the reserves after the search count in such trials."""
-        if not result.get("checked_ahead"):
-            return 0.0
-        if self.gate_s:
-            return statistics.median(self.gate_s)
-        cases = list((result.get("check") or {}).values())
-        return 2.0 * (cases[-1].get("seconds") or 0.0) if cases else 0.0
 
     def keep_references(self) -> float:
         """The gate's references computed once, here, into `noise_cache` before any child runs:
@@ -381,13 +369,10 @@ class TrialRunner:
             )  # fmt: skip
             code, seconds = run_trial_child(tmp / "job.json", tmp / "log.txt", limit)
             result = self._result(tmp / "result.json", code, limit, tmp / "log.txt")
-            own = (result.get("phase_seconds") or {}).get("correctness")
-            if check and own is not None and not result.get("checked_ahead"):
-                self.gate_s.append(own + result["phase_seconds"].get("reference", 0.0))
             if protocol == "quick" and result["status"] != "failed":
                 self.screened.append(seconds)
-                if result["status"] != "pruned":  # crashes, timeouts and prunes: not typical
-                    self.durations.append(seconds + self.gate_cost_s(result))
+                if result["status"] != "pruned":
+                    self.durations.append(seconds)  # crashes, timeouts and prunes: not typical
         outcome = outcome_from_result(result, variant, self, protocol)
         outcome.attrs["trial_seconds"] = round(seconds, 3)
         if result.get("phase_seconds"):  # start-up: the interpreter's too, before `main`
