@@ -3,8 +3,9 @@
 For each trace, on a fresh engine after one warm-up engine (the grader's protocol): the timed
 wall time (median of repeats), and from one profiled run per trace, call by call, the host time
 of the call, the GPU's busy time (the union of its kernels' intervals) and the GPU's idle time
-inside the trace. A trace whose GPU idles for much of its wall time is bound by the host.
-Optionally writes each profiled run as a Chrome trace (`--chrome DIR`)."""
+inside the trace, and the kernels with the most GPU time in each call. A trace whose GPU idles
+for much of its wall time is bound by the host. Optionally writes each profiled run as a Chrome
+trace (`--chrome DIR`)."""
 
 import argparse
 import json
@@ -79,10 +80,13 @@ def profiled_calls(engine, calls, chrome_path: Path) -> tuple:
         start, end = spans[f"call{i}"]
         mine = [(k["ts"], k["ts"] + k["dur"]) for k in kernels
                 if start <= launches.get(k["args"].get("correlation"), -1) <= end]  # fmt: skip
+        own = [k for k in kernels if start <= launches.get(k["args"].get("correlation"), -1) <= end]
+        tokens = sum(t.numel() for t in call[2]) if call[0] == "prefill" else len(call[1])
         rows.append({
-            "call": i, "kind": call[0], "rows": len(call[1]),
+            "call": i, "kind": call[0], "rows": len(call[1]), "tokens": int(tokens),
             "host_ms": round((end - start) / 1e3, 3),
             "gpu_busy_ms": round(busy_union(mine) / 1e3, 3), "kernels": len(mine),
+            "top_kernels": top_kernels(own, 8),
         })  # fmt: skip
     first = min(s for s, _ in spans.values())
     last = max([k["ts"] + k["dur"] for k in kernels] + [e for _, e in spans.values()])

@@ -2,7 +2,7 @@
 # The GPU check, run on the device machine (H200) over a copy of the tree:
 #   bash scripts/gpu_check.sh [STAGE...]   stages: env tests (or tests1 tests2) sweep study grader
 #   realmodels soak cachesizes knobs neutral fewknobs prefillknobs kernelstudy stepbytes handab
-#   kernels1b steps1b decode1b
+#   kernels1b steps1b anatomy1b decode1b
 # (default: env tests sweep study soak). Writes logs and JSON under $OUT (or workspace/gpu_check)
 # and a summary.txt. The measuring tools are in experiments/ (python experiments/NAME.py --help).
 # Optuna is not installed there: wheels in .whl/ (carried) are installed into /tmp/site first.
@@ -353,6 +353,17 @@ fi
 # kernel searches' tables (experiments/render_tables.py), DECODE1B_ROUNDS alternating rounds in
 # fresh processes; each run's JSON (its floor efficiency per trace) kept. (The device tool
 # returns 8 files: tar $OUT.)
+# Where the 1B model's traces go call by call (the mixed trace's prefills: #72), the preset with
+# the rules: each call's host and GPU time and its kernels with the most GPU time
+if stage anatomy1b; then
+    dir=/tmp/gpu_models/llama16-bf16 preset=${DECODE1B_PRESET:-slab-triton-gemv-allgraphs}
+    toy_model llama16-bf16
+    fields=$("$PY" -c "import json; from variants.presets import PRESETS
+print(json.dumps(PRESETS['$preset'].to_dict()))")
+    timed anatomy1b 300 "$PY" experiments/trace_anatomy.py --model-config "$dir/config.json" \
+        --weight-dir "$dir" --variant "$fields" --trace prefill --trace mixed --trace decode \
+        --repeat 3 --json "$OUT/anatomy1b.json"
+fi
 if stage decode1b; then
     dir=/tmp/gpu_models/llama16-bf16 preset=${DECODE1B_PRESET:-slab-triton-gemv-allgraphs}
     toy_model llama16-bf16
