@@ -46,8 +46,9 @@ NEAREST = "untried, nearest the leader"
 # The correctness gate's verdict as a child's result holds it: a warm-up child's, taken by the
 # trial whose engine file is the same, byte for byte (`TrialRunner.keep_verdict`)
 VERDICT = ("status", "reason", "check", "gate", "max_abs_err", "tol_share", "noise_share")
-# What a warm-up child stopped while a trial times may still have running on the GPU: its
-# kernels queued before the stop (a step's at most)
+# What a warm-up child stopped while a trial times may still have running on the GPU: the
+# kernels it queued before the stop, one engine call's at most (its gate reads each call's
+# logits back before the next call)
 HELD_SETTLE_S = 0.05
 
 
