@@ -47,7 +47,7 @@ NEAREST = "untried, nearest the leader"
 # trial whose engine file is the same, byte for byte (`TrialRunner.keep_verdict`)
 VERDICT = ("status", "reason", "check", "gate", "max_abs_err", "tol_share", "noise_share")
 # What a warm-up child stopped while a trial times may still have running on the GPU: the
-# kernels it queued before the stop, one engine call's at most (its gate reads each call's
+# kernels it queued before the stop, about one engine call's (its gate reads each call's
 # logits back before the next call)
 HELD_SETTLE_S = 0.05
 
