@@ -17,7 +17,6 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 
 import torch
 
@@ -84,7 +83,7 @@ def time_trace(
     repeat: int = 3,
     fresh_engine: bool = True,
     seed: int = 0,
-    quiet: Callable[[], AbstractContextManager] | None = None,
+    quiet: Callable[[], contextlib.AbstractContextManager] | None = None,
 ) -> dict:
     """Median seconds of the engine calls of `trace`, and the derived rates.
 

@@ -772,11 +772,11 @@ def pause_groups(groups, sig: int = signal.SIGSTOP) -> None:
 @contextmanager
 def held(groups):
     """The process groups `groups` stopped while a trace's repeats are timed: a child compiling
-    and running kernels on the GPU beside the timed engine would be timed with it. Between the
-    repeats of one trace and the next (engine builds, warm-up passes) they run: the next trials'
-    gates and compiles are done by then. The kernels a child queued before it stopped still run
-    on the GPU: `HELD_SETTLE_S` for them. (The study continues them too once a trial ends, where
-    this one was killed inside.)"""
+    and running kernels on the GPU beside the timed engine would be timed with it. Outside the
+    repeats (engine builds, warm-up passes) they run, the next trials' gates and compiles beside
+    this trial's untimed work. The kernels a child queued before it stopped still run on the
+    GPU: `HELD_SETTLE_S` for them. (The study continues them too once a trial ends, where this
+    one was killed inside.)"""
     pause_groups(groups)
     time.sleep(HELD_SETTLE_S)
     try:
