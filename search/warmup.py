@@ -289,7 +289,7 @@ class WarmAhead:
             return None
         return (
             f"warmed ahead: {self.started} proposals' kernels compiled while the trials before "
-            f"them ran, {self.workers} at most at once (stopped while a trial timed its engine); "
+            f"them ran, {self.workers} at most at once (stopped while a trial timed a trace); "
             f"{self.finished} finished, the rest ended with the search"
         )
 
