@@ -3,7 +3,10 @@ plain and under PDL), at each row count: CUDA graphs of back-to-back GEMMs over 
 copies (at least 12, and 64 MiB: `bench_few_row.copies_for`) that L2 holds none of them, as in
 a decode step; us a GEMM, median of 20 replays.
 
-    python experiments/bench_projections.py --rows 16,32,48,64,128,256,512
+    python experiments/bench_projections.py --rows 16,32,48,64,128,256,512 [--sweep]
+
+`--sweep`: ours also at each launch of a small grid (column tile, reduction chunk, warps,
+splits), its best beside cuBLAS: whether a prefill's 128-512 rows leave cuBLAS room.
 
 Isolated chains flatter PDL: in a decode step the other kernels already launch under it
 (docs/PERF.md, runs 178-179)."""
@@ -26,10 +29,11 @@ from variants.kernels.pdl import pdl_supported  # noqa: E402
 
 
 def projection_shapes(config: dict) -> dict:
-    """name -> (N, K) of the model's fused projections."""
+    """name -> (N, K) of the model's fused projections and its head."""
     h, i, d = config["hidden_size"], config["intermediate_size"], config["head_dim"]
     q, kv = config["num_attention_heads"] * d, config["num_key_value_heads"] * d
-    return {"qkv": (q + 2 * kv, h), "output": (h, q), "gate-up": (2 * i, h), "down": (h, i)}
+    return {"qkv": (q + 2 * kv, h), "output": (h, q), "gate-up": (2 * i, h), "down": (h, i),
+            "head": (config["vocab_size"], h)}  # fmt: skip
 
 
 def chain(linear, x: torch.Tensor, weights: list) -> list:
@@ -37,10 +41,31 @@ def chain(linear, x: torch.Tensor, weights: list) -> list:
     return [functools.partial(linear, x, w) for w in weights]
 
 
+# (BLOCK_N, BLOCK_K, warps, stages) x split_k
+SWEEP = [((bn, bk, w, 3), s) for bn in (64, 128) for bk in (64, 128) for w in (4, 8)
+         for s in (1, 2, 4)]  # fmt: skip
+
+
+def best_launch(x: torch.Tensor, weights: list, sms: int) -> tuple:
+    """The fastest of SWEEP's launches of ours on this chain: (us, (tiles, split_k))."""
+    best = (float("inf"), None)
+    for tiles, split in SWEEP:
+        ours = functools.partial(few_row_linear, sm_count=sms, tiles=tiles, split_k=split)
+        try:
+            us = graph_us(chain(ours, x, weights))
+        except Exception as e:  # (a launch that does not fit this GPU: out of shared memory)
+            print(f"  {tiles} x{split}: {type(e).__name__}", flush=True)
+            continue
+        best = min(best, (us, (tiles, split)), key=lambda b: b[0])
+    return best
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--model-config", default="target/model_config.json")
     p.add_argument("--rows", default="16,32,64,128,256,512")
+    p.add_argument("--sweep", action="store_true", help="ours at each launch of SWEEP too")
+    p.add_argument("--only", default=None, help="comma-separated projection names")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("needs CUDA", file=sys.stderr)
@@ -50,6 +75,8 @@ def main() -> int:
     sms, pdl = device_sm_count(device), pdl_supported(device)
     with torch.no_grad():
         for name, (n, k) in projection_shapes(config).items():
+            if args.only and name not in args.only.split(","):
+                continue
             copies = copies_for(n * k * 2)
             weights = [torch.randn(n, k, device=device, dtype=torch.float16) * 0.02
                        for _ in range(copies)]  # fmt: skip
@@ -63,6 +90,10 @@ def main() -> int:
                     graph_us(chain(ours, x, weights)),
                 )
                 row = f"{name:8s} {m:5d} rows: cuBLAS {cublas:6.2f}  ours {plain:6.2f}"
+                row += f"  (weight at {n * k * 2 / cublas / 1e3:5.0f} GB/s on cuBLAS)"
+                if args.sweep:
+                    us, launch = best_launch(x, weights, sms)
+                    row += f"  ours' best {us:6.2f} at {launch}"
                 if pdl:
                     under = graph_us(chain(functools.partial(ours, pdl=True), x, weights))
                     row += f"  ours under PDL {under:6.2f}"

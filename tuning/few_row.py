@@ -63,11 +63,14 @@ TILE_AXES = ("block_n", "block_k", "warps", "stages")  # a launch's `tiles`, in 
 # many programs share the SMs and whether the partials' round trip ends the kernel, and it moved
 # the most where it was timed (the 1B model's QKV: docs/PERF.md); searched last, a short budget
 # never reached it.
-AXES = ("split_k", *TILE_AXES)
+# The head's library comes before them: cuBLAS (after the norm) or ours, where its weight is the
+# model's largest and the step's graph times either.
+AXES = ("library", "split_k", *TILE_AXES)
 # In the cache key: a table an older search cached is searched again (2: the bench times the
-# launch in the engine's own table; every table cached before timed the rules' launch only).
-SEARCH_VERSION = 2
+# launch in the engine's own table; 3: the head's library is searched).
+SEARCH_VERSION = 3
 VALUES = {
+    "library": ("triton", "cublas"),
     "block_n": (16, 32, 64, 128),
     "block_k": (32, 64, 128, 256),
     "warps": (2, 4, 8),
@@ -103,24 +106,31 @@ def prior_launch(kernel: str, rows: int, spec: ModelSpec, sm_count: int, pdl: bo
     n, k, weight_tiles = kernel_shape(kernel, spec)
     if prior == "neutral":
         _, *tiles = few_row_tiles(rows, n, sm_count, weight_tiles, NEUTRAL_TILES)
-        return dict(zip(TILE_AXES, tiles), split_k=1)
+        return dict(zip(TILE_AXES, tiles), split_k=1, library="triton")
     long_k = kernel in LINEAR and k >= LONG_K
     prefer = swiglu_tiles(rows) if kernel == "swiglu" else LONG_K_TILES if long_k else None
     block_m, *tiles = few_row_tiles(rows, n, sm_count, weight_tiles, prefer)
     if kernel in LINEAR and not long_k and default_stage(pdl, rows):
         tiles = short_staged_tiles(block_m, k, spec.config_dtype.itemsize) or tiles
     programs = host_cdiv(n, tiles[0]) * host_cdiv(rows, block_m)
-    return dict(zip(TILE_AXES, tiles), split_k=splits_for(None, programs, k, tiles[1], sm_count))
+    split_k = splits_for(None, programs, k, tiles[1], sm_count)
+    return dict(zip(TILE_AXES, tiles), split_k=split_k, library="triton")
 
 
 def launch_of(knobs: dict) -> dict:
-    """The search's knobs as the launchers take them: `tiles` and `split_k`."""
+    """The search's knobs as the launchers take them: `tiles` and `split_k`, or `cublas` (the
+    head only: the norm, then cuBLAS's projection; no launch of ours)."""
+    if knobs.get("library") == "cublas":
+        return {"cublas": True}
     return {"tiles": tuple(knobs[a] for a in TILE_AXES), "split_k": knobs["split_k"]}
 
 
 def candidates(kernel: str, axis: str, current: dict, spec: ModelSpec, bucket, sm_count) -> list:
     """The values one knob of `kernel` takes, the current one first: tiles no wider than the
-    columns or the reduction need, at most one split a BLOCK_K chunk."""
+    columns or the reduction need, at most one split a BLOCK_K chunk; a library for the head
+    alone, and no knob of ours moved on cuBLAS."""
+    if axis == "library" and kernel != "head" or current.get("library") == "cublas":
+        return [current[axis]]
     n, k, _ = kernel_shape(kernel, spec)
     most = {
         "block_n": max(16, 1 << (n - 1).bit_length()),
@@ -176,6 +186,9 @@ class FewRowCheck:
         s, common = self.spec, {"sm_count": self.sm_count, "pdl": self.pdl, **launch}
         if self.kernel in ("o", "down"):
             return [few_row_linear(self.x, self.weight, residual=self.residual, **common)]
+        if self.kernel == "head" and launch.get("cublas"):  # (fused_head's fallback)
+            h = rms_norm(self.x, self.norm, s.rms_norm_eps)
+            return [F.linear(h, self.weight).float()]
         if self.kernel == "head":
             return [
                 few_row_linear(
@@ -323,15 +336,20 @@ def summary(results: list) -> list:
 
 
 def table_to_json(table: dict) -> dict:
-    return {f"{kernel}@{rows}": {"tiles": list(launch["tiles"]), "split_k": launch["split_k"]}
-            for (kernel, rows), launch in table.items()}  # fmt: skip
+    return {
+        f"{kernel}@{rows}": {"cublas": True} if launch.get("cublas") else
+        {"tiles": list(launch["tiles"]), "split_k": launch["split_k"]}
+        for (kernel, rows), launch in table.items()
+    }  # fmt: skip
 
 
 def table_from_json(data: dict) -> dict:
     table = {}
     for key, launch in data.items():
         kernel, rows = key.split("@")
-        table[kernel, int(rows)] = {"tiles": tuple(launch["tiles"]), "split_k": launch["split_k"]}
+        table[kernel, int(rows)] = {"cublas": True} if launch.get("cublas") else (
+            {"tiles": tuple(launch["tiles"]), "split_k": launch["split_k"]}
+        )  # fmt: skip
     return table
 
 

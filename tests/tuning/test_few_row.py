@@ -70,6 +70,9 @@ def test_candidates_start_at_the_prior_and_are_valid_launches(course, kernel):
         prior = tuner.prior_launch(kernel, rows, spec, 132, True)
         for axis in tuner.AXES:
             values = tuner.candidates(kernel, axis, prior, spec, None, 132)
+            if axis == "library":  # cuBLAS for the head alone (its fallback, after the norm)
+                assert values == (["triton", "cublas"] if kernel == "head" else ["triton"])
+                continue
             assert values[0] == prior[axis] and len(values) == len(set(values)) > 1
             if axis in ("block_n", "block_k", "warps"):
                 assert all(v & (v - 1) == 0 for v in values)  # powers of two
@@ -80,8 +83,19 @@ def test_candidates_start_at_the_prior_and_are_valid_launches(course, kernel):
                 assert all(1 <= v <= -(-k // prior["block_k"]) for v in values)
 
 
+def test_on_cublas_no_knob_of_ours_moves(course):
+    """The head on cuBLAS: its launch says so alone, and the descent tries no tile or split
+    there (each would time the same cuBLAS call)."""
+    _, spec = course
+    point = {**tuner.prior_launch("head", 8, spec, 132, True), "library": "cublas"}
+    assert tuner.launch_of(point) == {"cublas": True}
+    for axis in tuner.AXES:
+        assert tuner.candidates("head", axis, point, spec, None, 132) == [point[axis]]
+
+
 def test_the_table_round_trips_json():
-    table = {("qkv", 8): {"tiles": (16, 256, 4, 3), "split_k": 1}, ("down", 1): dict(ODD)}
+    table = {("qkv", 8): {"tiles": (16, 256, 4, 3), "split_k": 1}, ("down", 1): dict(ODD),
+             ("head", 4): {"cublas": True}}  # fmt: skip
     assert tuner.table_from_json(json.loads(json.dumps(tuner.table_to_json(table)))) == table
 
 
@@ -102,6 +116,19 @@ def test_the_search_keeps_the_faster_launch_and_the_prior_on_ties(course, fake_b
     prior, found = search(spec, fake_bench({("block_n", 64): 0.2, ("warps", 8): 0.005}))
     assert found.best == {**prior, "block_n": 64}  # 0.5% is within the margin
     assert found.moved == {"block_n": 64} and found.best_ms == pytest.approx(0.8)
+
+
+def test_the_head_moves_to_cublas_where_it_is_faster_and_only_there(course, fake_bench):
+    """The library is the head's first knob: cuBLAS kept where it times faster (and no knob of
+    ours is timed on it), the prior kept where it is not."""
+    _, spec = course
+    prior, found = search(spec, fake_bench({("library", "cublas"): 0.3}), kernel="head")
+    assert found.moved == {"library": "cublas"} and tuner.launch_of(found.best) == {"cublas": True}
+    prior, found = search(spec, fake_bench({("library", "cublas"): -0.3}), kernel="head")
+    assert found.best == prior and tuner.launch_of(found.best)["tiles"]
+    bench = fake_bench({("library", "cublas"): 0.3})
+    search(spec, bench, kernel="down")
+    assert all(t["library"] == "triton" for t in bench.timed)  # the layers' kernels: ours
 
 
 def test_the_split_is_searched_before_the_tiles(course, fake_bench):
@@ -153,6 +180,33 @@ def test_a_planted_wrong_launch_is_rejected_by_the_float32_check(
     assert found.best == {**prior, "block_k": 32}  # the right, faster chunks are kept
     assert any(knobs["split_k"] == 2 for knobs, _ in found.rejected)
     assert all(t["split_k"] != 2 for t in bench.timed)  # rejected before it is timed
+
+
+def test_the_check_judges_the_head_on_cublas_as_the_engine_runs_it(tiny_config):
+    """The head's cuBLAS launch is checked against the float32 reference as the fused head's
+    fallback computes it (the norm, then the projection), and a planted fault in the norm's
+    weight fails it."""
+    spec = ModelSpec.from_config(tiny_config)
+    check = tuner.FewRowCheck("head", spec, 3, torch.device("cpu"), torch.float32, False, 4)
+    assert check.error({"cublas": True}) < 1e-4
+    check.norm[0] += 1
+    assert check.error({"cublas": True}) > 1e-2
+
+
+def test_the_fused_head_falls_back_where_the_table_says_cublas(tiny_config, monkeypatch):
+    """A `cublas` entry sends that row count to the fallback (the model's own head), the other
+    row counts to the fused kernel."""
+    from variants.layers import fused_stack
+
+    spec = ModelSpec.from_config(tiny_config)
+    ran = []
+    monkeypatch.setattr(fused_stack, "few_row_linear", lambda x, *a, **k: ran.append("ours"))
+    fallback = lambda x, norm_w, head_w: ran.append("fallback")  # noqa: E731
+    head = fused_stack.fused_head(spec, fallback, knobs={("head", 4): {"cublas": True}})
+    h, w = torch.zeros(4, spec.hidden_size), torch.zeros(spec.vocab_size, spec.hidden_size)
+    head(h, torch.ones(spec.hidden_size), w)
+    head(h[:2], torch.ones(spec.hidden_size), w)
+    assert ran == ["fallback", "ours"]
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -218,6 +272,13 @@ def test_the_table_is_written_into_the_engine_which_matches_the_library(written_
     assert "head=functools.partial(fused_head, knobs=FEW_ROW_KNOBS)" in text
     assert module.FEW_ROW_KNOBS == table
     assert gaps[0] == gaps[1] and gaps[0] < 1e-4  # the same engine, right
+
+
+def test_an_engine_with_the_head_on_cublas_is_written_and_matches_the_reference(written_engine):
+    table = {**_odd_table(), ("head", 1): {"cublas": True}, ("head", 3): {"cublas": True}}
+    text, module, gaps = written_engine(FUSED, _scenario, few_row_knobs=table)
+    assert "    ('head', 3): dict(cublas=True),\n" in text and module.FEW_ROW_KNOBS == table
+    assert gaps[0] == gaps[1] and gaps[0] < 1e-4
 
 
 def test_without_a_table_the_fastest_engine_is_unchanged(kernel_lines):

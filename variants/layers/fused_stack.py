@@ -66,17 +66,20 @@ def run_fused_stack(
 
 def fused_head(spec, fallback, pdl: bool = False, knobs: dict | None = None):
     """output_logits(x, norm_w, head_w) as one kernel for up to 64 rows (float32 out, rounded
-    through the compute dtype like the reference); more rows go to `fallback`. `pdl`: launched
-    with programmatic dependent launch. `knobs`: as run_fused_stack's, its "head" entries."""
+    through the compute dtype like the reference); more rows go to `fallback`, and so do those
+    of a row count where the kernel search found cuBLAS faster (a `cublas` entry). `pdl`:
+    launched with programmatic dependent launch. `knobs`: as run_fused_stack's, its "head"
+    entries."""
     knobs = knobs or {}
 
     def output_logits(x, norm_w, head_w):
-        if x.shape[0] > HEAD_MAX_ROWS:
+        launch = knobs.get(("head", x.shape[0]), {})
+        if x.shape[0] > HEAD_MAX_ROWS or launch.get("cublas"):
             return fallback(x, norm_w, head_w)
         sms = device_sm_count(x.device)
         return few_row_linear(
             x, head_w, norm=norm_w, eps=spec.rms_norm_eps, out_dtype=torch.float32, sm_count=sms,
-            pdl=pdl, **knobs.get(("head", x.shape[0]), {}),
+            pdl=pdl, **launch,
         )  # fmt: skip
 
     return output_logits
