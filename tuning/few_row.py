@@ -8,6 +8,7 @@ searched as the decode attention's launch is (decode_attention.py: the same buck
 the same step bench, coordinate descent and margin), from the rules' launch; every candidate
 must match a float32 reference before it is timed.
 
+The head may also run on cuBLAS after the norm (its fallback), the library its first knob.
 The result, (kernel, rows) -> tiles and split_k where they beat the rules, is cached per GPU,
 model shape, layout and Triton version (`cache_path`), bound to the fused stack and head as
 `knobs` and written into engine.py as constants.
@@ -59,12 +60,11 @@ LAYER_KERNELS = ("qkv", "o", "swiglu", "down")  # a layer's, in the order a step
 NEUTRAL_TILES = (32, 64, 4, 2)
 LINEAR = ("o", "down", "head")  # few_row_linear's
 TILE_AXES = ("block_n", "block_k", "warps", "stages")  # a launch's `tiles`, in launch_of's order
-# The knobs in the order they are searched: the split first, then the tiles. The split sets how
-# many programs share the SMs and whether the partials' round trip ends the kernel, and it moved
-# the most where it was timed (the 1B model's QKV: docs/PERF.md); searched last, a short budget
-# never reached it.
-# The head's library comes before them: cuBLAS (after the norm) or ours, where its weight is the
-# model's largest and the step's graph times either.
+# The knobs in the order they are searched: the head's library (cuBLAS after the norm, or ours:
+# its weight is the model's largest, and no rule says which reads it faster), then the split,
+# then the tiles. The split sets how many programs share the SMs and whether the partials' round
+# trip ends the kernel, and it moved the most where it was timed (the 1B model's QKV:
+# docs/PERF.md); searched last, a short budget never reached it.
 AXES = ("library", "split_k", *TILE_AXES)
 # In the cache key: a table an older search cached is searched again (2: the bench times the
 # launch in the engine's own table; 3: the head's library is searched).
