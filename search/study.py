@@ -668,12 +668,13 @@ def skip_trial(study, trial, reason: str) -> None:
 
 
 def ask_ahead(study, space, ahead, asked: list, hold, skip: dict, n_trials, fits) -> None:
-    """Ask the sampler for the next trials (up to `ahead.workers` waiting their turn, as many as
-    `fits(count)` says the budget holds after the one running, within `n_trials`) and warm each
-    new proposal's kernels (a proposal of an assembly already run is copied at its turn: nothing
-    to warm). Each is proposed without the results of the trials still running before it (the
-    sampler counts those as poor: `constant_liar`)."""
-    while len(asked) < ahead.workers and ahead.running() < ahead.workers:
+    """Ask the sampler for the next trials (up to `ahead.depth` waiting their turn, as many as
+    `fits(count)` says the budget holds after the one running, within `n_trials`, while fewer
+    than `ahead.workers` children run) and warm each new proposal's kernels (a proposal of an
+    assembly already run is copied at its turn: nothing to warm). Each is proposed without the
+    results of the trials still running before it (the sampler counts those as poor:
+    `constant_liar`)."""
+    while len(asked) < ahead.depth and ahead.running() < ahead.workers:
         if n_trials is not None and len(started_trials(study)) >= n_trials:
             return
         if not fits(len(asked) + 2):

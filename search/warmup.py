@@ -41,9 +41,15 @@ BUDGET_SHARE = 0.25
 # GiB of weights, an allowance for each child's loads (the reference and two engines) and its
 # float32 reference's steps.
 WARM_BASE_S, WARM_S_PER_GIB = 75.0, 30.0
-# The trials asked of the sampler ahead of their turn, each warmed by a child while the trials
-# before it run (`WarmAhead`): at most this many (each proposed without those trials' results).
+# The children warming the trials asked of the sampler ahead of their turn while the trials
+# before them run (`WarmAhead`): at most this many at once.
 AHEAD = 4
+# The trials asked ahead: up to this many a child (each proposed without the results of those
+# before it). A child's gate takes several pruned trials' time, so with one asked trial a child
+# the children wait on the trials and the trials then on children just started (the trial runs
+# the gate itself beside its child): asked further ahead, a finished child's slot goes to the
+# next proposal when the next trial starts (docs/PERF.md, the 8-minute study).
+ASKED_PER_CHILD = 2
 # The choices that compile with Inductor, never warmed ahead: Inductor's cache takes file locks,
 # and a child stopped while it holds one would hold up a trial that compiles while it times
 # (and a flex trial warmed ahead still traces in its own process: docs/PERF.md).
@@ -211,6 +217,7 @@ class WarmAhead:
 
     def __init__(self, runner, workers: int, limit_s: float, compiled=()):
         self.runner, self.workers, self.limit_s = runner, workers, limit_s
+        self.depth = ASKED_PER_CHILD * workers  # the trials asked ahead at most
         self.started = self.finished = 0
         self._groups: dict[int, int] = {}  # child -> its process group while it runs
         self._threads: list[threading.Thread] = []

@@ -150,7 +150,7 @@ def test_on_a_gpu_torch_compile_float32_and_flex_are_costly(tiny_config):
 class Ahead:
     """Stands in for search/warmup.py's WarmAhead: records what is warmed and when."""
 
-    workers = 2
+    workers, depth = 2, 4
 
     def __init__(self, events: list):
         self.events, self.closed = events, 0
@@ -203,6 +203,31 @@ def test_the_next_trials_are_asked_ahead_and_warmed_before_their_turn(space):
     assert ahead.closed == 1 and not study.get_trials(states=(TrialState.RUNNING,))
 
 
+@pytest.mark.parametrize("busy", [0, 1, 2])
+def test_trials_are_asked_ahead_up_to_the_depth_while_a_child_has_room(space, busy):
+    """Before the first trial runs, proposals are asked (and warmed) until `depth` wait or
+    every child slot is taken: children that finished leave their slots to later proposals."""
+    study = optuna.create_study(directions=["maximize", "minimize"], sampler=st.make_sampler(0))
+    st.enqueue_known_good(study, space, space.caps, None, "s", "x", None)
+    events: list = []
+
+    class Busy(Ahead):
+        def running(self) -> int:  # `busy` children of earlier trials still running
+            return busy + sum(e[0] == "warm" for e in events)
+
+    runner, ahead = LoggedRunner(events), Busy(events)
+    budget = Budget(time.monotonic() + 10000.0, 100.0, total_s=10000.0, first_guess_s=1.0)
+    st.optimize(study, space, runner, budget, n_trials=8, ahead=ahead)
+    first = next(i for i, e in enumerate(events) if e[0] == "run")
+    assert sum(e[0] == "warm" for e in events[:first]) == max(0, Ahead.workers - busy)
+
+    events.clear()
+    finished = Ahead(events)  # every child done at once: the depth bounds what is asked
+    st.optimize(study, space, LoggedRunner(events), budget, n_trials=16, ahead=finished)
+    first = next(i for i, e in enumerate(events) if e[0] == "run")
+    assert sum(e[0] == "warm" for e in events[:first]) == Ahead.depth > Ahead.workers
+
+
 def test_trials_asked_ahead_that_the_budget_ends_before_are_skipped(space):
     study = optuna.create_study(directions=["maximize", "minimize"], sampler=st.make_sampler(0))
     st.enqueue_known_good(study, space, space.caps, None, "s", "x", None)
@@ -212,7 +237,7 @@ def test_trials_asked_ahead_that_the_budget_ends_before_are_skipped(space):
     budget = Budget(time.monotonic() + 3.0, 100.0, total_s=3.0, first_guess_s=0.2)
     st.optimize(study, space, runner, budget, ahead=ahead)
     skipped = [t for t in study.trials if t.user_attrs.get("status") == "skipped"]
-    assert skipped and len(skipped) <= Ahead.workers
+    assert skipped and len(skipped) <= Ahead.depth
     assert all(t.user_attrs["reason"].startswith("asked ahead of its turn") for t in skipped)
     assert all(t.state == TrialState.FAIL for t in skipped)
     ran = {json.dumps(v.to_dict(), sort_keys=True) for v in runner.ran}
