@@ -8,7 +8,7 @@ searched as the decode attention's launch is (decode_attention.py: the same buck
 the same step bench, coordinate descent and margin), from the rules' launch; every candidate
 must match a float32 reference before it is timed.
 
-The head may also run on cuBLAS after the norm (its fallback), the library its first knob.
+The head may also run on cuBLAS after our norm kernel, the library its first knob.
 The result, (kernel, rows) -> tiles and split_k where they beat the rules, is cached per GPU,
 model shape, layout and Triton version (`cache_path`), bound to the fused stack and head as
 `knobs` and written into engine.py as constants.
@@ -44,6 +44,7 @@ from tuning.decode_attention import (
 from variants.build import build_engine
 from variants.kernels.device import device_capability, device_sm_count
 from variants.kernels.few_row_linear import few_row_linear
+from variants.kernels.fused_norm import add_rms_norm
 from variants.kernels.norm_qkv_rope import norm_qkv_rope
 from variants.kernels.norm_swiglu import norm_swiglu, swiglu_tiles
 from variants.kernels.row_dot import few_row_tiles
@@ -186,8 +187,8 @@ class FewRowCheck:
         s, common = self.spec, {"sm_count": self.sm_count, "pdl": self.pdl, **launch}
         if self.kernel in ("o", "down"):
             return [few_row_linear(self.x, self.weight, residual=self.residual, **common)]
-        if self.kernel == "head" and launch.get("cublas"):  # (fused_head's fallback)
-            h = rms_norm(self.x, self.norm, s.rms_norm_eps)
+        if self.kernel == "head" and launch.get("cublas"):  # as fused_head runs it
+            _, h = add_rms_norm(self.x, None, self.norm, s.rms_norm_eps, pdl=self.pdl)
             return [F.linear(h, self.weight).float()]
         if self.kernel == "head":
             return [

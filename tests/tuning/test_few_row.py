@@ -183,9 +183,9 @@ def test_a_planted_wrong_launch_is_rejected_by_the_float32_check(
 
 
 def test_the_check_judges_the_head_on_cublas_as_the_engine_runs_it(tiny_config):
-    """The head's cuBLAS launch is checked against the float32 reference as the fused head's
-    fallback computes it (the norm, then the projection), and a planted fault in the norm's
-    weight fails it."""
+    """The head's cuBLAS launch is checked against the float32 reference as the fused head
+    runs it (our norm kernel, then the projection), and a planted fault in the norm's weight
+    fails it."""
     spec = ModelSpec.from_config(tiny_config)
     check = tuner.FewRowCheck("head", spec, 3, torch.device("cpu"), torch.float32, False, 4)
     assert check.error({"cublas": True}) < 1e-4
@@ -193,20 +193,24 @@ def test_the_check_judges_the_head_on_cublas_as_the_engine_runs_it(tiny_config):
     assert check.error({"cublas": True}) > 1e-2
 
 
-def test_the_fused_head_falls_back_where_the_table_says_cublas(tiny_config, monkeypatch):
-    """A `cublas` entry sends that row count to the fallback (the model's own head), the other
-    row counts to the fused kernel."""
+def test_the_fused_head_runs_cublas_where_the_table_says_so(tiny_config, monkeypatch):
+    """A `cublas` entry sends that row count to our norm kernel and cuBLAS's projection (the
+    reference's numbers), the other row counts to the fused kernel."""
     from variants.layers import fused_stack
 
     spec = ModelSpec.from_config(tiny_config)
-    ran = []
-    monkeypatch.setattr(fused_stack, "few_row_linear", lambda x, *a, **k: ran.append("ours"))
+    ran, real = [], fused_stack.few_row_linear
+    monkeypatch.setattr(
+        fused_stack, "few_row_linear", lambda *a, **k: ran.append("ours") or real(*a, **k)
+    )
     fallback = lambda x, norm_w, head_w: ran.append("fallback")  # noqa: E731
     head = fused_stack.fused_head(spec, fallback, knobs={("head", 4): {"cublas": True}})
-    h, w = torch.zeros(4, spec.hidden_size), torch.zeros(spec.vocab_size, spec.hidden_size)
-    head(h, torch.ones(spec.hidden_size), w)
-    head(h[:2], torch.ones(spec.hidden_size), w)
-    assert ran == ["fallback", "ours"]
+    gen = torch.Generator().manual_seed(3)
+    h, norm = torch.randn(4, spec.hidden_size, generator=gen), torch.rand(spec.hidden_size) + 0.5
+    w = torch.randn(spec.vocab_size, spec.hidden_size, generator=gen) * spec.hidden_size**-0.5
+    want = tuner.rms_norm(h, norm, spec.rms_norm_eps) @ w.T
+    assert (head(h, norm, w).float() - want).abs().max() < 1e-4 and ran == []
+    assert (head(h[:2], norm, w) - want[:2]).abs().max() < 1e-4 and ran == ["ours"]
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

@@ -13,9 +13,11 @@ Needs CUDA, Triton >= 3.0, fp16/bf16, a slab or paged pool and the fused QKV and
 weights."""
 
 import torch
+import torch.nn.functional as F
 
 from variants.kernels.device import device_sm_count
 from variants.kernels.few_row_linear import few_row_linear
+from variants.kernels.fused_norm import add_rms_norm
 from variants.kernels.norm_qkv_rope import norm_qkv_rope
 from variants.kernels.norm_swiglu import norm_swiglu
 from variants.layers.triton_stack import run_triton_stack
@@ -66,16 +68,19 @@ def run_fused_stack(
 
 def fused_head(spec, fallback, pdl: bool = False, knobs: dict | None = None):
     """output_logits(x, norm_w, head_w) as one kernel for up to 64 rows (float32 out, rounded
-    through the compute dtype like the reference); more rows go to `fallback`, and so do those
-    of a row count where the kernel search found cuBLAS faster (a `cublas` entry). `pdl`:
-    launched with programmatic dependent launch. `knobs`: as run_fused_stack's, its "head"
-    entries."""
+    through the compute dtype like the reference); more rows go to `fallback`. At a row count
+    where the kernel search found cuBLAS faster (a `cublas` entry): our norm kernel, then
+    cuBLAS's projection. `pdl`: launched with programmatic dependent launch (the norm, on
+    cuBLAS). `knobs`: as run_fused_stack's, its "head" entries."""
     knobs = knobs or {}
 
     def output_logits(x, norm_w, head_w):
         launch = knobs.get(("head", x.shape[0]), {})
-        if x.shape[0] > HEAD_MAX_ROWS or launch.get("cublas"):
+        if x.shape[0] > HEAD_MAX_ROWS:
             return fallback(x, norm_w, head_w)
+        if launch.get("cublas"):
+            _, h = add_rms_norm(x, None, norm_w, spec.rms_norm_eps, pdl=pdl)
+            return F.linear(h, head_w)
         sms = device_sm_count(x.device)
         return few_row_linear(
             x, head_w, norm=norm_w, eps=spec.rms_norm_eps, out_dtype=torch.float32, sm_count=sms,
