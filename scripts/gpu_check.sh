@@ -39,6 +39,22 @@ bench_engines() {
     "$PY" scripts/trace_table.py "${jsons[@]}" | tee -a "$SUMMARY"
 }
 
+# floor_medians PREFIX: each trace's floor efficiency over $OUT/PREFIX_ENGINE_SUITE_ROUND.json,
+# the median of the rounds per engine
+floor_medians() {
+    "$PY" - "$OUT" "$1" <<'PYEOF' | tee -a "$SUMMARY"
+import json, pathlib, statistics, sys
+seen = {}
+for path in sorted(pathlib.Path(sys.argv[1]).glob(f"{sys.argv[2]}_*.json")):
+    engine = path.stem[len(sys.argv[2]) + 1:].split("_")[0]
+    for trace, row in json.loads(path.read_text())["traces"].items():
+        seen.setdefault((trace, engine), []).append(row["floor_efficiency"])
+for (trace, engine), effs in sorted(seen.items()):
+    print(f"{trace:14s} {engine:9s} floor efficiency median {statistics.median(effs):.3f} "
+          f"of {len(effs)}: {', '.join(f'{e:.3f}' for e in effs)}")
+PYEOF
+}
+
 if [ -d .whl ] && ! "$PY" -c "import optuna" 2>/dev/null; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site .whl/*.whl && export PYTHONPATH="$PYTHONPATH:/tmp/site"
@@ -282,6 +298,19 @@ real_model() {  # run.sh on one model, its results.log summed up into realmodels
     cp "/tmp/ws_$name/results.log" "$OUT/results_$name.log" 2>/dev/null
     { echo "== $name"; grep -E "gate|^#[0-9]|PASSED|FAILED|passed|chosen|total" \
         "/tmp/ws_$name/results.log"; } >> "$OUT/realmodels.txt" 2>&1
+    # REAL_BENCH_ROUNDS=N: the written engine on the public and hidden suites, N rounds in fresh
+    # processes (#72's bar: the floor efficiency of the engine run.sh wrote)
+    local round suite
+    for round in $(seq 1 "${REAL_BENCH_ROUNDS:-0}"); do
+        for suite in public hidden; do
+            timed "written_${name}_${suite}_$round" 240 "$PY" evaluator/benchmark_throughput.py \
+                --engine "/tmp/ws_$name/engine.py" --model-config "$dir/config.json" \
+                --weight-dir "$dir" --device cuda --suite $suite \
+                --json "$OUT/written_${name}_${suite}_$round.json"
+        done
+    done
+    [ "${REAL_BENCH_ROUNDS:-0}" -gt 0 ] && floor_medians written
+    return 0
 }
 # REAL_PARALLEL=1 runs the models side by side (their timings then share one GPU)
 if stage realmodels; then
@@ -382,17 +411,7 @@ if stage decode1b; then
             done
         done
     done
-    "$PY" - "$OUT" <<'PYEOF' | tee -a "$SUMMARY"
-import json, pathlib, statistics, sys
-seen = {}
-for path in sorted(pathlib.Path(sys.argv[1]).glob("decode1b_*.json")):
-    engine = path.stem.split("_")[1]
-    for trace, row in json.loads(path.read_text())["traces"].items():
-        seen.setdefault((trace, engine), []).append(row["floor_efficiency"])
-for (trace, engine), effs in sorted(seen.items()):
-    print(f"{trace:14s} {engine:9s} floor efficiency median {statistics.median(effs):.3f} "
-          f"of {len(effs)}: {', '.join(f'{e:.3f}' for e in effs)}")
-PYEOF
+    floor_medians decode1b
 fi
 # issue #70's H100 question: run.sh's engine (the kernel search on) against the same assembly
 # with the hand rules (experiments/hand_twin.py), HANDAB_ROUNDS alternating rounds of the public
