@@ -5,7 +5,8 @@ the variant plants a fault: `cache="contiguous"` raises in create_engine, paged 
 hangs, paged with block 128 is off by 0.007 (passes, but uses ~70 % of the tolerance: too close),
 manual attention with fused QKV returns wrong logits. Some choices slow each call by a multiple
 of its own time (so the ranking of the correct ones is known on any machine, and stays above the
-search's pruning bar): slab + SDPA + fused + eager is the fastest.
+search's pruning bar): slab + SDPA + fused + eager is the fastest. FAKE_ENGINE_CREATE_S in a
+process's environment adds that many seconds to each engine's creation there.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 TEMPLATE = """
+import os
 import time
 
 import torch
@@ -58,6 +60,7 @@ class Engine:
 
 
 def create_engine(model_config, weight_dir, device="cuda"):
+    time.sleep(float(os.environ.get("FAKE_ENGINE_CREATE_S", "0")))  # a process made slower
     if FAULT == "crash":
         raise RuntimeError("planted crash in create_engine")
     if FAULT == "hang":

@@ -81,6 +81,10 @@ def ran_here(log: str) -> set[int]:
 def test_run_and_two_workers_share_the_study(
     database, tmp_path, micro_config_path, tiny_weights, fake_renderer, child_env
 ):
+    # `run`'s engines are built 3 s slower than the workers', so that the workers, which
+    # start once it has queued its trials, are up before it could run all of them alone (it
+    # once did, on a loaded CI machine).
+    run_env = dict(child_env, FAKE_ENGINE_CREATE_S="3")
     run = search(
         [
             "run", "--model-config", str(micro_config_path), "--weight-dir", tiny_weights,
@@ -89,7 +93,7 @@ def test_run_and_two_workers_share_the_study(
             "--traces", "decode", "--renderer", fake_renderer, "--workspace", str(tmp_path / "ws"),
             "--studies-dir", str(tmp_path / "studies"), "--seed", "0",
         ],
-        child_env,
+        run_env,
     )  # fmt: skip
     # Workers join once `run` has recorded the model and queued the known-good assemblies.
     wait_for(lambda: trials_of(database, "shared"), 60, "run queued no trial")
