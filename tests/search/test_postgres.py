@@ -82,8 +82,8 @@ def test_run_and_two_workers_share_the_study(
     database, tmp_path, micro_config_path, tiny_weights, fake_renderer, child_env
 ):
     # `run`'s engines are built 3 s slower than the workers', so that the workers, which
-    # start once it has queued its trials, are up before it could run all of them alone (it
-    # once did, on a loaded CI machine).
+    # start once it has queued its trials, are up before it could run all of them alone (on a
+    # loaded machine their start-up takes several of its fake trials).
     run_env = dict(child_env, FAKE_ENGINE_CREATE_S="3")
     run = search(
         [
