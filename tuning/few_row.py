@@ -8,8 +8,11 @@ searched as the decode attention's launch is (decode_attention.py: the same buck
 the same step bench, coordinate descent and margin), from the rules' launch; every candidate
 must match a float32 reference before it is timed.
 
-The head may also run on cuBLAS after our norm kernel, the library its first knob.
-The result, (kernel, rows) -> tiles and split_k where they beat the rules, is cached per GPU,
+The head may also run on cuBLAS after our norm kernel, the library its first knob. Where the
+GPU and Triton can (Hopper, kernels/pdl.py), each kernel's programmatic dependent launch is a
+knob of its own: the fused-pdl layers launch every kernel so, which holds SMs the wide
+projections need while they run (docs/PERF.md), the fused layers none.
+The result, (kernel, rows) -> tiles, split_k and pdl where they beat the rules, is cached per GPU,
 model shape, layout and Triton version (`cache_path`), bound to the fused stack and head as
 `knobs` and written into engine.py as constants.
 
@@ -47,6 +50,7 @@ from variants.kernels.few_row_linear import few_row_linear
 from variants.kernels.fused_norm import add_rms_norm
 from variants.kernels.norm_qkv_rope import norm_qkv_rope
 from variants.kernels.norm_swiglu import norm_swiglu, swiglu_tiles
+from variants.kernels.pdl import pdl_supported
 from variants.kernels.row_dot import few_row_tiles
 from variants.kernels.split_k import LONG_K, LONG_K_TILES, host_cdiv, splits_for
 from variants.kernels.staged_dot import default_stage, short_staged_tiles
@@ -62,16 +66,18 @@ NEUTRAL_TILES = (32, 64, 4, 2)
 LINEAR = ("o", "down", "head")  # few_row_linear's
 TILE_AXES = ("block_n", "block_k", "warps", "stages")  # a launch's `tiles`, in launch_of's order
 # The knobs in the order they are searched: the head's library (cuBLAS after the norm, or ours:
-# its weight is the model's largest, and no rule says which reads it faster), then the split,
-# then the tiles. The split sets how many programs share the SMs and whether the partials' round
-# trip ends the kernel, and it moved the most where it was timed (the 1B model's QKV:
-# docs/PERF.md); searched last, a short budget never reached it.
-AXES = ("library", "split_k", *TILE_AXES)
+# its weight is the model's largest, and no rule says which reads it faster), then whether the
+# kernel launches with PDL (it changes which split and tiles win), then the split, then the
+# tiles. The split sets how many programs share the SMs and whether the partials' round trip
+# ends the kernel, and it moved the most where it was timed (the 1B model's QKV: docs/PERF.md);
+# searched last, a short budget never reached it.
+AXES = ("library", "pdl", "split_k", *TILE_AXES)
 # In the cache key: a table an older search cached is searched again (2: the bench times the
-# launch in the engine's own table; 3: the head's library is searched).
-SEARCH_VERSION = 3
+# launch in the engine's own table; 3: the head's library is searched; 4: each kernel's PDL).
+SEARCH_VERSION = 4
 VALUES = {
     "library": ("triton", "cublas"),
+    "pdl": (False, True),
     "block_n": (16, 32, 64, 128),
     "block_k": (32, 64, 128, 256),
     "warps": (2, 4, 8),
@@ -102,12 +108,12 @@ def kernel_shape(kernel: str, spec: ModelSpec) -> tuple:
 def prior_launch(kernel: str, rows: int, spec: ModelSpec, sm_count: int, pdl: bool,
                  prior: str = "hand") -> dict:  # fmt: skip
     """The launch the fused stack's call of `kernel` makes at `rows` rows without a table, every
-    knob explicit (the launchers' own choice, step by step); `prior` "neutral": NEUTRAL_TILES,
-    fitted to shared memory as the rules' are, and no split."""
+    knob explicit (the launchers' own choice, step by step; PDL as the layers' `pdl`); `prior`
+    "neutral": NEUTRAL_TILES, fitted to shared memory as the rules' are, and no split."""
     n, k, weight_tiles = kernel_shape(kernel, spec)
     if prior == "neutral":
         _, *tiles = few_row_tiles(rows, n, sm_count, weight_tiles, NEUTRAL_TILES)
-        return dict(zip(TILE_AXES, tiles), split_k=1, library="triton")
+        return dict(zip(TILE_AXES, tiles), split_k=1, library="triton", pdl=pdl)
     long_k = kernel in LINEAR and k >= LONG_K
     prefer = swiglu_tiles(rows) if kernel == "swiglu" else LONG_K_TILES if long_k else None
     block_m, *tiles = few_row_tiles(rows, n, sm_count, weight_tiles, prefer)
@@ -115,23 +121,30 @@ def prior_launch(kernel: str, rows: int, spec: ModelSpec, sm_count: int, pdl: bo
         tiles = short_staged_tiles(block_m, k, spec.config_dtype.itemsize) or tiles
     programs = host_cdiv(n, tiles[0]) * host_cdiv(rows, block_m)
     split_k = splits_for(None, programs, k, tiles[1], sm_count)
-    return dict(zip(TILE_AXES, tiles), split_k=split_k, library="triton")
+    return dict(zip(TILE_AXES, tiles), split_k=split_k, library="triton", pdl=pdl)
 
 
 def launch_of(knobs: dict) -> dict:
-    """The search's knobs as the launchers take them: `tiles` and `split_k`, or `cublas` (the
-    head only: the norm, then cuBLAS's projection; no launch of ours)."""
+    """The search's knobs as the launchers take them: `tiles`, `split_k` and `pdl`, or `cublas`
+    (the head only: the norm, with `pdl`, then cuBLAS's projection; no launch of ours)."""
     if knobs.get("library") == "cublas":
-        return {"cublas": True}
-    return {"tiles": tuple(knobs[a] for a in TILE_AXES), "split_k": knobs["split_k"]}
+        return {"cublas": True, "pdl": knobs["pdl"]}
+    return {
+        "tiles": tuple(knobs[a] for a in TILE_AXES), "split_k": knobs["split_k"],
+        "pdl": knobs["pdl"],
+    }  # fmt: skip
 
 
-def candidates(kernel: str, axis: str, current: dict, spec: ModelSpec, bucket, sm_count) -> list:
+def candidates(kernel: str, axis: str, current: dict, spec: ModelSpec, bucket, sm_count,
+               has_pdl: bool = False) -> list:  # fmt: skip
     """The values one knob of `kernel` takes, the current one first: tiles no wider than the
     columns or the reduction need, at most one split a BLOCK_K chunk; a library for the head
-    alone, and no knob of ours moved on cuBLAS."""
+    alone, PDL where the GPU and Triton have it (`has_pdl`), and no knob of ours moved on
+    cuBLAS."""
     if axis == "library" and kernel != "head" or current.get("library") == "cublas":
         return [current[axis]]
+    if axis == "pdl":
+        return [current[axis]] + ([not current[axis]] if has_pdl else [])
     n, k, _ = kernel_shape(kernel, spec)
     most = {
         "block_n": max(16, 1 << (n - 1).bit_length()),
@@ -188,7 +201,7 @@ class FewRowCheck:
         if self.kernel in ("o", "down"):
             return [few_row_linear(self.x, self.weight, residual=self.residual, **common)]
         if self.kernel == "head" and launch.get("cublas"):  # as fused_head runs it
-            _, h = add_rms_norm(self.x, None, self.norm, s.rms_norm_eps, pdl=self.pdl)
+            _, h = add_rms_norm(self.x, None, self.norm, s.rms_norm_eps, pdl=common["pdl"])
             return [F.linear(h, self.weight).float()]
         if self.kernel == "head":
             return [
@@ -287,6 +300,8 @@ def tune(config: dict, weight_dir: str, variant, budget_s: float = 120.0, device
     device = torch.device(device)
     sm_count, capability = device_sm_count(device), device_capability(device)
     pdl = variant.layers == "fused-pdl"
+    # a kernel's own PDL: the fused stack launches the attention so with the output projection
+    has_pdl = variant.attention == "triton" and pdl_supported(device)
     policy = variant.graphs if variant.graphs != "off" else "pow2"
     buckets = row_buckets(config, graph_buckets(spec, capability, policy))
     work = [(b, kernel) for b in buckets for kernel in kernels_at(b.rows, pdl)]
@@ -308,7 +323,7 @@ def tune(config: dict, weight_dir: str, variant, budget_s: float = 120.0, device
         # a bucket's weight shared out over its kernels
         left = [replace(b, weight=b.weight / len(kernels_at(b.rows, pdl))) for b, _ in work[i:]]
         until = share_deadline(time.monotonic(), deadline, left)
-        values = functools.partial(candidates, kernel)
+        values = functools.partial(candidates, kernel, has_pdl=has_pdl)
         knobs = KnobBench(step)
         neutral = prior_launch(kernel, bucket.rows, spec, sm_count, pdl, "neutral")
         again = (neutral,) if prior == "hand" else ()  # from the rules, again from neutral
@@ -337,20 +352,22 @@ def summary(results: list) -> list:
 
 
 def table_to_json(table: dict) -> dict:
+    """Each (kernel, rows) as "kernel@rows" -> its launch (tiles as lists)."""
     return {
-        f"{kernel}@{rows}": {"cublas": True} if launch.get("cublas") else
-        {"tiles": list(launch["tiles"]), "split_k": launch["split_k"]}
+        f"{kernel}@{rows}": {
+            name: list(value) if name == "tiles" else value for name, value in launch.items()
+        }
         for (kernel, rows), launch in table.items()
-    }  # fmt: skip
+    }
 
 
 def table_from_json(data: dict) -> dict:
     table = {}
     for key, launch in data.items():
         kernel, rows = key.split("@")
-        table[kernel, int(rows)] = {"cublas": True} if launch.get("cublas") else (
-            {"tiles": tuple(launch["tiles"]), "split_k": launch["split_k"]}
-        )  # fmt: skip
+        table[kernel, int(rows)] = {
+            name: tuple(value) if name == "tiles" else value for name, value in launch.items()
+        }
     return table
 
 

@@ -114,8 +114,9 @@ FEW_ROW_NAME = "FEW_ROW_KNOBS"
 FEW_ROW_ABOUT = (
     "The few-row kernels' launch at a decode step of so many rows where the kernel search",
     "found one faster than the rules on this GPU at this model's shapes (tuning/few_row.py):",
-    "(kernel, rows) -> its tiles (BLOCK_N, BLOCK_K, warps, stages) and split_k, or cublas:",
-    "the head's norm, then cuBLAS's projection.",
+    "(kernel, rows) -> its tiles (BLOCK_N, BLOCK_K, warps, stages), split_k and pdl (launched",
+    "with programmatic dependent launch; the output projection's is also the attention's), or",
+    "cublas: the head's norm, then cuBLAS's projection.",
 )
 PREFILL_NAME = "PREFILL_ATTENTION_KNOBS"
 PREFILL_ABOUT = (

@@ -73,6 +73,11 @@ def test_candidates_start_at_the_prior_and_are_valid_launches(course, kernel):
             if axis == "library":  # cuBLAS for the head alone (its fallback, after the norm)
                 assert values == (["triton", "cublas"] if kernel == "head" else ["triton"])
                 continue
+            if axis == "pdl":  # offered where the GPU and Triton have it
+                assert values == [True]
+                with_pdl = tuner.candidates(kernel, axis, prior, spec, None, 132, has_pdl=True)
+                assert with_pdl == [True, False]
+                continue
             assert values[0] == prior[axis] and len(values) == len(set(values)) > 1
             if axis in ("block_n", "block_k", "warps"):
                 assert all(v & (v - 1) == 0 for v in values)  # powers of two
@@ -88,21 +93,22 @@ def test_on_cublas_no_knob_of_ours_moves(course):
     there (each would time the same cuBLAS call)."""
     _, spec = course
     point = {**tuner.prior_launch("head", 8, spec, 132, True), "library": "cublas"}
-    assert tuner.launch_of(point) == {"cublas": True}
+    assert tuner.launch_of(point) == {"cublas": True, "pdl": True}
     for axis in tuner.AXES:
         assert tuner.candidates("head", axis, point, spec, None, 132) == [point[axis]]
 
 
 def test_the_table_round_trips_json():
-    table = {("qkv", 8): {"tiles": (16, 256, 4, 3), "split_k": 1}, ("down", 1): dict(ODD),
-             ("head", 4): {"cublas": True}}  # fmt: skip
+    table = {("qkv", 8): {"tiles": (16, 256, 4, 3), "split_k": 1, "pdl": False},
+             ("down", 1): dict(ODD), ("o", 4): {**ODD, "pdl": True},
+             ("head", 4): {"cublas": True, "pdl": True}}  # fmt: skip
     assert tuner.table_from_json(json.loads(json.dumps(tuner.table_to_json(table)))) == table
 
 
-def search(spec, bench, kernel="down", rows=8, sm_count=132):
+def search(spec, bench, kernel="down", rows=8, sm_count=132, has_pdl=False):
     bucket = decode_attention.Bucket(rows, 1024, (131,) * rows, 1)
     prior = tuner.prior_launch(kernel, rows, spec, sm_count, False)
-    values = functools.partial(tuner.candidates, kernel)
+    values = functools.partial(tuner.candidates, kernel, has_pdl=has_pdl)
     found = decode_attention.tune_bucket(
         bench, prior, spec, bucket, sm_count, time.monotonic() + 60, tuner.AXES, values
     )
@@ -123,12 +129,28 @@ def test_the_head_moves_to_cublas_where_it_is_faster_and_only_there(course, fake
     ours is timed on it), the prior kept where it is not."""
     _, spec = course
     prior, found = search(spec, fake_bench({("library", "cublas"): 0.3}), kernel="head")
-    assert found.moved == {"library": "cublas"} and tuner.launch_of(found.best) == {"cublas": True}
+    assert found.moved == {"library": "cublas"}
+    assert tuner.launch_of(found.best) == {"cublas": True, "pdl": False}
     prior, found = search(spec, fake_bench({("library", "cublas"): -0.3}), kernel="head")
     assert found.best == prior and tuner.launch_of(found.best)["tiles"]
     bench = fake_bench({("library", "cublas"): 0.3})
     search(spec, bench, kernel="down")
     assert all(t["library"] == "triton" for t in bench.timed)  # the layers' kernels: ours
+
+
+def test_a_kernel_s_pdl_moves_where_it_is_faster_and_only_where_the_gpu_has_it(
+    course, fake_bench
+):  # fmt: skip
+    """PDL is a kernel's own knob: kept where it times faster, the prior kept where it does not,
+    never timed where the GPU or Triton lacks it."""
+    _, spec = course
+    _, found = search(spec, fake_bench({("pdl", True): 0.3}), kernel="o", has_pdl=True)
+    assert found.moved == {"pdl": True} and tuner.launch_of(found.best)["pdl"] is True
+    prior, found = search(spec, fake_bench({("pdl", True): -0.3}), kernel="o", has_pdl=True)
+    assert found.best == prior
+    bench = fake_bench({("pdl", True): 0.3})
+    search(spec, bench, kernel="o")
+    assert all(t["pdl"] is False for t in bench.timed)
 
 
 def test_the_split_is_searched_before_the_tiles(course, fake_bench):
@@ -365,6 +387,36 @@ def test_the_search_loop_keeps_only_what_moved(tiny_config, tiny_weights, monkey
     assert all(f.best == f.prior for kernel, f in results if kernel != "down")
     summary = tuner.summary(results)
     assert all(r["best_us"] <= r["prior_us"] for r in summary)
+
+
+@pytest.mark.parametrize("has_pdl", [True, False], ids=["hopper", "elsewhere"])
+def test_the_search_asks_each_kernel_s_pdl_where_the_gpu_has_it(
+    tiny_config, tiny_weights, monkeypatch, has_pdl
+):  # fmt: skip
+    """Where the GPU and Triton have PDL (`pdl_supported`), a kernel whose step times faster
+    with it (here the output projection) keeps it in the table; elsewhere no launch with it is
+    timed and the table holds none."""
+    monkeypatch.setattr(tuner, "device_sm_count", lambda device: 132)
+    monkeypatch.setattr(tuner, "pdl_supported", lambda device: has_pdl)
+
+    class Bench(down_faster_at(0)):
+        def time_ms(self, launch):
+            self.table[self.key] = launch
+            timed.append(launch)
+            return 0.5 if self.key[0] == "o" and launch["pdl"] else 1.0
+
+    timed = []
+    table, results = tuner.tune(
+        tiny_config, tiny_weights, FUSED, 60.0, "cpu", log=lambda line: None,
+        bench=Bench, check=AnyLaunch,
+    )  # fmt: skip
+    os = [found for kernel, found in results if kernel == "o"]
+    assert os and any(launch["pdl"] for launch in timed) == has_pdl
+    if has_pdl:
+        assert set(table) == {("o", f.bucket.rows) for f in os}
+        assert all(table[key]["pdl"] is True for key in table)
+    else:
+        assert table == {}
 
 
 def test_the_search_times_the_launch_the_engine_runs(

@@ -36,33 +36,35 @@ def run_fused_stack(
     starts while the kernel before runs and prefetches its weights into L2 (kernels/pdl.py), for
     decode steps of up to PDL_MAX_ROWS rows. Hopper and newer, with the Triton attention.
     `knobs`: (kernel, rows) -> that kernel's `tiles` and `split_k` at a step of that many rows,
-    found on this GPU by the autotuner's kernel search; the rules' launch elsewhere."""
+    found on this GPU by the autotuner's kernel search, and where it says so its own `pdl`
+    (the output projection's also the attention's before it: its programs start while the
+    attention runs only when that launches with PDL too); the rules' launch elsewhere."""
     if batch is not None or x.shape[0] > (PDL_MAX_ROWS if pdl else FUSED_MAX_ROWS):
         return run_triton_stack(model, x, positions, cache, plan, batch, pdl=pdl)
     spec = model.spec
     heads, d, eps = spec.num_heads, spec.head_dim, spec.rms_norm_eps
     sms = device_sm_count(model.device)
     cos, sin = model.rope.cos, model.rope.sin  # whole tables: the kernel reads `positions`
-    tuned = {
-        kernel: launch for (kernel, rows), launch in (knobs or {}).items() if rows == x.shape[0]
-    }
+    launch = {kernel: {"sm_count": sms, "pdl": pdl} for kernel in ("qkv", "o", "swiglu", "down")}
+    for (kernel, rows), found in (knobs or {}).items():
+        if rows == x.shape[0] and kernel in launch:
+            launch[kernel].update(found)
+    attention_pdl = launch["o"]["pdl"]
     for n, w in enumerate(model.weights.layers):
         (qkv,), (gate_up,) = w.qkv, w.gate_up  # the fused weights (the registry requires them)
         q = norm_qkv_rope(
             x, w.input_norm, qkv, eps, d, heads * d, cos, sin, cache.k[n], cache.v[n],
-            plan.write_index, sm_count=sms, pdl=pdl, positions=positions,
+            plan.write_index, positions=positions,
             positions_staged=plan.staged or n > 0,  # layer 0 follows a graph's inputs kernel
-            **tuned.get("qkv", {}),
+            **launch["qkv"],
         )  # fmt: skip
         at = (q.view(-1, heads, d), cache, n, plan)
-        o = model.attention.decode_from_cache(*at, pdl=True) if pdl else (
+        o = model.attention.decode_from_cache(*at, pdl=True) if attention_pdl else (
             model.attention.decode_from_cache(*at)
         )  # fmt: skip
-        x = few_row_linear(o, w.o, residual=x, sm_count=sms, pdl=pdl, **tuned.get("o", {}))
-        act = norm_swiglu(x, w.post_norm, gate_up, eps, sm_count=sms, pdl=pdl,
-                          **tuned.get("swiglu", {}))  # fmt: skip
-        x = few_row_linear(act, w.down, residual=x, sm_count=sms, pdl=pdl,
-                           **tuned.get("down", {}))  # fmt: skip
+        x = few_row_linear(o, w.o, residual=x, **launch["o"])
+        act = norm_swiglu(x, w.post_norm, gate_up, eps, **launch["swiglu"])
+        x = few_row_linear(act, w.down, residual=x, **launch["down"])
     return x
 
 
@@ -71,20 +73,20 @@ def fused_head(spec, fallback, pdl: bool = False, knobs: dict | None = None):
     through the compute dtype like the reference); more rows go to `fallback`. At a row count
     where the kernel search found cuBLAS faster (a `cublas` entry): our norm kernel, then
     cuBLAS's projection. `pdl`: launched with programmatic dependent launch (the norm, on
-    cuBLAS). `knobs`: as run_fused_stack's, its "head" entries."""
+    cuBLAS). `knobs`: as run_fused_stack's, its "head" entries (their `pdl` too)."""
     knobs = knobs or {}
 
     def output_logits(x, norm_w, head_w):
-        launch = knobs.get(("head", x.shape[0]), {})
+        launch = {"pdl": pdl, **knobs.get(("head", x.shape[0]), {})}
         if x.shape[0] > HEAD_MAX_ROWS:
             return fallback(x, norm_w, head_w)
-        if launch.get("cublas"):
-            _, h = add_rms_norm(x, None, norm_w, spec.rms_norm_eps, pdl=pdl)
+        if launch.pop("cublas", False):
+            _, h = add_rms_norm(x, None, norm_w, spec.rms_norm_eps, pdl=launch["pdl"])
             return F.linear(h, head_w)
         sms = device_sm_count(x.device)
         return few_row_linear(
             x, head_w, norm=norm_w, eps=spec.rms_norm_eps, out_dtype=torch.float32, sm_count=sms,
-            pdl=pdl, **launch,
+            **launch,
         )  # fmt: skip
 
     return output_logits

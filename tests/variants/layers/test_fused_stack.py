@@ -79,9 +79,10 @@ def test_gpu_graphed_fused_engine_matches_the_reference(layers, cache, tmp_path,
     graphed_engine_gap(layers, cache, tmp_path)
 
 
-def _plain_pdl_engine(tiny_config, sharp_weights, monkeypatch) -> tuple:
-    """A fused-pdl engine whose kernels run plain (the CPU has no PDL), and the list of
-    (kernel, pdl asked) of every launch of our kernels but the prefill's (which take no PDL)."""
+def _plain_pdl_engine(tiny_config, sharp_weights, monkeypatch, pdl=True, knobs=None) -> tuple:
+    """A fused-pdl engine (fused with `pdl` False) whose kernels run plain (the CPU has no PDL),
+    and the list of (kernel, pdl asked) of every launch of our kernels but the prefill's (which
+    take no PDL); `knobs` its few-row table."""
     from variants.attention import triton_attention
     from variants.layers import triton_stack
 
@@ -103,8 +104,8 @@ def _plain_pdl_engine(tiny_config, sharp_weights, monkeypatch) -> tuple:
     plain(triton_attention, "paged_decode_attention")
     engine = assemble_engine(
         tiny_config, sharp_weights, "cpu", cache_cls=SlabKVCache, attention_cls=TritonAttention,
-        stack=functools.partial(fused_stack.run_fused_stack, pdl=True),
-        head=functools.partial(fused_stack.fused_head, pdl=True),
+        stack=functools.partial(fused_stack.run_fused_stack, pdl=pdl, knobs=knobs),
+        head=functools.partial(fused_stack.fused_head, pdl=pdl, knobs=knobs),
     )  # fmt: skip
     asked.clear()
     return engine, asked
@@ -142,3 +143,27 @@ def test_pdl_stack_routes_by_its_own_limit(
     }
     assert stack == {(n, on) for n in ("add_rms_norm", "rope_and_cache_write", "silu_mul")
                      for on in (False, True)}  # fmt: skip
+
+
+def test_a_table_s_pdl_launches_its_kernel_so_and_the_output_projection_s_the_attention(
+    tiny_config, sharp_weights, reference_gap, monkeypatch
+):  # fmt: skip
+    """The fused layers without PDL, their table asking it of the output projection and the
+    head at every row count the scenario's steps reach: those two and the attention before the
+    output projection launch with PDL, the QKV, SwiGLU and down kernels without; under fused-pdl
+    a table's False turns one kernel's off. The engine still matches the reference."""
+    rows = range(1, 17)
+    knobs = {(kernel, r): {"pdl": True} for kernel in ("o", "head") for r in rows}
+    engine, asked = _plain_pdl_engine(tiny_config, sharp_weights, monkeypatch, False, knobs)
+    assert reference_gap(engine) < 1e-4
+    fused = {a for a in asked if a[0] in ("norm_qkv_rope", "norm_swiglu", "paged_decode_attention")}
+    assert fused == {("norm_qkv_rope", False), ("norm_swiglu", False),
+                     ("paged_decode_attention", True)}  # fmt: skip
+    # per layer: o with PDL, down without; the heads with
+    linear = [pdl for name, pdl in asked if name == "few_row_linear"]
+    assert linear.count(True) > linear.count(False) > 0
+    knobs = {("swiglu", r): {"pdl": False} for r in rows}
+    engine, asked = _plain_pdl_engine(tiny_config, sharp_weights, monkeypatch, True, knobs)
+    assert reference_gap(engine) < 1e-4
+    assert ("norm_swiglu", False) in asked and ("norm_swiglu", True) not in asked
+    assert ("norm_qkv_rope", True) in asked and ("paged_decode_attention", True) in asked
