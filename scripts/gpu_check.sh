@@ -296,6 +296,7 @@ real_model() {  # run.sh on one model, its results.log summed up into realmodels
         --device cuda --budget-minutes "${REAL_MINUTES:-4}" --fresh \
         --workspace "/tmp/ws_$name" --studies-dir "/tmp/studies_$name"
     cp "/tmp/ws_$name/results.log" "$OUT/results_$name.log" 2>/dev/null
+    cp "/tmp/ws_$name/engine.py" "$OUT/engine_$name.py" 2>/dev/null
     { echo "== $name"; grep -E "gate|^#[0-9]|PASSED|FAILED|passed|chosen|total" \
         "/tmp/ws_$name/results.log"; } >> "$OUT/realmodels.txt" 2>&1
     # REAL_BENCH_ROUNDS=N: the written engine on the public and hidden suites, N rounds in fresh
@@ -320,13 +321,16 @@ if stage realmodels; then
     wait
 fi
 # issue #72's first table: a decode step of the 16-layer bfloat16 model, kernel by kernel against
-# its bytes (STEP_ENGINE: a written engine.py; default the fused-pdl preset)
+# its bytes (STEP_ENGINE: a written engine.py; default the fused-pdl preset; STEP_SHAPES: the
+# rows x contexts timed)
 if stage stepbytes; then
     dir=/tmp/gpu_models/llama16-bf16
     toy_model llama16-bf16
+    shapes=()
+    for shape in ${STEP_SHAPES:-1x128 8x32 8x128 64x256}; do shapes+=(--shape "$shape"); done
     timed stepbytes 300 "$PY" experiments/step_bytes.py --model-config "$dir/config.json" \
-        --weight-dir "$dir" ${STEP_ENGINE:+--engine "$STEP_ENGINE"} --shape 1x128 --shape 8x32 \
-        --shape 8x128 --shape 64x256 --json "$OUT/stepbytes.json"
+        --weight-dir "$dir" ${STEP_ENGINE:+--engine "$STEP_ENGINE"} "${shapes[@]}" \
+        --json "$OUT/stepbytes.json"
 fi
 # issue #72: the 1B model's decode kernels apart. The few-row kernels at its sizes against a copy
 # of the qkv bytes and the plain projection of them; the step per kernel with the rules and with
