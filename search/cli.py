@@ -17,7 +17,7 @@ from functools import partial
 from pathlib import Path
 
 from evaluator.engine_loader import EngineLoadError, OneLineParser
-from search.kernel_phase import kernel_phase
+from search.kernel_phase import kernel_contest
 from search.report import default_report_dir, render_log, summary, trial_line
 from search.setup import (
     COSTLY,
@@ -270,7 +270,8 @@ class RunJob:
 
     def run(self) -> int:
         """The phases in order: set-up, the search, the full-protocol re-measurement of the
-        leaders, the kernel search, verify-and-write, a short shape sweep of the leaders, the
+        leaders, the kernel search (the leader's and a close rival's: the engine faster with its
+        tables goes first), verify-and-write, a short shape sweep of the leaders, the
         figures and the results log. A resumed study spends the new budget on new trials; only
         one that already ran the `--trials` asked for keeps its verified best (rendered,
         re-verified and written in seconds)."""
@@ -282,10 +283,10 @@ class RunJob:
         if standing is None:
             with self.phase("full-protocol re-measure", "the full-protocol re-measurement"):
                 remeasure(self, records)
-        ranked, self.kernels = rank(records), None
+        ranked, self.kernels, self.contest = rank(records), None, None
         if standing is None and ranked:
             with self.phase("kernel search", "the kernel search"):  # (the rules stay)
-                self.kernels = kernel_phase(self, ranked[0])
+                self.kernels, ranked, self.contest = kernel_contest(self, ranked)
         with self.phase("verify and write"):
             attempts = self.write_engine(records, ranked, standing)
         done = installed(attempts)

@@ -4,7 +4,13 @@ process, its table cached under studies/kernels/), then with prefill graphs its 
 (tuning/prefill_attention.py, likewise) and with the fused layers its few-row kernels (few_row.py);
 then the leader is timed with the tables in the grader's protocol, behind the correctness gate;
 they are written into engine.py only where it is faster on the traces' geometric mean.
-results.log says what moved and by how much."""
+results.log says what moved and by how much.
+
+The trials were ranked with the rules, and a search's gain differs by assembly: the fused layers'
+few-row kernels are searched, the Triton stack's cuBLAS projections are not. So a close rival (a
+re-measured trial within CONTEND of the leader) with a search the leader lacks is searched too,
+each in a share of its own, and the engine whose tables make it faster is written
+(`kernel_contest`). Without a rival the leader gets both shares."""
 
 import importlib
 import json
@@ -15,9 +21,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from evaluator.benchmark_traces import get_trace
-from search.setup import LEADER_TIMINGS, LEAST_S, search_share_s
+from search.setup import KERNEL_CONTENDERS, LEADER_TIMINGS, LEAST_S, search_share_s
 from search.trial import run_child
-from search.write import after_remeasure_s
+from search.write import after_remeasure_s, first_ranked
 from tuning.decode_attention import table_from_json, table_to_json
 from tuning.few_row import table_to_json as few_row_to_json
 from tuning.prefill_attention import table_to_json as prefill_to_json
@@ -71,10 +77,16 @@ class KernelSearch:
         return math.exp(sum(math.log(self.before[t] / self.after[t]) for t in common) / len(common))
 
 
-def search_budget_s(total_s: float, left_s: float, reserve_s: float, prior: str = "hand") -> float:
-    """Seconds for the search: its share of the run's budget (`search_share_s`), within what
-    the steps after it leave (0: no search)."""
-    budget = min(search_share_s(total_s, prior), left_s - reserve_s)
+# A re-measured trial within this share of the leader's throughput (the grader's protocol) is a
+# close rival: about what the kernel search gains at the 1B model's shapes (docs/PERF.md).
+CONTEND = 0.03
+
+
+def search_budget_s(total_s: float, left_s: float, reserve_s: float, prior: str = "hand",
+                    shares: float = 1.0) -> float:  # fmt: skip
+    """Seconds for the search: `shares` of its share of the run's budget (`search_share_s`),
+    within what the steps after it leave (0: no search)."""
+    budget = min(shares * search_share_s(total_s, prior), left_s - reserve_s)
     return budget if budget >= LEAST_S else 0.0
 
 
@@ -207,9 +219,98 @@ def lines(search: KernelSearch | None) -> str:
     return "\n".join(out)
 
 
-def kernel_phase(job, leader) -> KernelSearch | None:
+def searches(variant: Variant) -> tuple:
+    """The searches kernel_phase runs for `variant` (none where our decode attention is not
+    launched)."""
+    if variant.attention != "triton":
+        return ()
+    prefill, fused = variant.prefill_graphs != "off", variant.layers in ("fused", "fused-pdl")
+    return ("decode attention", *["prefill attention"] * prefill, *["few-row kernels"] * fused)
+
+
+def rival(ranked: list) -> object | None:
+    """The best trial after the leader re-measured like it (the grader's protocol), within
+    CONTEND of its throughput, with a search the leader's assembly does not have; None if
+    there is none."""
+    if not ranked or not ranked[0].has_full:
+        return None
+    leader, mine = ranked[0], set(searches(Variant.from_dict(ranked[0].variant)))
+    for r in ranked[1:]:
+        if not r.has_full or r.tokens_per_s < leader.tokens_per_s * (1 - CONTEND):
+            continue
+        theirs = set(searches(Variant.from_dict(r.variant)))
+        if theirs and not theirs <= mine:
+            return r
+    return None
+
+
+def overall_gain(search: KernelSearch | None, traces) -> float:
+    """What the tables, where kept, do to the geometric mean over `traces` (the ranking's):
+    each trace that decided at before / after, the others unmoved."""
+    if search is None or not search.kept:
+        return 1.0
+    moved = [t for t in traces if search.before.get(t) and search.after.get(t)]
+    moved = [t for t in moved if not search.decoding or t in search.decoding]
+    logs = [math.log(search.before[t] / search.after[t]) for t in moved]
+    return math.exp(sum(logs) / len(tuple(traces))) if traces else 1.0
+
+
+@dataclass
+class Contest:
+    """The leader and a close rival, each with its search: their throughput in the grader's
+    protocol times their tables' gain; `won`: whether the rival is written (ranked first by
+    those numbers)."""
+
+    leader: object
+    rival: object
+    searches: tuple  # (the leader's KernelSearch or None, the rival's)
+    estimates: tuple  # tokens/s with the tables: (the leader's, the rival's)
+    won: bool
+
+    def lines(self) -> str:
+        out = []
+        for role, r, found, est in zip(("leader", "rival"), (self.leader, self.rival),
+                                       self.searches, self.estimates):  # fmt: skip
+            kept = "its tables kept" if found is not None and found.kept else "the rules"
+            out.append(f"{role} trial {r.number} {r.name}: {r.tokens_per_s:,.0f} tokens/s "
+                       f"(full protocol), {est:,.0f} with {kept}")  # fmt: skip
+        who = "the rival" if self.won else "the leader"
+        out.append(f"written: {who} (ranked by those numbers)")
+        return "\n".join(out)
+
+
+def kernel_contest(job, ranked: list) -> tuple:
+    """(the written candidate's KernelSearch or None, `ranked` with that candidate first, the
+    Contest or None): the leader's search, in both shares where no close rival has a search
+    it lacks (`rival`); else the leader's and the rival's, a share each, and the one faster
+    with its tables first."""
+    on = getattr(getattr(job, "args", None), "kernel_search", True) is not False
+    other = rival(ranked) if on and ranked and str(job.device).startswith("cuda") else None
+    if other is None:
+        return kernel_phase(job, ranked[0] if ranked else None, KERNEL_CONTENDERS), ranked, None
+    typical = job.budget.typical_trial_s(job.runner.durations)
+    theirs_s = search_share_s(job.budget_s, job.runner.kernel_prior) + LEADER_TIMINGS * typical
+    mine = kernel_phase(job, ranked[0], 1.0, theirs_s)
+    theirs = kernel_phase(job, other, 1.0)
+    traces = tuple(job.runner.traces)
+    estimates = tuple(
+        r.tokens_per_s * overall_gain(found, traces)
+        for r, found in ((ranked[0], mine), (other, theirs))
+    )  # fmt: skip
+    # as the ranking orders them (search.write: ties and peak memory), by those numbers
+    tuned = [replace(r, attrs={**r.attrs, "full_tokens_per_s": e})
+             for r, e in zip((ranked[0], other), estimates)]  # fmt: skip
+    won = first_ranked(tuned).number == other.number
+    contest = Contest(ranked[0], other, (mine, theirs), estimates, won)
+    if not won:
+        return mine, ranked, contest
+    return theirs, [other, *(r for r in ranked if r is not other)], contest
+
+
+def kernel_phase(job, leader, shares: float = 1.0, also_reserve_s: float = 0.0):
     """Search the leading trial's decode attention (and its few-row kernels and prefill
-    attention where it runs them), time the leader with the tables, decide. None where there is
+    attention where it runs them), time the leader with the tables, decide; in `shares` of the
+    kernel search's share, leaving `also_reserve_s` for what follows it. None where there is
     nothing to search: no CUDA, the phase off, or a leader that does not launch our decode
     attention."""
     if leader is None or not str(job.device).startswith("cuda"):
@@ -218,9 +319,10 @@ def kernel_phase(job, leader) -> KernelSearch | None:
     if variant.attention != "triton" or getattr(job.args, "kernel_search", True) is False:
         return None
     typical = job.budget.typical_trial_s(job.runner.durations)
-    reserve = after_remeasure_s(job, kernels=False) + LEADER_TIMINGS * typical
+    reserve = after_remeasure_s(job, kernels=False) + LEADER_TIMINGS * typical + also_reserve_s
     prior = job.runner.kernel_prior
-    found = KernelSearch(prior, search_budget_s(job.budget_s, job.seconds_left(), reserve, prior))
+    left = job.seconds_left()
+    found = KernelSearch(prior, search_budget_s(job.budget_s, left, reserve, prior, shares))
     if found.budget_s <= 0:
         found.why = "no time left for it in this budget"
         return found

@@ -14,7 +14,7 @@ from pathlib import Path
 from search.kernel_phase import lines as kernel_lines
 from search.setup import ENGINES_ALIVE
 from search.trial import NEAREST, OBJECTIVE_TRACES, Record, load_renderer
-from search.write import Attempt, installed, rank
+from search.write import MEMORY_TIE, TIE, Attempt, installed, rank
 from variants.probe import UserError
 from variants.variant import Variant
 
@@ -160,8 +160,8 @@ def _section(title: str, body: str) -> str:
 RANKING = (
     "Ranking: correct trials only (within half the tolerance), one per assembly; the leaders "
     "re-measured with the grader's full protocol first, by those numbers, then the others by "
-    "their screening numbers; within 1 % the smaller peak memory first. The first that passes "
-    "verification is written."
+    "their screening numbers; within 1 % the smaller peak memory first where it is more than 5 % "
+    "smaller, else the faster. The first that passes verification is written."
 )
 
 
@@ -171,8 +171,9 @@ NONE_RAN = (
 )
 
 
-def _why(chosen: Record, ranked: list[Record], ran: bool = True) -> str:
-    """Why `chosen` was written; `ran`: whether any trial ran to a result."""
+def _why(chosen: Record, ranked: list[Record], ran: bool = True, contest=None) -> str:
+    """Why `chosen` was written; `ran`: whether any trial ran to a result; `contest`: the
+    kernel search's of the leader and a close rival (search.kernel_phase.Contest), if any."""
     if chosen.number < 0:
         why = "no measured trial passed verification" if ran else NONE_RAN
         return (
@@ -212,8 +213,14 @@ def _why(chosen: Record, ranked: list[Record], ran: bool = True) -> str:
         f"({protocol}, both), peak {up.peak_mib:.0f} MiB: the chosen one is {ratio:.3f}x its "
         "throughput"
     )
-    if abs(ratio - 1) < 0.01:
-        text += " (a tie within 1 %: the smaller peak memory decided)"
+    if contest is not None and contest.won and chosen.number == contest.rival.number:
+        mine, theirs = contest.estimates[1], contest.estimates[0]
+        text += (
+            f" (the kernel search decided: with the tables {mine:,.0f} against {theirs:,.0f} "
+            "tokens/s)"
+        )
+    elif 1 - TIE < ratio < 1:
+        text += f" (a tie within 1 %: the peak memory, more than {MEMORY_TIE:.0%} smaller, decided)"
     text += "."
     if ranked and ranked[0].number != chosen.number:
         text += "\nHigher-ranked trial(s) failed verification: see below."
@@ -305,6 +312,14 @@ def beyond_presets(chosen: Record, records: list[Record]) -> str:
     return "\n".join(lines)
 
 
+def contest_section(contest) -> str:
+    """The results log's section on the kernel search of the contender not written
+    (search.kernel_phase.Contest)."""
+    other = contest.searches[0 if contest.won else 1]
+    title = f"kernel search of the {'leader' if contest.won else 'close rival'}, not written"
+    return _section(title, contest.lines() + "\n" + kernel_lines(other))
+
+
 def render_log(job, records: list[Record], ranked: list[Record], attempts: list[Attempt]) -> str:
     """The results log of a main job (search.cli.RunJob) once its phases are done."""
     out = [f"# results of: python -m search {job.args.command_line}\n"]
@@ -340,13 +355,17 @@ def render_log(job, records: list[Record], ranked: list[Record], attempts: list[
     if done is not None:
         r = done.record
         ran = any(record.status != "waiting" for record in records)
-        chosen = _why(r, ranked, ran) + "\nvariant: " + json.dumps(r.variant, sort_keys=True)
+        contest = getattr(job, "contest", None)
+        chosen = _why(r, ranked, ran, contest) + "\nvariant: "
+        chosen += json.dumps(r.variant, sort_keys=True)
         chosen += "\n\n" + trace_table(r)
         chosen += "\n\n" + beyond_presets(r, records)
     out.append(_section("chosen", chosen))
     if getattr(job, "kernels", None) is not None:
         title = "kernel search (the decode and prefill attention's and few-row kernels' launches)"
         out.append(_section(title, kernel_lines(job.kernels)))
+    if getattr(job, "contest", None) is not None:
+        out.append(contest_section(job.contest))
     out.append(_section("verification", _verification(attempts)))
     phases = "\n".join(f"{name}: {secs:.1f} s" for name, secs in job.phases.items())
     out.append(_section("time per phase", phases))

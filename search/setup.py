@@ -141,6 +141,7 @@ def set_up(job) -> None:
     job.kernel_search_s = search_share_s(job.budget_s, prior) if kernels else 0.0
     if job.kernel_search_s < LEAST_S:  # a budget too short for it keeps nothing for it
         job.kernel_search_s, kernels = 0.0, False
+    job.kernel_search_s *= KERNEL_CONTENDERS
     job.budget = Budget(
         job.deadline,
         job.trial_timeout,
@@ -153,7 +154,7 @@ def set_up(job) -> None:
         sweep_trials=SWEEP_TRIALS[kind],
         confirm_trials=REMEASURE_TRIALS[kind] if getattr(args, "remeasure", 0) else 0.0,
         kept_s=job.kernel_search_s,
-        kept_trials=LEADER_TIMINGS if kernels else 0.0,
+        kept_trials=KERNEL_CONTENDERS * LEADER_TIMINGS if kernels else 0.0,
         kept_after=KERNEL_SEARCH_AFTER,
     )
     job.notes.append(
@@ -163,7 +164,7 @@ def set_up(job) -> None:
         f"{job.budget.max_reserve_share:.0%} of the budget, the other leaders' still fit"
         + (
             f" (and, once {KERNEL_SEARCH_AFTER} trials are timed, the kernel search's "
-            f"{job.kernel_search_s:.0f} s and its leader's timings)"
+            f"{job.kernel_search_s:.0f} s and the timings of its leader and a close rival)"
             if kernels
             else ""
         )
@@ -241,8 +242,10 @@ COSTLY_PRIOR_TRIALS = 10.0
 # the shape sweep's process start, the figures and results.log
 WRAP_UP_S = 5.0
 # The kernel search (search/kernel_phase.py): the share of the run's budget it may take, and its
-# most seconds
+# most seconds, for each of the engines it may search: the leader and a close rival
+# (`kernel_contest`; without one the leader takes both shares)
 KERNEL_SHARE, KERNEL_MOST_S = 0.1, 300.0
+KERNEL_CONTENDERS = 2
 # the share from the neutral prior (--neutral-kernels), which has every launch to find (a
 # search of 10 % reached about half the few-row kernels' row buckets: docs/PERF.md)
 NEUTRAL_KERNEL_SHARE = 0.25

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from search.setup import (
     ENGINES_ALIVE,
+    KERNEL_CONTENDERS,
     LEADER_TIMINGS,
     REMEASURE_TRIALS,
     WRAP_UP_S,
@@ -28,8 +29,11 @@ from variants.variant import Variant
 
 log = logging.getLogger(__name__)
 
-# Throughputs within 1 % are a tie (run-to-run noise is of that order); the smaller peak wins.
+# Throughputs within 1 % are a tie (run-to-run noise is of that order); among tied trials the
+# smaller peak wins, where it is smaller by more than MEMORY_TIE: peaks closer than that (block
+# sizes, graph pools) are a tie too, and the faster of them wins.
 TIE = 0.01
+MEMORY_TIE = 0.05
 
 
 def _order(records: list[Record]) -> list[Record]:
@@ -38,10 +42,17 @@ def _order(records: list[Record]) -> list[Record]:
     while remaining:
         top = remaining[0].tokens_per_s
         ties = [r for r in remaining if r.tokens_per_s >= top * (1 - TIE)]
-        pick = min(ties, key=lambda r: (r.peak_mib, -r.tokens_per_s, r.number))
+        least = min(r.peak_mib for r in ties)
+        lean = [r for r in ties if r.peak_mib <= least * (1 + MEMORY_TIE)]
+        pick = min(lean, key=lambda r: (-r.tokens_per_s, r.peak_mib, r.number))
         ordered.append(pick)
         remaining.remove(pick)
     return ordered
+
+
+def first_ranked(records: list[Record]) -> Record:
+    """The one of `records` the ranking puts first (by their throughput, ties as above)."""
+    return _order(list(records))[0]
 
 
 def rank(records: list[Record]) -> list[Record]:
@@ -249,7 +260,8 @@ def after_remeasure_s(job, kernels: bool = True, sweep: bool = True) -> float:
     need += job.budget.sweep_estimate_s(durations) if sweep else 0.0
     search_s = getattr(job, "kernel_search_s", 0.0)
     if kernels and search_s:
-        need += search_s + LEADER_TIMINGS * job.budget.typical_trial_s(durations)
+        timings = KERNEL_CONTENDERS * LEADER_TIMINGS
+        need += search_s + timings * job.budget.typical_trial_s(durations)
     return need
 
 

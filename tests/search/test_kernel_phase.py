@@ -421,3 +421,118 @@ def test_a_share_too_short_for_every_search_runs_fewer_and_keeps_its_seconds(
         assert "few-row kernels: no time left for it in the kernel search's share" in text
     if not searched:
         assert found.why.startswith("no time left for it in this budget")
+
+
+def _full(number, tps, **variant):
+    from search.trial import Record
+
+    attrs = {"tokens_per_s": tps, "full_tokens_per_s": tps, "full_status": "ok",
+             "variant_name": f"v{number}"}  # fmt: skip
+    return Record(number, "ok", {"cache": "paged", "attention": "triton", **variant}, attrs)
+
+
+def test_a_close_rival_is_one_with_a_search_the_leader_lacks():
+    """The 1B run on the H100 (2026-12-07): the Triton stack led the fused layers by under 1 %
+    with the rules; the fused layers' few-row kernels are searched, the Triton stack's cuBLAS
+    projections are not: the fused trial is a rival. A trial past CONTEND, one whose searches
+    the leader's cover, or one not re-measured in the grader's protocol is not."""
+    from search.kernel_phase import CONTEND, rival, searches
+    from search.trial import Record
+    from variants.variant import Variant
+
+    triton, fused = {"layers": "triton"}, {"layers": "fused"}
+    assert searches(Variant.from_dict({"cache": "slab", "attention": "sdpa"})) == ()
+    assert searches(Variant(cache="slab", attention="triton", layers="fused-pdl")) == (
+        "decode attention", "few-row kernels"
+    )  # fmt: skip
+    leader = _full(59, 1000.0, **triton)
+    close = _full(52, 990.0, **fused)
+    assert rival([leader, _full(4, 999.0, **triton), close]) is close
+    assert rival([leader, _full(52, 1000.0 * (1 - CONTEND) - 1, **fused)]) is None
+    assert rival([_full(52, 1000.0, **fused), _full(59, 999.0, **triton)]) is None  # covered
+    unmeasured = Record(52, "ok", close.variant, {"tokens_per_s": 999.0, "variant_name": "v"})
+    assert rival([leader, unmeasured]) is None
+    sdpa = _full(7, 1000.0, layers="triton", attention="sdpa")
+    assert rival([sdpa, close]) is close  # nothing of the leader's is searched
+
+
+def test_the_overall_gain_counts_each_trace_of_the_ranking():
+    from search.kernel_phase import overall_gain
+
+    search = searched({"decode": 5.0, "prefill": 1.0}, {"decode": 4.0, "prefill": 2.0},
+                      decoding=("decode",))  # fmt: skip
+    traces = ("prefill", "decode", "mixed", "continuous")
+    assert overall_gain(search, traces) == pytest.approx(1.25**0.25)  # prefill did not decide
+    assert overall_gain(searched({"decode": 5.0}, {"decode": 6.0}), traces) == 1.0  # not kept
+    assert overall_gain(None, traces) == 1.0
+
+
+@pytest.mark.parametrize("rival_gain,won", [(1.10, True), (1.01, False)])
+def test_the_leader_and_a_close_rival_are_each_searched_and_the_faster_tuned_goes_first(
+    monkeypatch, rival_gain, won
+):
+    """Each gets one share, the leader's leaving the rival's share and timings; with a rival
+    1 % behind, a 10 % gain from its tables wins it the place and a 1 % one does not (the
+    leader's tables gained 2 %); without a rival the leader gets every contender's share."""
+    from types import SimpleNamespace
+
+    from search import kernel_phase as phase
+    from search.setup import KERNEL_CONTENDERS, Budget
+
+    calls, gains = [], {0: 1.02, 1: rival_gain}
+
+    def kernel_phase(job, leader, shares=1.0, also_reserve_s=0.0):
+        calls.append((leader.number, shares, also_reserve_s))
+        gain = gains[leader.number]
+        return searched({"decode": gain}, {"decode": 1.0})
+
+    monkeypatch.setattr(phase, "kernel_phase", kernel_phase)
+    job = SimpleNamespace(
+        device="cuda", budget=Budget(0.0, 300.0), budget_s=1200.0,
+        runner=SimpleNamespace(durations=[10.0], kernel_prior="hand", traces=("decode",)),
+    )  # fmt: skip
+    leader, close, third = (_full(0, 1000.0), _full(1, 990.0, layers="fused"), _full(2, 980.0))
+    found, ranked, contest = phase.kernel_contest(job, [leader, close, third])
+    assert calls == [(0, 1.0, 120.0 + phase.LEADER_TIMINGS * 10.0), (1, 1.0, 0.0)]
+    assert contest.won is won and contest.estimates == pytest.approx((1020.0, 990 * rival_gain))
+    assert [r.number for r in ranked] == ([1, 0, 2] if won else [0, 1, 2])
+    assert found is contest.searches[1 if won else 0]
+    assert "written: the " + ("rival" if won else "leader") in contest.lines()
+    calls.clear()
+    found, ranked, contest = phase.kernel_contest(job, [leader, third])
+    assert calls == [(0, KERNEL_CONTENDERS, 0.0)] and contest is None
+    # the ranking's ties stand: within 1 % with their tables, a peak 40 % smaller keeps its place
+    leader.attrs["full_peak_mib"], close.attrs["full_peak_mib"] = 5000.0, 9000.0
+    gains[1] = 1.035  # 1,024.65 against 1,020 tokens/s
+    assert not phase.kernel_contest(job, [leader, close])[2].won
+    job.args = SimpleNamespace(kernel_search=False)  # the phase off: no contest either
+    calls.clear()
+    assert phase.kernel_contest(job, [leader, close])[2] is None
+
+
+def test_the_results_log_says_the_kernel_search_decided():
+    from search.kernel_phase import Contest
+    from search.report import _why
+
+    leader, close = _full(59, 1000.0), _full(52, 995.0, layers="fused")
+    leader.attrs.update(full_peak_mib=10234.0)
+    close.attrs.update(full_peak_mib=10349.0)
+    contest = Contest(leader, close, (None, None), (1000.0, 1040.0), True)
+    text = _why(close, [close, leader], contest=contest)
+    assert "the kernel search decided: with the tables 1,040 against 1,000 tokens/s" in text
+    assert "peak memory" not in text.split("\n")[1]
+
+
+def test_the_results_log_has_the_search_of_the_contender_not_written():
+    from search.kernel_phase import Contest
+    from search.report import contest_section
+
+    leader, close = _full(59, 1000.0), _full(52, 995.0, layers="fused")
+    tuned = searched({"decode": 5.0}, {"decode": 4.0})
+    text = contest_section(Contest(leader, close, (None, tuned), (1000.0, 1243.75), True))
+    assert text.startswith("== kernel search of the leader, not written ==")
+    assert "leader trial 59 v59: 1,000 tokens/s (full protocol), 1,000 with the rules" in text
+    assert "rival trial 52 v52: 995 tokens/s (full protocol), 1,244 with its tables kept" in text
+    assert "written: the rival" in text and "not run (no CUDA" in text
+    text = contest_section(Contest(leader, close, (tuned, None), (1250.0, 995.0), False))
+    assert text.startswith("== kernel search of the close rival, not written ==")
