@@ -323,14 +323,23 @@ class RunJob:
 
     def write_engine(self, records, ranked, standing):
         """Render, verify and install the first candidate that passes: the standing best, else
-        the ranked trials and then the defaults; the kernel search's tables for its leader."""
-        found = self.kernels if self.kernels is not None and self.kernels.kept else None
-        tables = {} if found is None else {
-            "knobs": found.table,
-            "few_row_knobs": found.few_row.table,
-            "prefill_knobs": found.prefill.table,
-        }  # fmt: skip
-        tuned = {k: v for k, v in tables.items() if v}
+        the ranked trials and then the defaults; the kernel search's kept tables for its leader
+        (and for the contest's other contender, should the first fail verification)."""
+
+        def tables(found) -> dict:
+            if found is None or not found.kept:
+                return {}
+            knobs = (found.table, found.few_row.table, found.prefill.table)
+            names = ("knobs", "few_row_knobs", "prefill_knobs")
+            return {name: v for name, v in zip(names, knobs) if v}
+
+        searched = [(ranked[0].variant, tables(self.kernels))] if ranked else []
+        contest = getattr(self, "contest", None)
+        if contest is not None:
+            other = (contest.leader, contest.searches[0]) if contest.won else (
+                contest.rival, contest.searches[1]
+            )  # fmt: skip
+            searched.append((other[0].variant, tables(other[1])))
         first = [] if standing is None else [standing]
         taken = {r.number for r in first}
         rest = [r for r in candidates(self, records, ranked) if r.number not in taken]
@@ -338,7 +347,8 @@ class RunJob:
         budget, weights = self.runner.engine_budget_gib, self.target.weights_format
 
         def render(variant, path, text):
-            knobs = tuned if tuned and variant.to_dict() == ranked[0].variant else {}
+            mine = variant.to_dict()
+            knobs = next((t for v, t in searched if Variant.from_dict(v).to_dict() == mine), {})
             if self.runner.kernel_prior == "neutral":  # no hand rule: neutral where no table
                 knobs = {**neutral_tables(self.device, self.target.config, variant), **knobs}
             return renderer(variant, path, text, budget, weights=weights, **knobs)

@@ -536,3 +536,47 @@ def test_the_results_log_has_the_search_of_the_contender_not_written():
     assert "written: the rival" in text and "not run (no CUDA" in text
     text = contest_section(Contest(leader, close, (tuned, None), (1250.0, 995.0), False))
     assert text.startswith("== kernel search of the close rival, not written ==")
+
+
+def test_each_contender_is_written_with_its_own_tables(tiny_config, monkeypatch):
+    """The contest's winner first with its tables; should it fail verification, the other
+    contender with its own; any other candidate with the rules."""
+    from types import SimpleNamespace
+
+    from search import cli
+    from search.kernel_phase import Contest
+    from variants.variant import Variant
+
+    def kept(knobs):
+        return SimpleNamespace(kept=True, table=knobs, few_row=SimpleNamespace(table=None),
+                               prefill=SimpleNamespace(table=None))  # fmt: skip
+
+    leader, close = _full(59, 1000.0, layers="triton"), _full(52, 995.0, layers="fused")
+    third = _full(4, 990.0, layers="torch")
+    contest = Contest(leader, close, (kept({"l": 1}), kept({"r": 1})), (1000.0, 1050.0), True)
+    monkeypatch.setattr(cli, "candidates", lambda job, records, ranked: ranked)
+    rendered = []
+
+    def renderer(v, path, text, budget, weights, **tables):
+        rendered.append((v.layers, tables))
+
+    monkeypatch.setattr(cli, "load_renderer", lambda name: renderer)
+
+    def write_verified(found, render, *rest):
+        for r in found:
+            render(Variant.from_dict(r.variant), 0, "")
+
+    monkeypatch.setattr(cli, "write_verified", write_verified)
+    job = SimpleNamespace(
+        kernels=contest.searches[1], contest=contest,
+        runner=SimpleNamespace(kernel_prior="hand", engine_budget_gib=8.0),
+        target=SimpleNamespace(weights_format="course", config=tiny_config, config_path="c",
+                               weight_dir="w"),
+        args=SimpleNamespace(renderer="default"), device="cuda", workspace=None,
+        verify_timeout=1, gate="course", stress_positions=1,
+    )  # fmt: skip
+    ranked = [close, leader, third]
+    cli.RunJob.write_engine(job, ranked, ranked, None)
+    assert rendered == [
+        ("fused", {"knobs": {"r": 1}}), ("triton", {"knobs": {"l": 1}}), ("torch", {})
+    ]  # fmt: skip
