@@ -9,7 +9,7 @@ results.log says what moved and by how much.
 The trials were ranked with the rules, and a search's gain differs by assembly: the fused layers'
 few-row kernels are searched, the Triton stack's cuBLAS projections are not. So a close rival (a
 re-measured trial within CONTEND of the leader) with a search the leader lacks is searched too,
-each in a share of its own, and the engine whose tables make it faster is written
+the shares split by the searches each runs, and the engine whose tables make it faster is written
 (`kernel_contest`). Without a rival the leader gets both shares."""
 
 import importlib
@@ -281,17 +281,20 @@ class Contest:
 
 def kernel_contest(job, ranked: list) -> tuple:
     """(the written candidate's KernelSearch or None, `ranked` with that candidate first, the
-    Contest or None): the leader's search, in both shares where no close rival has a search
-    it lacks (`rival`); else the leader's and the rival's, a share each, and the one faster
-    with its tables first."""
+    Contest or None): the leader's search, in every contender's share where no close rival has
+    a search it lacks (`rival`); else the leader's and the rival's, those shares split by how
+    many searches each runs, and the one faster with its tables first."""
     on = getattr(getattr(job, "args", None), "kernel_search", True) is not False
     other = rival(ranked) if on and ranked and str(job.device).startswith("cuda") else None
     if other is None:
         return kernel_phase(job, ranked[0] if ranked else None, KERNEL_CONTENDERS), ranked, None
+    # the shares kept for the phase, split by the searches each runs (each search alike)
+    counts = [len(searches(Variant.from_dict(r.variant))) for r in (ranked[0], other)]
+    shares = [KERNEL_CONTENDERS * n / sum(counts) for n in counts]
     typical = job.budget.typical_trial_s(job.runner.durations)
-    theirs_s = search_share_s(job.budget_s, job.runner.kernel_prior) + LEADER_TIMINGS * typical
-    mine = kernel_phase(job, ranked[0], 1.0, theirs_s)
-    theirs = kernel_phase(job, other, 1.0)
+    theirs_s = shares[1] * search_share_s(job.budget_s, job.runner.kernel_prior)
+    mine = kernel_phase(job, ranked[0], shares[0], theirs_s + LEADER_TIMINGS * typical)
+    theirs = kernel_phase(job, other, shares[1])
     traces = tuple(job.runner.traces)
     estimates = tuple(
         r.tokens_per_s * overall_gain(found, traces)

@@ -471,9 +471,10 @@ def test_the_overall_gain_counts_each_trace_of_the_ranking():
 def test_the_leader_and_a_close_rival_are_each_searched_and_the_faster_tuned_goes_first(
     monkeypatch, rival_gain, won
 ):
-    """Each gets one share, the leader's leaving the rival's share and timings; with a rival
-    1 % behind, a 10 % gain from its tables wins it the place and a 1 % one does not (the
-    leader's tables gained 2 %); without a rival the leader gets every contender's share."""
+    """The shares split by the searches each runs, the leader's leaving the rival's share and
+    timings; with a rival 1 % behind, a 10 % gain from its tables wins it the place and a 1 %
+    one does not (the leader's tables gained 2 %); without a rival the leader gets every
+    contender's share."""
     from types import SimpleNamespace
 
     from search import kernel_phase as phase
@@ -493,7 +494,10 @@ def test_the_leader_and_a_close_rival_are_each_searched_and_the_faster_tuned_goe
     )  # fmt: skip
     leader, close, third = (_full(0, 1000.0), _full(1, 990.0, layers="fused"), _full(2, 980.0))
     found, ranked, contest = phase.kernel_contest(job, [leader, close, third])
-    assert calls == [(0, 1.0, 120.0 + phase.LEADER_TIMINGS * 10.0), (1, 1.0, 0.0)]
+    # two shares of 120 s split by the searches: the leader's decode attention; the rival's
+    # too, and its few-row kernels
+    third_s, reserve_s = 2 / 3, 4 / 3 * 120.0 + phase.LEADER_TIMINGS * 10.0
+    assert calls == [(0, pytest.approx(third_s), pytest.approx(reserve_s)), (1, 4 / 3, 0.0)]
     assert contest.won is won and contest.estimates == pytest.approx((1020.0, 990 * rival_gain))
     assert [r.number for r in ranked] == ([1, 0, 2] if won else [0, 1, 2])
     assert found is contest.searches[1 if won else 0]
