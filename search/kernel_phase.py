@@ -282,10 +282,12 @@ class Contest:
 def kernel_contest(job, ranked: list) -> tuple:
     """(the written candidate's KernelSearch or None, `ranked` with that candidate first, the
     Contest or None): the leader's search, in every contender's share where no close rival has
-    a search it lacks (`rival`); else the leader's and the rival's, those shares split by how
-    many searches each runs, and the one faster with its tables first."""
+    a search it lacks (`rival`) or the budget kept one share (`Budget.contenders`); else the
+    leader's and the rival's, the shares split by how many searches each runs, and the one
+    faster with its tables first."""
     on = getattr(getattr(job, "args", None), "kernel_search", True) is not False
-    other = rival(ranked) if on and ranked and str(job.device).startswith("cuda") else None
+    on = on and ranked and str(job.device).startswith("cuda")
+    other = rival(ranked) if on and job.budget.contenders(job.runner.durations) > 1 else None
     if other is None:
         return kernel_phase(job, ranked[0] if ranked else None, KERNEL_CONTENDERS), ranked, None
     # the shares kept for the phase, split by the searches each runs (each search alike)

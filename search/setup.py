@@ -141,7 +141,6 @@ def set_up(job) -> None:
     job.kernel_search_s = search_share_s(job.budget_s, prior) if kernels else 0.0
     if job.kernel_search_s < LEAST_S:  # a budget too short for it keeps nothing for it
         job.kernel_search_s, kernels = 0.0, False
-    job.kernel_search_s *= KERNEL_CONTENDERS
     job.budget = Budget(
         job.deadline,
         job.trial_timeout,
@@ -154,8 +153,9 @@ def set_up(job) -> None:
         sweep_trials=SWEEP_TRIALS[kind],
         confirm_trials=REMEASURE_TRIALS[kind] if getattr(args, "remeasure", 0) else 0.0,
         kept_s=job.kernel_search_s,
-        kept_trials=KERNEL_CONTENDERS * LEADER_TIMINGS if kernels else 0.0,
+        kept_trials=LEADER_TIMINGS if kernels else 0.0,
         kept_after=KERNEL_SEARCH_AFTER,
+        kept_contenders=KERNEL_CONTENDERS,
     )
     job.notes.append(
         f"budget {minutes:g} min from run.sh's start, trial limit {job.trial_timeout:.0f} s; the "
@@ -164,7 +164,8 @@ def set_up(job) -> None:
         f"{job.budget.max_reserve_share:.0%} of the budget, the other leaders' still fit"
         + (
             f" (and, once {KERNEL_SEARCH_AFTER} trials are timed, the kernel search's "
-            f"{job.kernel_search_s:.0f} s and the timings of its leader and a close rival)"
+            f"{job.kernel_search_s:.0f} s and its leader's timings, twice where both fit in "
+            f"{KERNEL_RESERVE_SHARE:.0%} of the budget: a close rival's, or the leader's longer)"
             if kernels
             else ""
         )
@@ -246,6 +247,8 @@ WRAP_UP_S = 5.0
 # (`kernel_contest`; without one the leader takes both shares)
 KERNEL_SHARE, KERNEL_MOST_S = 0.1, 300.0
 KERNEL_CONTENDERS = 2
+# ... where the contenders' shares and timings all fit in this share of the budget (else one)
+KERNEL_RESERVE_SHARE = 0.35
 # the share from the neutral prior (--neutral-kernels), which has every launch to find (a
 # search of 10 % reached about half the few-row kernels' row buckets: docs/PERF.md)
 NEUTRAL_KERNEL_SHARE = 0.25
@@ -295,8 +298,10 @@ class Budget:
     winner's full-protocol run (`confirm_trials` typical trials: its figures are the grader's
     protocol's, not one screening measurement); then
     `kept_s` plus `kept_trials` typical trials (the kernel search and its leader's timings)
-    once `kept_after` trials are timed: a search needs a leader, and on a short budget the
-    first trials come before it (it then runs in what is left, or says there was no time)."""
+    once `kept_after` trials are timed, for each of `kept_contenders` engines where they all fit
+    in KERNEL_RESERVE_SHARE of the budget, else one (`kept_reserve_s`): a search needs a
+    leader, and on a short budget the first trials come before it (it then runs in what is left,
+    or says there was no time)."""
 
     deadline: float  # time.monotonic() value
     trial_timeout_s: float
@@ -314,6 +319,18 @@ class Budget:
     kept_s: float = 0.0
     kept_trials: float = 0.0
     kept_after: int = 0
+    kept_contenders: int = 1
+
+    def contenders(self, durations: list[float]) -> int:
+        """The engines whose kernel search the reserve keeps (`kept_contenders` or one)."""
+        one = self.kept_s + self.kept_trials * self.typical_trial_s(durations)
+        fits = self.kept_contenders * one <= KERNEL_RESERVE_SHARE * self.total_s
+        return self.kept_contenders if fits else 1
+
+    def kept_reserve_s(self, durations: list[float]) -> float:
+        """The kernel search's reserve: its share and its leader's timings, each contender's."""
+        one = self.kept_s + self.kept_trials * self.typical_trial_s(durations)
+        return self.contenders(durations) * one
 
     def typical_trial_s(self, durations: list[float]) -> float:
         return statistics.median(durations) if durations else self.first_guess_s
@@ -342,7 +359,7 @@ class Budget:
         wanted = needed + max(0.0, self.leader_trials - self.confirm_trials) * typical
         reserve = max(min(wanted, self.max_reserve_share * self.total_s), needed)
         if len(durations) >= self.kept_after:
-            reserve += self.kept_s + self.kept_trials * typical
+            reserve += self.kept_reserve_s(durations)
         return self.deadline - time.monotonic() - reserve
 
     def time_for_trial(self, durations: list[float]) -> float | None:

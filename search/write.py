@@ -17,8 +17,6 @@ from pathlib import Path
 
 from search.setup import (
     ENGINES_ALIVE,
-    KERNEL_CONTENDERS,
-    LEADER_TIMINGS,
     REMEASURE_TRIALS,
     WRAP_UP_S,
     device_kind,
@@ -258,10 +256,8 @@ def after_remeasure_s(job, kernels: bool = True, sweep: bool = True) -> float:
     durations = job.runner.durations
     need = job.budget.verify_estimate_s(durations) + WRAP_UP_S
     need += job.budget.sweep_estimate_s(durations) if sweep else 0.0
-    search_s = getattr(job, "kernel_search_s", 0.0)
-    if kernels and search_s:
-        timings = KERNEL_CONTENDERS * LEADER_TIMINGS
-        need += search_s + timings * job.budget.typical_trial_s(durations)
+    if kernels and getattr(job, "kernel_search_s", 0.0):
+        need += job.budget.kept_reserve_s(durations)
     return need
 
 

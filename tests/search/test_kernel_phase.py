@@ -488,8 +488,10 @@ def test_the_leader_and_a_close_rival_are_each_searched_and_the_faster_tuned_goe
         return searched({"decode": gain}, {"decode": 1.0})
 
     monkeypatch.setattr(phase, "kernel_phase", kernel_phase)
+    budget = Budget(0.0, 300.0, total_s=1200.0, kept_s=120.0, kept_trials=4.0,
+                    kept_contenders=KERNEL_CONTENDERS)  # fmt: skip
     job = SimpleNamespace(
-        device="cuda", budget=Budget(0.0, 300.0), budget_s=1200.0,
+        device="cuda", budget=budget, budget_s=1200.0,
         runner=SimpleNamespace(durations=[10.0], kernel_prior="hand", traces=("decode",)),
     )  # fmt: skip
     leader, close, third = (_full(0, 1000.0), _full(1, 990.0, layers="fused"), _full(2, 980.0))
@@ -511,6 +513,10 @@ def test_the_leader_and_a_close_rival_are_each_searched_and_the_faster_tuned_goe
     assert not phase.kernel_contest(job, [leader, close])[2].won
     job.args = SimpleNamespace(kernel_search=False)  # the phase off: no contest either
     calls.clear()
+    assert phase.kernel_contest(job, [leader, close])[2] is None
+    job.args.kernel_search = True  # nor where the budget kept one contender's share
+    job.budget.total_s = 900.0  # two of (120 s and 4 trials of 10 s) are over 35 % of it
+    assert job.budget.contenders([10.0]) == 1
     assert phase.kernel_contest(job, [leader, close])[2] is None
 
 

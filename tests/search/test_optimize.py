@@ -73,6 +73,21 @@ def test_the_first_trials_come_before_the_kernel_search_s_reserve():
     assert b.time_for_trial([]) is None
 
 
+def test_the_kernel_search_keeps_two_contenders_only_where_both_fit_a_share_of_the_budget():
+    """Each contender's share and its timings; two where both fit in KERNEL_RESERVE_SHARE of
+    the budget (a 20-minute run of the 1B model: 2 x (120 s + 4 trials of 13 s) = 344 s of
+    1,200), else one (a 5-minute one: 2 x (30 s + 52 s) of 300)."""
+    from search.setup import KERNEL_RESERVE_SHARE, Budget
+
+    kw = dict(kept_trials=4.0, kept_contenders=2)
+    long = Budget(0.0, 300.0, total_s=1200.0, kept_s=120.0, **kw)
+    assert long.contenders([13.0]) == 2 and long.kept_reserve_s([13.0]) == pytest.approx(344.0)
+    assert 344.0 <= KERNEL_RESERVE_SHARE * 1200.0
+    short = Budget(0.0, 300.0, total_s=300.0, kept_s=30.0, **kw)
+    assert short.contenders([13.0]) == 1 and short.kept_reserve_s([13.0]) == pytest.approx(82.0)
+    assert Budget(0.0, 300.0, total_s=1200.0, kept_s=120.0, kept_trials=4.0).contenders([]) == 1
+
+
 def test_the_budget_counts_from_run_sh_s_start(monkeypatch):
     monkeypatch.setenv("AUTOTUNER_STARTED_AT", str(time.time() - 30.0))
     assert launched_s_ago() == pytest.approx(30.0, abs=1.0)
