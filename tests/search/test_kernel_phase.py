@@ -432,9 +432,9 @@ def _full(number, tps, **variant):
 
 
 def test_a_close_rival_is_one_with_a_search_the_leader_lacks():
-    """The 1B run on the H100 (2026-12-07): the Triton stack led the fused layers by under 1 %
-    with the rules; the fused layers' few-row kernels are searched, the Triton stack's cuBLAS
-    projections are not: the fused trial is a rival. A trial past CONTEND, one whose searches
+    """A Triton-stack leader just ahead of the fused layers with the rules: the fused layers'
+    few-row kernels are searched, the Triton stack's cuBLAS projections are not, so the fused
+    trial is a rival. A trial past CONTEND, one whose searches
     the leader's cover, or one not re-measured in the grader's protocol is not."""
     from search.kernel_phase import CONTEND, rival, searches
     from search.trial import Record

@@ -41,7 +41,7 @@ def test_a_tie_within_one_percent_goes_to_the_smaller_peak():
 
 
 def test_peaks_within_five_percent_are_a_tie_too_and_the_faster_goes_first():
-    # the 1B run of 2026-12-07: a 1.2 % smaller peak must not outrank a faster trial
+    # a 1.2 % smaller peak must not outrank a faster trial
     records = [rec(0, 1000.0, peak=10358.0), rec(1, 996.0, peak=10349.0)]
     records.append(rec(2, 992.0, peak=10234.0))
     assert [r.number for r in rank(records)] == [0, 1, 2]
