@@ -2,7 +2,7 @@
 # The GPU check, run on the device machine (H200) over a copy of the tree:
 #   bash scripts/gpu_check.sh [STAGE...]   stages: env tests (or tests1 tests2) sweep study grader
 #   realmodels soak cachesizes knobs neutral fewknobs prefillknobs kernelstudy stepbytes handab
-#   kernels1b steps1b anatomy1b decode1b
+#   kernels1b steps1b anatomy1b decode1b gemm1b
 # (default: env tests sweep study soak). Writes logs and JSON under $OUT (or workspace/gpu_check)
 # and a summary.txt. The measuring tools are in experiments/ (python experiments/NAME.py --help).
 # Optuna is not installed there: wheels in .whl/ (carried) are installed into /tmp/site first.
@@ -354,6 +354,10 @@ steps1b() {  # steps1b DIR PRESET: a decode step per kernel against its bytes, r
             --shape 8x128 --json "$OUT/stepbytes1b_$tables.json"
     done
 }
+# the prefill's cuBLAS projections at the 1B model's shapes: on cuBLASLt, and with the next
+# weight asked into L2 by the kernel before them (#72; random weights, no model file)
+stage gemm1b && timed gemm1b 240 "$PY" experiments/prefill_gemm_ahead.py \
+    --model-config scripts/gpu_models/llama16-bf16.json --rows 128,256,512
 # steps1b alone: the step table without the kernels' bench and Nsight Compute
 if stage steps1b; then
     dir=/tmp/gpu_models/llama16-bf16 preset=${DECODE1B_PRESET:-slab-triton-gemv-allgraphs}
