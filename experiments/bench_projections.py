@@ -60,17 +60,31 @@ def best_launch(x: torch.Tensor, weights: list, sms: int) -> tuple:
     return best
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--model-config", default="target/model_config.json")
-    p.add_argument("--rows", default="16,32,64,128,256,512")
-    p.add_argument("--sweep", action="store_true", help="ours at each launch of SWEEP too")
-    p.add_argument("--only", default=None, help="comma-separated projection names")
-    args = p.parse_args()
+def config_on_cuda(path: str) -> dict | None:
+    """The model config at `path`, or None (said on stderr) where there is no CUDA device."""
     if not torch.cuda.is_available():
         print("needs CUDA", file=sys.stderr)
+        return None
+    return json.loads(Path(path).read_text())
+
+
+def projection_parser(doc: str, rows: str) -> argparse.ArgumentParser:
+    """The options every projection bench takes: the model's config, the row counts, and
+    which projections."""
+    p = argparse.ArgumentParser(description=doc)
+    p.add_argument("--model-config", default="target/model_config.json")
+    p.add_argument("--rows", default=rows)
+    p.add_argument("--only", default=None, help="comma-separated projection names")
+    return p
+
+
+def main() -> int:
+    p = projection_parser(__doc__, "16,32,64,128,256,512")
+    p.add_argument("--sweep", action="store_true", help="ours at each launch of SWEEP too")
+    args = p.parse_args()
+    config = config_on_cuda(args.model_config)
+    if config is None:
         return 2
-    config = json.loads(Path(args.model_config).read_text())
     device = torch.device("cuda")
     sms, pdl = device_sm_count(device), pdl_supported(device)
     with torch.no_grad():

@@ -17,9 +17,7 @@ before down moves three times that; its window is wider, and so is its own traff
     python experiments/prefill_gemm_ahead.py --model-config C [--rows 128,256,512]
         [--dtype bfloat16] [--shares 0,0.25,0.5,1]"""
 
-import argparse
 import functools
-import json
 import sys
 from pathlib import Path
 
@@ -31,7 +29,11 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from experiments.bench_few_row import copies_for, graph_us  # noqa: E402
-from experiments.bench_projections import projection_shapes  # noqa: E402
+from experiments.bench_projections import (  # noqa: E402
+    config_on_cuda,
+    projection_parser,
+    projection_shapes,
+)
 from variants.kernels.prefetch import prefetch_l2  # noqa: E402
 
 L2_CAP = 40 << 20  # the most bytes asked for ahead (an H100's L2 is 50 MB)
@@ -90,17 +92,13 @@ def gemms_us(x, weights) -> float:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--model-config", default="target/model_config.json")
-    p.add_argument("--rows", default="128,256,512")
+    p = projection_parser(__doc__, "128,256,512")
     p.add_argument("--dtype", default="bfloat16", choices=("float16", "bfloat16"))
     p.add_argument("--shares", default="0,0.25,0.5,1", help="shares of the weight asked ahead")
-    p.add_argument("--only", default=None, help="comma-separated projection names")
     args = p.parse_args()
-    if not torch.cuda.is_available():
-        print("needs CUDA", file=sys.stderr)
+    config = config_on_cuda(args.model_config)
+    if config is None:
         return 2
-    config = json.loads(Path(args.model_config).read_text())
     dtype, shares = getattr(torch, args.dtype), [float(s) for s in args.shares.split(",")]
     has_lt = hasattr(torch.backends.cuda, "preferred_blas_library")
     libraries = ["cublas", "cublaslt"] if has_lt else ["cublas"]
