@@ -5,7 +5,8 @@ wall time (median of repeats), and from one profiled run per trace, call by call
 of the call, the GPU's busy time (the union of its kernels' intervals) and the GPU's idle time
 inside the trace, and the kernels with the most GPU time in each call. A trace whose GPU idles
 for much of its wall time is bound by the host. Optionally writes each profiled run as a Chrome
-trace (`--chrome DIR`)."""
+trace (`--chrome DIR`). The engine: an assembly (`--variant JSON`), or a written engine.py with
+its kernel tables (`--engine FILE`)."""
 
 import argparse
 import json
@@ -21,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from evaluator.benchmark import run_calls  # noqa: E402
 from evaluator.benchmark_traces import get_trace  # noqa: E402
+from evaluator.engine_loader import load_engine_module  # noqa: E402
 from evaluator.traces import materialize  # noqa: E402
 from variants import Variant, build_engine  # noqa: E402
 
@@ -108,7 +110,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--model-config", default="target/model_config.json")
     p.add_argument("--weight-dir", default="target/weights")
-    p.add_argument("--variant", required=True, help="JSON fields")
+    p.add_argument("--variant", default=None, help="JSON fields (or --engine)")
+    p.add_argument("--engine", default=None, help="a written engine.py (its tables included)")
     p.add_argument("--trace", action="append", default=[], help="trace name; repeatable")
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--chrome", default=None, help="a folder for Chrome traces")
@@ -117,11 +120,20 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("error: needs a CUDA device", file=sys.stderr)
         return 2
+    if (args.variant is None) == (args.engine is None):
+        print("error: give one of --variant and --engine", file=sys.stderr)
+        return 2
     config = json.loads(Path(args.model_config).read_text())
-    fields = json.loads(args.variant)
+    fields = json.loads(args.variant) if args.variant else {"engine": args.engine}
+    if args.engine:
+        create_engine = load_engine_module(args.engine).create_engine
+    else:
+
+        def create_engine(config, weight_dir, device):
+            return build_engine(config, weight_dir, device, Variant(**fields))
 
     def build():
-        engine = build_engine(config, args.weight_dir, "cuda", Variant(**fields))
+        engine = create_engine(config, args.weight_dir, "cuda")
         torch.cuda.synchronize()
         return engine
 
