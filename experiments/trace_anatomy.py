@@ -110,8 +110,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--model-config", default="target/model_config.json")
     p.add_argument("--weight-dir", default="target/weights")
-    p.add_argument("--variant", default=None, help="JSON fields (or --engine)")
-    p.add_argument("--engine", default=None, help="a written engine.py (its tables included)")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--variant", help="an assembly's JSON fields")
+    which.add_argument("--engine", help="a written engine.py (its tables included)")
     p.add_argument("--trace", action="append", default=[], help="trace name; repeatable")
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--chrome", default=None, help="a folder for Chrome traces")
@@ -119,9 +120,6 @@ def main() -> int:
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("error: needs a CUDA device", file=sys.stderr)
-        return 2
-    if (args.variant is None) == (args.engine is None):
-        print("error: give one of --variant and --engine", file=sys.stderr)
         return 2
     config = json.loads(Path(args.model_config).read_text())
     fields = json.loads(args.variant) if args.variant else {"engine": args.engine}
