@@ -15,7 +15,12 @@ of 20 replays; the elementwise kernel reads and writes [rows, K] like the norm (
 before down moves three times that; its window is wider, and so is its own traffic).
 
     python experiments/prefill_gemm_ahead.py --model-config C [--rows 128,256,512]
-        [--dtype bfloat16] [--shares 0,0.25,0.5,1]"""
+        [--dtype bfloat16] [--shares 0,0.25,0.5,1] [--weight-dir W [--preset P]]
+
+With `--weight-dir`: also the real thing, a fused-layers engine's prefill graph at each row
+count (the token bucket), re-captured with each setting in its table's prefill entry
+(`run_triton_stack`'s `ahead` and `library`) and replayed back to back; us a call, two rounds
+(the settings in turn, then in reverse)."""
 
 import functools
 import sys
@@ -91,10 +96,41 @@ def gemms_us(x, weights) -> float:
     return graph_us([functools.partial(F.linear, x, w) for w in weights])
 
 
+def engine_graphs(config: dict, weight_dir: str, preset: str, rows: list, shares: list) -> None:
+    """The engine's prefill graph per token bucket, timed with each table setting."""
+    from tuning.decode_attention import replay_ms
+    from variants.build import build_engine
+    from variants.execution.cuda_graphs import no_collection
+    from variants.presets import PRESETS
+
+    table = {("prefill", t): {} for t in rows}  # bound to the stack: the engine reads it live
+    engine = build_engine(config, weight_dir, "cuda", PRESETS[preset], few_row_knobs=table)
+    live, runner = engine.model.layers.keywords["knobs"], engine.prefill_runner
+    settings = [("rules", {})] + [(f"ahead@{s:g}", {"ahead": s}) for s in shares if s]
+    if hasattr(torch.backends.cuda, "preferred_blas_library"):
+        settings.append(("cublaslt", {"library": "cublaslt"}))
+    for t in rows:
+        timed: dict = {name: [] for name, _ in settings}
+        for order in (settings, settings[::-1]):
+            for name, entry in order:
+                live[("prefill", t)] = entry
+                stale = runner.graphs.pop(t)  # released after the new capture (StepBench)
+                with no_collection():
+                    runner._capture_bucket(t)
+                del stale
+                timed[name].append(replay_ms(runner.graphs[t]) * 1e3)
+        cells = [
+            f"{name} {' / '.join(f'{us:7.1f}' for us in runs)}" for name, runs in timed.items()
+        ]
+        print(f"prefill graph {t:5d} tokens (us, two rounds): " + "  ".join(cells), flush=True)
+
+
 def main() -> int:
     p = projection_parser(__doc__, "128,256,512")
     p.add_argument("--dtype", default="bfloat16", choices=("float16", "bfloat16"))
     p.add_argument("--shares", default="0,0.25,0.5,1", help="shares of the weight asked ahead")
+    p.add_argument("--weight-dir", default=None, help="also time an engine's prefill graphs")
+    p.add_argument("--preset", default="slab-triton-gemv-allgraphs", help="a fused-layers preset")
     args = p.parse_args()
     config = config_on_cuda(args.model_config)
     if config is None:
@@ -118,6 +154,9 @@ def main() -> int:
                           for s in shares]  # fmt: skip
                 mib = n * k * 2 / 2**20
                 print(f"{name:8s} {m:5d} rows ({mib:5.1f} MiB): " + "  ".join(cells), flush=True)
+        if args.weight_dir:
+            rows = [int(r) for r in args.rows.split(",")]
+            engine_graphs(config, args.weight_dir, args.preset, rows, shares)
     return 0
 
 

@@ -355,9 +355,13 @@ steps1b() {  # steps1b DIR PRESET: a decode step per kernel against its bytes, r
     done
 }
 # the prefill's cuBLAS projections at the 1B model's shapes: on cuBLASLt, and with the next
-# weight asked into L2 by the kernel before them (#72; random weights, no model file)
-stage gemm1b && timed gemm1b 240 "$PY" experiments/prefill_gemm_ahead.py \
-    --model-config scripts/gpu_models/llama16-bf16.json --rows 128,256,512
+# weight asked into L2 by the kernel before them (#72), alone and in the engine's prefill graphs
+if stage gemm1b; then
+    toy_model llama16-bf16
+    timed gemm1b 300 "$PY" experiments/prefill_gemm_ahead.py --rows 128,256,512 \
+        --model-config /tmp/gpu_models/llama16-bf16/config.json \
+        --weight-dir /tmp/gpu_models/llama16-bf16
+fi
 # steps1b alone: the step table without the kernels' bench and Nsight Compute
 if stage steps1b; then
     dir=/tmp/gpu_models/llama16-bf16 preset=${DECODE1B_PRESET:-slab-triton-gemv-allgraphs}
