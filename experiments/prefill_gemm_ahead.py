@@ -15,7 +15,7 @@ of 20 replays; the elementwise kernel reads and writes [rows, K] like the norm (
 before down moves three times that; its window is wider, and so is its own traffic).
 
     python experiments/prefill_gemm_ahead.py --model-config C [--rows 128,256,512]
-        [--dtype bfloat16] [--shares 0,0.25,0.5,1] [--weight-dir W [--preset P]]
+        [--dtype bfloat16] [--shares 0,0.25,0.5,1] [--weight-dir W [--preset P | --variant JSON]]
 
 With `--weight-dir`: also the real thing, a fused-layers engine's prefill graph at each row
 count (the token bucket), re-captured with each setting in its table's prefill entry
@@ -23,6 +23,7 @@ count (the token bucket), re-captured with each setting in its table's prefill e
 (the settings in turn, then in reverse)."""
 
 import functools
+import json
 import sys
 from pathlib import Path
 
@@ -40,6 +41,8 @@ from experiments.bench_projections import (  # noqa: E402
     projection_shapes,
 )
 from variants.kernels.prefetch import prefetch_l2  # noqa: E402
+from variants.presets import PRESETS  # noqa: E402
+from variants.variant import Variant  # noqa: E402
 
 L2_CAP = 40 << 20  # the most bytes asked for ahead (an H100's L2 is 50 MB)
 
@@ -96,19 +99,18 @@ def gemms_us(x, weights) -> float:
     return graph_us([functools.partial(F.linear, x, w) for w in weights])
 
 
-def engine_graphs(config: dict, weight_dir: str, preset: str, rows: list, shares: list) -> None:
+def engine_graphs(config: dict, weight_dir: str, variant, rows: list, shares: list) -> None:
     """The engine's prefill graph per token bucket, timed with each table setting."""
     from tuning.decode_attention import replay_ms
     from variants.build import build_engine
     from variants.execution.cuda_graphs import no_collection
-    from variants.presets import PRESETS
 
     table = {("prefill", t): {} for t in rows}  # bound to the stack: the engine reads it live
-    engine = build_engine(config, weight_dir, "cuda", PRESETS[preset], few_row_knobs=table)
+    engine = build_engine(config, weight_dir, "cuda", variant, few_row_knobs=table)
     live, runner = engine.model.layers.keywords["knobs"], engine.prefill_runner
     settings = [("rules", {})] + [(f"ahead@{s:g}", {"ahead": s}) for s in shares if s]
     if hasattr(torch.backends.cuda, "preferred_blas_library"):
-        settings.append(("cublaslt", {"library": "cublaslt"}))
+        settings += [(f"lt+{name}", {**entry, "library": "cublaslt"}) for name, entry in settings]
     for t in rows:
         timed: dict = {name: [] for name, _ in settings}
         for order in (settings, settings[::-1]):
@@ -131,6 +133,7 @@ def main() -> int:
     p.add_argument("--shares", default="0,0.25,0.5,1", help="shares of the weight asked ahead")
     p.add_argument("--weight-dir", default=None, help="also time an engine's prefill graphs")
     p.add_argument("--preset", default="slab-triton-gemv-allgraphs", help="a fused-layers preset")
+    p.add_argument("--variant", default=None, help="a fused-layers Variant as JSON (or --preset)")
     args = p.parse_args()
     config = config_on_cuda(args.model_config)
     if config is None:
@@ -156,7 +159,9 @@ def main() -> int:
                 print(f"{name:8s} {m:5d} rows ({mib:5.1f} MiB): " + "  ".join(cells), flush=True)
         if args.weight_dir:
             rows = [int(r) for r in args.rows.split(",")]
-            engine_graphs(config, args.weight_dir, args.preset, rows, shares)
+            variant = (Variant(**json.loads(args.variant)) if args.variant
+                       else PRESETS[args.preset])  # fmt: skip
+            engine_graphs(config, args.weight_dir, variant, rows, shares)
     return 0
 
 
