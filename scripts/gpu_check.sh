@@ -369,26 +369,30 @@ if stage gemm1b; then
 fi
 # the prefill entries searched (few_row.tune's prefill buckets, then its decode buckets, in
 # PREFILL1B_BUDGET s), then the engine of that table against the same without its prefill
-# entries: PREFILL1B_ROUNDS alternating fresh processes (experiments/engine_ab.py)
+# entries: PREFILL1B_ROUNDS alternating fresh processes (experiments/engine_ab.py). A call too
+# short for all of it: PREFILL1B_STEPS (tests search ab), /tmp kept while the machine is warm
 if stage prefill1b; then
     dir=/tmp/gpu_models/llama16-bf16 ab=/tmp/prefill1b
     toy_model llama16-bf16
     mkdir -p "$ab"
-    timed prefill1b_tests 150 "$PY" -m pytest -q -m gpu -p no:cacheprovider \
-        tests/tuning/test_prefill_entries.py tests/variants/kernels/test_ahead.py
-    timed prefill1b_search 300 "$PY" -m tuning.few_row --config "$dir/config.json" \
-        --weight-dir "$dir" --variant "$V1B" --budget "${PREFILL1B_BUDGET:-120}" \
-        --json "$OUT/prefill1b_table.json"
-    "$PY" -c "import json, sys; d = json.load(open(sys.argv[1]))
+    steps=" ${PREFILL1B_STEPS:-tests search ab} "
+    [[ $steps == *" tests "* ]] && timed prefill1b_tests 150 "$PY" -m pytest -q -m gpu \
+        -p no:cacheprovider tests/tuning/test_prefill_entries.py tests/variants/kernels/test_ahead.py
+    if [[ $steps == *" search "* ]]; then
+        timed prefill1b_search 300 "$PY" -m tuning.few_row --config "$dir/config.json" \
+            --weight-dir "$dir" --variant "$V1B" --budget "${PREFILL1B_BUDGET:-120}" \
+            --json "$OUT/prefill1b_table.json"
+        "$PY" -c "import json, sys; d = json.load(open(sys.argv[1]))
 d['table'] = {k: v for k, v in d['table'].items() if not k.startswith('prefill@')}
 json.dump(d, open(sys.argv[2], 'w'))" "$OUT/prefill1b_table.json" "$ab/without.json"
-    for side in with without; do
-        table=$OUT/prefill1b_table.json; [ $side = without ] && table=$ab/without.json
-        "$PY" experiments/render_tables.py --variant "$V1B" --few-row-knobs "$table" \
-            --output "$ab/$side.py"
-    done
-    timed prefill1b_ab 480 "$PY" experiments/engine_ab.py "$ab/without.py" "$ab/with.py" \
-        --traces mixed,prefill,decode --rounds "${PREFILL1B_ROUNDS:-5}" \
+        for side in with without; do
+            table=$OUT/prefill1b_table.json; [ $side = without ] && table=$ab/without.json
+            "$PY" experiments/render_tables.py --variant "$V1B" --few-row-knobs "$table" \
+                --output "$ab/$side.py"
+        done
+    fi
+    [[ $steps == *" ab "* ]] && timed prefill1b_ab 480 "$PY" experiments/engine_ab.py \
+        "$ab/without.py" "$ab/with.py" --traces mixed,prefill,decode --rounds "${PREFILL1B_ROUNDS:-5}" \
         --model-config "$dir/config.json" --weight-dir "$dir" --jsonl "$OUT/prefill1b_ab.jsonl"
 fi
 # steps1b alone: the step table without the kernels' bench and Nsight Compute
