@@ -2,7 +2,7 @@
 # The GPU check, run on the device machine (H200) over a copy of the tree:
 #   bash scripts/gpu_check.sh [STAGE...]   stages: env tests (or tests1 tests2) sweep study grader
 #   realmodels soak cachesizes knobs neutral fewknobs prefillknobs kernelstudy stepbytes handab
-#   kernels1b steps1b anatomy1b decode1b gemm1b prefill1b
+#   kernels1b steps1b anatomy1b decode1b
 # (default: env tests sweep study soak). Writes logs and JSON under $OUT (or workspace/gpu_check)
 # and a summary.txt. The measuring tools are in experiments/ (python experiments/NAME.py --help).
 # Optuna is not installed there: wheels in .whl/ (carried) are installed into /tmp/site first.
@@ -354,47 +354,6 @@ steps1b() {  # steps1b DIR PRESET: a decode step per kernel against its bytes, r
             --shape 8x128 --json "$OUT/stepbytes1b_$tables.json"
     done
 }
-# the prefill's cuBLAS projections at the 1B model's shapes: on cuBLASLt, and with the next
-# weight asked into L2 by the kernel before them (#72), alone and in the engine's prefill graphs
-# of PREFILL1B_VARIANT (the assembly run.sh wrote for the 1B model on the H100)
-V1B='{"attention": "triton", "block_size": 128, "cache": "paged", "cache_tokens": 32768,
-"compile_mode": "default", "dtype": "float16", "execution": "eager", "fuse_gate_up": true,
-"fuse_qkv": true, "graphs": "pow2", "layers": "fused", "prefill_graphs": "pow2"}'
-V1B=${PREFILL1B_VARIANT:-$V1B}
-if stage gemm1b; then
-    toy_model llama16-bf16
-    timed gemm1b 300 "$PY" experiments/prefill_gemm_ahead.py --rows 128,256,512 \
-        --model-config /tmp/gpu_models/llama16-bf16/config.json \
-        --weight-dir /tmp/gpu_models/llama16-bf16 --variant "$V1B" ${GEMM1B_ARGS:-}
-fi
-# the prefill entries searched (few_row.tune's prefill buckets, then its decode buckets, in
-# PREFILL1B_BUDGET s), then the engine of that table against the same without its prefill
-# entries: PREFILL1B_ROUNDS alternating fresh processes (experiments/engine_ab.py). A call too
-# short for all of it: PREFILL1B_STEPS (tests search ab), /tmp kept while the machine is warm
-if stage prefill1b; then
-    dir=/tmp/gpu_models/llama16-bf16 ab=/tmp/prefill1b
-    toy_model llama16-bf16
-    mkdir -p "$ab"
-    steps=" ${PREFILL1B_STEPS:-tests search ab} "
-    [[ $steps == *" tests "* ]] && timed prefill1b_tests 150 "$PY" -m pytest -q -m gpu \
-        -p no:cacheprovider tests/tuning/test_prefill_entries.py tests/variants/kernels/test_ahead.py
-    if [[ $steps == *" search "* ]]; then
-        timed prefill1b_search 300 "$PY" -m tuning.few_row --config "$dir/config.json" \
-            --weight-dir "$dir" --variant "$V1B" --budget "${PREFILL1B_BUDGET:-120}" \
-            --json "$OUT/prefill1b_table.json"
-        "$PY" -c "import json, sys; d = json.load(open(sys.argv[1]))
-d['table'] = {k: v for k, v in d['table'].items() if not k.startswith('prefill@')}
-json.dump(d, open(sys.argv[2], 'w'))" "$OUT/prefill1b_table.json" "$ab/without.json"
-        for side in with without; do
-            table=$OUT/prefill1b_table.json; [ $side = without ] && table=$ab/without.json
-            "$PY" experiments/render_tables.py --variant "$V1B" --few-row-knobs "$table" \
-                --output "$ab/$side.py"
-        done
-    fi
-    [[ $steps == *" ab "* ]] && timed prefill1b_ab 480 "$PY" experiments/engine_ab.py \
-        "$ab/without.py" "$ab/with.py" --traces mixed,prefill,decode --rounds "${PREFILL1B_ROUNDS:-5}" \
-        --model-config "$dir/config.json" --weight-dir "$dir" --jsonl "$OUT/prefill1b_ab.jsonl"
-fi
 # steps1b alone: the step table without the kernels' bench and Nsight Compute
 if stage steps1b; then
     dir=/tmp/gpu_models/llama16-bf16 preset=${DECODE1B_PRESET:-slab-triton-gemv-allgraphs}

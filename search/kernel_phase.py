@@ -201,10 +201,6 @@ def lines(search: KernelSearch | None) -> str:
     if search.few_row.why:
         out.append(f"few-row kernels: {search.few_row.why}")
     for r in search.few_row.results:
-        if r["kernel"] == "prefill":  # its projections' library and prefetch (prefill_entries)
-            where = f"prefill {r['tokens']:5d} tokens ({r['calls']} calls, weight {r['weight']})"
-            out.append(_moved(r, where, "rules", "the call"))
-            continue
         where = f"{r['kernel']:6s} at {r['rows']:3d} rows ({r['steps']} steps, weight"
         out.append(_moved(r, f"{where} {r['weight']})", start))
     if search.prefill.why:

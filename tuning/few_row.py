@@ -44,12 +44,6 @@ from tuning.decode_attention import (
     trace_buckets,
     tune_bucket,
 )
-from tuning.prefill_attention import graph_buckets as prefill_graph_buckets
-from tuning.prefill_attention import prefill_buckets
-from tuning.prefill_entries import AXES as ENTRY_AXES
-from tuning.prefill_entries import PRIOR as ENTRY_PRIOR
-from tuning.prefill_entries import EntryCheck, PrefillBench, entry_of, libraries
-from tuning.prefill_entries import candidates as entry_candidates
 from variants.build import build_engine
 from variants.kernels.device import device_capability, device_sm_count
 from variants.kernels.few_row_linear import few_row_linear
@@ -79,9 +73,8 @@ TILE_AXES = ("block_n", "block_k", "warps", "stages")  # a launch's `tiles`, in 
 # searched last, a short budget never reached it.
 AXES = ("library", "pdl", "split_k", *TILE_AXES)
 # In the cache key: a table an older search cached is searched again (2: the bench times the
-# launch in the engine's own table; 3: the head's library is searched; 4: each kernel's PDL;
-# 5: the prefill entries).
-SEARCH_VERSION = 5
+# launch in the engine's own table; 3: the head's library is searched; 4: each kernel's PDL).
+SEARCH_VERSION = 4
 VALUES = {
     "library": ("triton", "cublas"),
     "pdl": (False, True),
@@ -298,16 +291,11 @@ def seeds(kernel: str, rows: int, results: list, most: int = 2) -> tuple:
 
 
 def tune(config: dict, weight_dir: str, variant, budget_s: float = 120.0, device="cuda",
-         log=print, bench=StepBench, check=FewRowCheck, prior: str = "hand",
-         prefill_bench=PrefillBench, prefill_check=EntryCheck) -> tuple:  # fmt: skip
+         log=print, bench=StepBench, check=FewRowCheck, prior: str = "hand") -> tuple:  # fmt: skip
     """(table, results): (kernel, rows) -> the launch found where it beats the rules' (with the
     neutral `prior`: every bucket's, the neutral launch where nothing beat it), and what the
-    search did per (kernel, rows bucket), the heaviest buckets first; with prefill graphs
-    first ("prefill", tokens) -> the prefill's entry where one beats the rules
-    (prefill_entries.py; few candidates: what their shares leave goes to the decode buckets).
-    `bench` and `check` make a bucket's StepBench and FewRowCheck, `prefill_bench` and
-    `prefill_check` a prefill bucket's PrefillBench and EntryCheck (the tests' fakes
-    elsewhere)."""
+    search did per (kernel, rows bucket), the heaviest buckets first. `bench` and `check` make a
+    bucket's StepBench and FewRowCheck (the tests' fakes elsewhere)."""
     spec = ModelSpec.from_config(config)
     device = torch.device(device)
     sm_count, capability = device_sm_count(device), device_capability(device)
@@ -317,27 +305,24 @@ def tune(config: dict, weight_dir: str, variant, budget_s: float = 120.0, device
     policy = variant.graphs if variant.graphs != "off" else "pow2"
     buckets = row_buckets(config, graph_buckets(spec, capability, policy))
     work = [(b, kernel) for b in buckets for kernel in kernels_at(b.rows, pdl)]
-    prefills = prefill_buckets(config, prefill_graph_buckets())
-    prefills = prefills if variant.prefill_graphs != "off" else []
     base = prior_table(spec, variant, prior, device)
-    if not (work or prefills) or budget_s <= 0:
+    if not work or budget_s <= 0:
         return base, []
     priors = {(k, b.rows): prior_launch(k, b.rows, spec, sm_count, pdl, prior) for b, k in work}
     live = {**base, **{key: launch_of(knobs) for key, knobs in priors.items()}}  # its file's
     engine = build_engine(config, weight_dir, str(device), variant, few_row_knobs=live)
     live = engine_table(engine)  # what a bucket's step is captured with is what is timed
     deadline = time.monotonic() + budget_s  # (the engine's build is not the search's)
-    # a decode bucket's weight shared out over its kernels
-    shares = [replace(b, weight=b.weight / len(kernels_at(b.rows, pdl))) for b, _ in work]
-    results = tune_prefills(engine, spec, prefills, shares, live, deadline, log, prefill_bench,
-                            prefill_check)  # fmt: skip
+    results = []
     for i, (bucket, kernel) in enumerate(work):
         if time.monotonic() > deadline:
             break
         key = (kernel, bucket.rows)
         checked = check(kernel, spec, bucket.rows, device, spec.config_dtype, pdl, sm_count)
         step = bench(engine, bucket, checked, spec.vocab_size, table=live, key=key)
-        until = share_deadline(time.monotonic(), deadline, shares[i:])
+        # a bucket's weight shared out over its kernels
+        left = [replace(b, weight=b.weight / len(kernels_at(b.rows, pdl))) for b, _ in work[i:]]
+        until = share_deadline(time.monotonic(), deadline, left)
         values = functools.partial(candidates, kernel, has_pdl=has_pdl)
         knobs = KnobBench(step)
         neutral = prior_launch(kernel, bucket.rows, spec, sm_count, pdl, "neutral")
@@ -351,50 +336,19 @@ def tune(config: dict, weight_dir: str, variant, budget_s: float = 120.0, device
             f"{found.outcome()}")  # fmt: skip
     del engine
     if prior != "hand":
-        return {k: v for k, v in live.items() if k[0] != "prefill" or v}, results
-    moved = lambda k, v: v if k[0] == "prefill" else v != launch_of(priors[k])  # noqa: E731
-    return {k: v for k, v in live.items() if moved(k, v)}, results
-
-
-def tune_prefills(engine, spec, buckets: list, after: list, live: dict, deadline: float, log,
-                  bench=PrefillBench, check=EntryCheck) -> list:  # fmt: skip
-    """The prefill buckets' entries searched into `live` (the engine's table), the heaviest
-    first, each within its weight's share of the time beside `after` (the decode buckets
-    searched next): [("prefill", Tuned)]."""
-    results: list = []
-    values = functools.partial(entry_candidates, libraries(engine.device))
-    for i, bucket in enumerate(buckets):
-        if time.monotonic() > deadline:
-            break
-        key = ("prefill", bucket.tokens)
-        checked = check(spec, bucket.tokens, engine.device, engine.dtype)
-        timed = bench(engine, bucket, checked, spec.vocab_size, live, key)
-        until = share_deadline(time.monotonic(), deadline, [*buckets[i:], *after])
-        near = nearest_found([r for _, r in results], lambda b: b.tokens, bucket.tokens)
-        found = tune_bucket(timed, dict(ENTRY_PRIOR), spec, bucket, 0, until, ENTRY_AXES,
-                            values, near, timed.build)  # fmt: skip
-        engine.remove([r for r in timed.ids if r in engine.lengths])
-        live[key] = entry_of(found.best)
-        results.append(("prefill", found))
-        log(f"  prefill {bucket.tokens:5d} tokens (weight {bucket.weight:.2f}): the call "
-            f"{found.outcome()}")  # fmt: skip
-    return results
+        return live, results
+    return {k: v for k, v in live.items() if v != launch_of(priors[k])}, results
 
 
 def summary(results: list) -> list:
-    """The per-(kernel, rows) results as plain data (the cache file, the CLI's json); a prefill
-    bucket's by its tokens and calls."""
-    rows = []
-    for kernel, r in results:
-        b = r.bucket
-        where = ({"tokens": b.tokens, "calls": b.calls} if kernel == "prefill"
-                 else {"rows": b.rows, "steps": b.steps})  # fmt: skip
-        rows.append({
-            "kernel": kernel, **where, "weight": round(b.weight, 2),
-            "prior_us": round(r.prior_ms * 1e3, 1), "best_us": round(r.best_ms * 1e3, 1),
-            "tried": r.tried, "rejected": len(r.rejected), "moved": r.moved,
-        })  # fmt: skip
-    return rows
+    """The per-(kernel, rows) results as plain data (the cache file, the CLI's json)."""
+    return [
+        {"kernel": kernel, "rows": r.bucket.rows, "steps": r.bucket.steps,
+         "weight": round(r.bucket.weight, 2), "prior_us": round(r.prior_ms * 1e3, 1),
+         "best_us": round(r.best_ms * 1e3, 1), "tried": r.tried, "rejected": len(r.rejected),
+         "moved": r.moved}
+        for kernel, r in results
+    ]  # fmt: skip
 
 
 def table_to_json(table: dict) -> dict:

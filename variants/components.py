@@ -116,9 +116,7 @@ FEW_ROW_ABOUT = (
     "found one faster than the rules on this GPU at this model's shapes (tuning/few_row.py):",
     "(kernel, rows) -> its tiles (BLOCK_N, BLOCK_K, warps, stages), split_k and pdl (launched",
     "with programmatic dependent launch; the output projection's is also the attention's), or",
-    "cublas: the head's norm, then cuBLAS's projection. ('prefill', tokens): a prefill graph's",
-    "projections, their BLAS library and the share of each one's weight the short kernel before",
-    "it asks into L2 (ahead; tuning/prefill_entries.py).",
+    "cublas: the head's norm, then cuBLAS's projection.",
 )
 PREFILL_NAME = "PREFILL_ATTENTION_KNOBS"
 PREFILL_ABOUT = (

@@ -9,17 +9,14 @@ import triton
 import triton.language as tl
 
 from variants.kernels.pdl import launch_options, wait_previous
-from variants.kernels.prefetch import ahead_args, prefetch_ahead
 
 
 @triton.jit
 def _add_rms_norm_kernel(
     x_ptr, delta_ptr, w_ptr, new_x_ptr, normed_ptr,
-    stride_x, stride_d, stride_nx, stride_o, hidden, eps, ahead_ptr, ahead_bytes,
-    HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr, AHEAD: tl.constexpr,
-    LANES: tl.constexpr,
+    stride_x, stride_d, stride_nx, stride_o, hidden, eps,
+    HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    prefetch_ahead(ahead_ptr, ahead_bytes, AHEAD, LANES)  # a weight: no kernel writes it
     wait_previous(PDL)  # x and delta come from the kernels before
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
@@ -44,14 +41,10 @@ def add_rms_norm(
     weight: torch.Tensor,
     eps: float,
     pdl: bool = False,
-    ahead: torch.Tensor | None = None,
-    ahead_share: float = 1.0,
 ) -> tuple:
     """x, delta [N, H] (rows may be strided); weight [H]. Returns (x + delta, rms_norm of it);
     without delta, (x, rms_norm(x)). `pdl`: launched with programmatic dependent launch
-    (kernels/pdl.py), so its programs start while the kernel before finishes. `ahead`: the
-    next projection's weight, the first `ahead_share` of its bytes asked into L2 on the way
-    (prefetch.py)."""
+    (kernels/pdl.py), so its programs start while the kernel before finishes."""
     rows, hidden = x.shape
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -61,13 +54,11 @@ def add_rms_norm(
     normed = torch.empty(rows, hidden, device=x.device, dtype=x.dtype)
     new_x = torch.empty_like(normed) if delta is not None else x
     block = triton.next_power_of_2(hidden)
-    warps = min(16, max(1, block // 256))
-    ahead_ptr, ahead_bytes, on = ahead_args(ahead, ahead_share, x)
     _add_rms_norm_kernel[(rows,)](
         x, delta if delta is not None else x, weight, new_x, normed,
         x.stride(0), delta.stride(0) if delta is not None else 0, new_x.stride(0),
-        normed.stride(0), hidden, eps, ahead_ptr, ahead_bytes,
-        HAS_DELTA=delta is not None, BLOCK=block, PDL=pdl, AHEAD=on, LANES=32 * warps,
-        num_warps=warps, **launch_options(pdl, x.device),
+        normed.stride(0), hidden, eps,
+        HAS_DELTA=delta is not None, BLOCK=block, PDL=pdl,
+        num_warps=min(16, max(1, block // 256)), **launch_options(pdl, x.device),
     )  # fmt: skip
     return new_x, normed

@@ -9,7 +9,6 @@ import triton
 import triton.language as tl
 
 from variants.kernels.pdl import launch_options, wait_previous
-from variants.kernels.prefetch import ahead_args, prefetch_ahead
 from variants.kernels.split_k import host_cdiv
 
 
@@ -51,12 +50,11 @@ def _rope_cache_write_kernel(
     q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, k_pool_ptr, v_pool_ptr, index_ptr, q_out_ptr,
     k_out_ptr, tokens, stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd,
     stride_vt, stride_vh, stride_vd, stride_ct, stride_st, stride_kpt, stride_kph, stride_vpt,
-    stride_vph, stride_ot, stride_oh, stride_kot, stride_koh, ahead_ptr, ahead_bytes,
+    stride_vph, stride_ot, stride_oh, stride_kot, stride_koh,
     HEADS: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_T: tl.constexpr,
     BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr, STORE_K: tl.constexpr,
-    PDL: tl.constexpr, ROPE_TABLE: tl.constexpr, AHEAD: tl.constexpr, LANES: tl.constexpr,
+    PDL: tl.constexpr, ROPE_TABLE: tl.constexpr,
 ):  # fmt: skip
-    prefetch_ahead(ahead_ptr, ahead_bytes, AHEAD, LANES)  # a weight: no kernel writes it
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     t_mask = t < tokens
     rows = t
@@ -113,8 +111,6 @@ def rope_and_cache_write(
     launch: tuple | None = None,
     pdl: bool = False,
     positions: torch.Tensor | None = None,
-    ahead: torch.Tensor | None = None,
-    ahead_share: float = 1.0,
 ) -> torch.Tensor:
     """q [N, heads, d], k/v [N, kv_heads, d] (any strides); cos/sin [N, d/2] in the compute
     dtype, or with `positions` [N] the whole tables [max_positions, d/2] that the kernel reads
@@ -124,8 +120,7 @@ def rope_and_cache_write(
     `k_out` ([N, kv_heads, d], unit last stride) also receives RoPE(k) in its dtype: a prefill
     attends over it without reading the keys back from the pool. `launch` = (tokens a program,
     warps) overrides `rope_launch`. `pdl`: launched with programmatic dependent launch
-    (kernels/pdl.py). `ahead`: the output projection's weight, the first `ahead_share` of its
-    bytes asked into L2 while this kernel and the attention run (prefetch.py)."""
+    (kernels/pdl.py)."""
     tokens, heads, d = q.shape
     kv_heads = k.shape[1]
     assert d % 2 == 0 and k_pool.stride(-1) == 1 and v_pool.stride(-1) == 1
@@ -137,17 +132,15 @@ def rope_and_cache_write(
     q_out = torch.empty(tokens, heads, d, device=q.device, dtype=q.dtype)
     ko = q_out if k_out is None else k_out  # unread without STORE_K
     block_t, warps = launch or rope_launch(tokens)
-    ahead_ptr, ahead_bytes, on = ahead_args(ahead, ahead_share, q)
     _rope_cache_write_kernel[(host_cdiv(tokens, block_t),)](
         q, k, v, cos, sin, write_index if positions is None else positions, k_pool, v_pool,
         write_index, q_out, ko, tokens,
         *q.stride(), *k.stride(), *v.stride(), cos.stride(0), sin.stride(0),
         k_pool.stride(0), k_pool.stride(1), v_pool.stride(0), v_pool.stride(1),
-        q_out.stride(0), q_out.stride(1), ko.stride(0), ko.stride(1), ahead_ptr, ahead_bytes,
+        q_out.stride(0), q_out.stride(1), ko.stride(0), ko.stride(1),
         HEADS=heads, KV_HEADS=kv_heads, HEAD_DIM=d, BLOCK_T=block_t,
         BLOCK_HQ=triton.next_power_of_2(heads), BLOCK_HK=triton.next_power_of_2(kv_heads),
         BLOCK_D=max(2, triton.next_power_of_2(d)), STORE_K=k_out is not None, PDL=pdl,
-        ROPE_TABLE=positions is not None, AHEAD=on, LANES=32 * warps, num_warps=warps,
-        **launch_options(pdl, q.device),
+        ROPE_TABLE=positions is not None, num_warps=warps, **launch_options(pdl, q.device),
     )  # fmt: skip
     return q_out

@@ -8,15 +8,13 @@ import triton
 import triton.language as tl
 
 from variants.kernels.pdl import launch_options, wait_previous
-from variants.kernels.prefetch import ahead_args, prefetch_ahead
 
 
 @triton.jit
 def _silu_mul_kernel(
-    g_ptr, u_ptr, o_ptr, stride_g, stride_u, stride_o, cols, ahead_ptr, ahead_bytes,
-    BLOCK: tl.constexpr, PDL: tl.constexpr, AHEAD: tl.constexpr, LANES: tl.constexpr,
+    g_ptr, u_ptr, o_ptr, stride_g, stride_u, stride_o, cols, BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
-    prefetch_ahead(ahead_ptr, ahead_bytes, AHEAD, LANES)  # a weight: no kernel writes it
     wait_previous(PDL)  # gate and up come from the kernel before
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -29,25 +27,16 @@ def _silu_mul_kernel(
     tl.store(o_ptr + row * stride_o + offs, out, mask=mask)
 
 
-def silu_mul(
-    gate: torch.Tensor,
-    up: torch.Tensor,
-    pdl: bool = False,
-    ahead: torch.Tensor | None = None,
-    ahead_share: float = 1.0,
-) -> torch.Tensor:
+def silu_mul(gate: torch.Tensor, up: torch.Tensor, pdl: bool = False) -> torch.Tensor:
     """gate, up [N, I] with unit column stride -> silu(gate) * up as a new [N, I] tensor.
-    `pdl`: launched with programmatic dependent launch (kernels/pdl.py). `ahead`: the next
-    projection's weight, the first `ahead_share` of its bytes asked into L2 (prefetch.py)."""
+    `pdl`: launched with programmatic dependent launch (kernels/pdl.py)."""
     assert gate.shape == up.shape and gate.stride(-1) == 1 and up.stride(-1) == 1
     rows, cols = gate.shape
     out = torch.empty(rows, cols, device=gate.device, dtype=gate.dtype)
     block = min(1024, triton.next_power_of_2(cols))
     grid = (rows, triton.cdiv(cols, block))
-    ahead_ptr, ahead_bytes, on = ahead_args(ahead, ahead_share, gate)
     _silu_mul_kernel[grid](
-        gate, up, out, gate.stride(0), up.stride(0), out.stride(0), cols, ahead_ptr,
-        ahead_bytes, BLOCK=block, PDL=pdl, AHEAD=on, LANES=128, num_warps=4,
-        **launch_options(pdl, gate.device),
+        gate, up, out, gate.stride(0), up.stride(0), out.stride(0), cols, BLOCK=block,
+        PDL=pdl, num_warps=4, **launch_options(pdl, gate.device),
     )  # fmt: skip
     return out

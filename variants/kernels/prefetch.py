@@ -41,24 +41,3 @@ def prefetch_rows(w_ptr, first_row, rows, stride_wn, part, parts, LANES: tl.cons
     (whole rows of stride_wn elements, one after another in memory)."""
     elem: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
     prefetch_l2(w_ptr + first_row * stride_wn, rows * stride_wn * elem, part, parts, LANES)
-
-
-@triton.jit
-def prefetch_ahead(ptr, nbytes, AHEAD: tl.constexpr, LANES: tl.constexpr):
-    """With AHEAD, this program's share (of every program of the launch, over all grid axes) of
-    the bytes [ptr, ptr + nbytes) asked for into L2: a short kernel's hint for the weight of
-    the projection after it."""
-    if AHEAD:
-        part = tl.program_id(0) + tl.num_programs(0) * (
-            tl.program_id(1) + tl.num_programs(1) * tl.program_id(2)
-        )
-        parts = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
-        prefetch_l2(ptr, nbytes, part, parts, LANES)
-
-
-def ahead_args(weight, share: float, like) -> tuple:
-    """(pointer, bytes, AHEAD) for a launcher asked to prefetch the first `share` of `weight`'s
-    bytes: off for no weight or share, and off the GPU (the interpreter cannot run the PTX)."""
-    nbytes = int(share * weight.numel() * weight.element_size()) if weight is not None else 0
-    on = nbytes > 0 and like.device.type == "cuda"
-    return (weight if on else like), (nbytes if on else 0), on

@@ -40,7 +40,7 @@ def run_fused_stack(
     (the output projection's also the attention's before it: its programs start while the
     attention runs only when that launches with PDL too); the rules' launch elsewhere."""
     if batch is not None or x.shape[0] > (PDL_MAX_ROWS if pdl else FUSED_MAX_ROWS):
-        return run_triton_stack(model, x, positions, cache, plan, batch, pdl=pdl, knobs=knobs)
+        return run_triton_stack(model, x, positions, cache, plan, batch, pdl=pdl)
     spec = model.spec
     heads, d, eps = spec.num_heads, spec.head_dim, spec.rms_norm_eps
     sms = device_sm_count(model.device)

@@ -3,8 +3,6 @@
 Fused weights are concatenated rows, so the fused and separate paths compute the same dot
 products; fusion saves kernel launches (2 of 3 for QKV, 1 of 2 for gate-up)."""
 
-import contextlib
-
 import torch
 import torch.nn.functional as F
 
@@ -26,20 +24,3 @@ def project_gate_up(h: torch.Tensor, gate_up: list) -> tuple:
 def gated_mlp(h: torch.Tensor, gate_up: list, down: torch.Tensor) -> torch.Tensor:
     gate, up = project_gate_up(h, gate_up)
     return F.linear(F.silu(gate) * up, down)
-
-
-@contextlib.contextmanager
-def blas_library(name: str | None, device: torch.device):
-    """torch's GEMMs on `name` ("cublas" or "cublaslt") inside, the setting restored after;
-    None, a device other than CUDA, or a torch without the choice (before 2.3): as they are.
-    Inside a CUDA graph's capture it picks the kernels the graph keeps."""
-    setter = getattr(torch.backends.cuda, "preferred_blas_library", None)
-    if name is None or setter is None or device.type != "cuda":
-        yield
-        return
-    before = setter()
-    setter(name)
-    try:
-        yield
-    finally:
-        setter(before)

@@ -40,29 +40,3 @@ def test_matches_the_reference(name, cache_cls, attention_cls, stack, variant, g
         emulate_graphs(engine)
     worst = reference_gap(engine)
     assert worst < 1e-4, worst
-
-
-def test_a_prefill_entry_changes_no_result(tiny_config, sharp_weights, reference_gap):
-    """The table's prefill entries (the next weight asked into L2, the BLAS library) speed a
-    prefill or not; they change none of its numbers (here off the GPU: the prefetch is skipped,
-    the library setting is the CPU's own)."""
-    import functools
-
-    import torch
-
-    class Every(dict):  # an entry at every prefill's token count, each one asked for kept
-        asked: list = []
-
-        def get(self, key, default=None):
-            self.asked.append(key)
-            return {"ahead": 0.5, "library": "cublaslt"} if key[0] == "prefill" else default
-
-    every = Every({("o", 8): {}})  # (an empty table is none)
-    engine = assemble_engine(
-        tiny_config, sharp_weights, "cpu", cache_cls=SlabKVCache, attention_cls=TritonAttention,
-        stack=functools.partial(run_triton_stack, knobs=every),
-    )  # fmt: skip
-    before = torch.backends.cuda.preferred_blas_library()
-    assert reference_gap(engine) < 1e-4
-    assert torch.backends.cuda.preferred_blas_library() == before  # restored after each call
-    assert every.asked and all(kind == "prefill" for kind, _ in every.asked)  # prefills only
