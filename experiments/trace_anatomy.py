@@ -1,12 +1,14 @@
 """Where a timed trace's wall time goes: host work the GPU waits for, or GPU work.
 
 For each trace, on a fresh engine after one warm-up engine (the grader's protocol): the timed
-wall time (median of repeats), and from one profiled run per trace, call by call, the host time
-of the call, the GPU's busy time (the union of its kernels' intervals) and the GPU's idle time
-inside the trace, and the kernels with the most GPU time in each call. A trace whose GPU idles
-for much of its wall time is bound by the host. Optionally writes each profiled run as a Chrome
-trace (`--chrome DIR`). The engine: an assembly (`--variant JSON`), or a written engine.py with
-its kernel tables (`--engine FILE`)."""
+wall time (median of repeats); call by call without the profiler (CUDA events around each call,
+medians over fresh engines), the GPU's span of the call and its idle gap before it; and from one
+profiled run per trace, call by call, the host time of the call, the GPU's busy time (the union
+of its kernels' intervals) and the kernels with the most GPU time in each call. A trace whose GPU
+idles for much of its wall time is bound by the host. The profiler's own host work stretches the
+profiled run (most of all its first call): the gaps come from the unprofiled runs. Optionally
+writes each profiled run as a Chrome trace (`--chrome DIR`). The engine: an assembly (`--variant
+JSON`), or a written engine.py with its kernel tables (`--engine FILE`)."""
 
 import argparse
 import json
@@ -58,6 +60,28 @@ def timed_wall(build, calls, repeat: int) -> list:
         torch.cuda.synchronize()
         times.append((time.perf_counter() - t0) * 1e3)
     return times
+
+
+def event_calls(build, calls, repeat: int) -> tuple:
+    """Per call, medians over `repeat` fresh engines without the profiler: the GPU's span of the
+    call (an event recorded before it to one after) and its gap before it (since the previous
+    call's end, or the run's first event): the time the GPU waited for the host."""
+    spans, gaps = [[] for _ in calls], [[] for _ in calls]
+    for _ in range(repeat):
+        engine = build()
+        marks = [torch.cuda.Event(enable_timing=True) for _ in range(2 * len(calls) + 1)]
+        marks[0].record()
+        for i, call in enumerate(calls):
+            marks[2 * i + 1].record()
+            run_calls(engine, [call])
+            marks[2 * i + 2].record()
+        torch.cuda.synchronize()
+        for i in range(len(calls)):
+            gaps[i].append(marks[2 * i].elapsed_time(marks[2 * i + 1]))
+            spans[i].append(marks[2 * i + 1].elapsed_time(marks[2 * i + 2]))
+        engine = None
+    med = [(statistics.median(s), statistics.median(g)) for s, g in zip(spans, gaps)]
+    return [round(s, 3) for s, _ in med], [round(g, 3) for _, g in med]
 
 
 def profiled_calls(engine, calls, chrome_path: Path) -> tuple:
@@ -141,9 +165,13 @@ def main() -> int:
             calls = materialize(get_trace(name, config), int(config["vocab_size"]), "cuda", 0)
             run_calls(build(), calls)  # warm-up engine
             walls = timed_wall(build, calls, args.repeat)
+            spans, gaps = event_calls(build, calls, args.repeat)
             chrome = Path(args.chrome or tempfile.mkdtemp()) / f"{name}.json"
             chrome.parent.mkdir(parents=True, exist_ok=True)
             rows, summary = profiled_calls(build(), calls, chrome)
+            for row, span, gap in zip(rows, spans, gaps):
+                row.update(span_ms=span, gap_ms=gap)
+            summary.update(span_ms=round(sum(spans), 3), gpu_waited_ms=round(sum(gaps), 3))
             out.append({"trace": name, "variant": fields, "wall_ms_median":
                         round(statistics.median(walls), 3), "wall_ms": [round(w, 3) for w in walls],
                         **summary, "calls": rows})  # fmt: skip
